@@ -1,0 +1,5 @@
+"""AMD ROCm platform plugin for the RL framework."""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

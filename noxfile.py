@@ -1,0 +1,117 @@
+"""Developer and CI sessions. `nox` with no arguments runs exactly what CI runs.
+
+Every `tests-<package>` session builds a fresh virtual environment that holds only that
+package, its declared dependencies (from uv.lock) and the test tools: this is what proves a
+user can install one package without its siblings.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+
+# package name -> (directory, extras its isolated test session installs, pytest marker filter)
+PACKAGES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "rl-core": ("packages/rl-core", (), "not ray"),
+    "rl-core-ray": ("packages/rl-core", ("ray",), "ray"),
+    "rl-engines": ("packages/rl-engines", ("fsdp",), ""),
+    "rl-rollout": ("packages/rl-rollout", ("hf",), ""),
+    "rl-algos": ("packages/rl-algos", (), ""),
+    "rl-multimodal": ("packages/rl-multimodal", (), ""),
+    "rl-nvidia": ("integrations/nvidia", (), ""),
+    "rl-amd": ("integrations/amd", (), ""),
+    "rl-ascend": ("integrations/ascend", (), ""),
+}
+# Markers that need hardware or engines this CPU machine does not have in the default sessions.
+HARDWARE_MARKERS = "not gpu and not megatron and not vllm and not sglang"
+
+
+def _project_name(directory: str) -> str:
+    with open(ROOT / directory / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["name"]
+
+
+def _sync_only(session: nox.Session, directory: str, extras: tuple[str, ...]) -> None:
+    """Install one workspace member (and only what it declares) into the session's venv."""
+    cmd = ["uv", "sync", "--locked", "--package", _project_name(directory), "--no-default-groups"]
+    cmd += [arg for extra in extras for arg in ("--extra", extra)]
+    cmd += ["--group", "test"]
+    session.run_install(
+        *cmd, env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}, external=True
+    )
+
+
+def _make_tests_session(key: str, directory: str, extras: tuple[str, ...], marker: str) -> None:
+    @nox.session(name=f"tests-{key}", python="3.11")
+    def tests(session: nox.Session) -> None:
+        _sync_only(session, directory, extras)
+        expr = f"({marker}) and {HARDWARE_MARKERS}" if marker else HARDWARE_MARKERS
+        env = {"RL_ISOLATED_SESSION": key, "RAY_AUTH_MODE": "disabled"}
+        session.run("pytest", f"{directory}/tests", "-m", expr, *session.posargs, env=env)
+
+    tests.__doc__ = f"Run {key}'s tests in an environment with only that package installed."
+
+
+for _key, (_dir, _extras, _marker) in PACKAGES.items():
+    _make_tests_session(_key, _dir, _extras, _marker)
+
+
+@nox.session(name="tests-repo", python="3.11")
+def tests_repo(session: nox.Session) -> None:
+    """Repository-level checks (dependency rule, versions, changelogs) in the full dev env."""
+    session.run_install(
+        "uv", "sync", "--locked", env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+    )
+    session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check and the import rule between packages."""
+    session.install("ruff==0.17.5")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "tools/check_imports.py")
+
+
+@nox.session(python=False)
+def lock(session: nox.Session) -> None:
+    """uv.lock is current with every pyproject.toml."""
+    session.run("uv", "lock", "--check", external=True)
+
+
+@nox.session(python="3.11")
+def build(session: nox.Session) -> None:
+    """Build every package's wheel and sdist; install each wheel alone in a clean venv."""
+    dist = Path(session.create_tmp()) / "dist"
+    for directory in dict.fromkeys(d for d, _, _ in PACKAGES.values()):
+        session.run("uv", "build", "-q", "--out-dir", str(dist), str(ROOT / directory), external=True)
+    for wheel in sorted(dist.glob("*.whl")):
+        module = wheel.name.split("-")[0]
+        venv = Path(session.create_tmp()) / f"venv-{module}"
+        session.run("uv", "venv", "-q", "--python", "3.11", str(venv), external=True)
+        python = str(venv / "bin" / "python")
+        # The wheel goes in alone with its declared dependencies; unpublished siblings it
+        # depends on come from the wheels just built, never from the source tree.
+        session.run(
+            "uv", "pip", "install", "-q", "--python", python, str(wheel),
+            "--find-links", str(dist), external=True,
+        )
+        session.run(python, "-c", f"import {module}; print({module}.__name__, {module}.__version__)")
+
+
+nox.options.sessions = [
+    "lint",
+    "lock",
+    "tests-repo",
+    *[f"tests-{key}" for key in PACKAGES],
+    "build",
+]
