@@ -67,7 +67,10 @@ for _key, (_dir, _extras, _marker) in PACKAGES.items():
 def tests_repo(session: nox.Session) -> None:
     """Repository-level checks (dependency rule, versions, changelogs) in the full dev env."""
     session.run_install(
-        "uv", "sync", "--locked", env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        "uv",
+        "sync",
+        "--locked",
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
         external=True,
     )
     session.run("pytest", "tests", *session.posargs)
@@ -93,7 +96,9 @@ def build(session: nox.Session) -> None:
     """Build every package's wheel and sdist; install each wheel alone in a clean venv."""
     dist = Path(session.create_tmp()) / "dist"
     for directory in dict.fromkeys(d for d, _, _ in PACKAGES.values()):
-        session.run("uv", "build", "-q", "--out-dir", str(dist), str(ROOT / directory), external=True)
+        session.run(
+            "uv", "build", "-q", "--out-dir", str(dist), str(ROOT / directory), external=True
+        )
     for wheel in sorted(dist.glob("*.whl")):
         module = wheel.name.split("-")[0]
         venv = Path(session.create_tmp()) / f"venv-{module}"
@@ -102,10 +107,20 @@ def build(session: nox.Session) -> None:
         # The wheel goes in alone with its declared dependencies; unpublished siblings it
         # depends on come from the wheels just built, never from the source tree.
         session.run(
-            "uv", "pip", "install", "-q", "--python", python, str(wheel),
-            "--find-links", str(dist), external=True,
+            "uv",
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            python,
+            str(wheel),
+            "--find-links",
+            str(dist),
+            external=True,
         )
-        session.run(python, "-c", f"import {module}; print({module}.__name__, {module}.__version__)")
+        session.run(
+            python, "-c", f"import {module}; print({module}.__name__, {module}.__version__)"
+        )
 
 
 nox.options.sessions = [

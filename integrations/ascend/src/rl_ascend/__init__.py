@@ -1,5 +1,7 @@
 """Huawei Ascend NPU platform plugin for the RL framework."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("rl-ascend")
 
 __all__ = ["__version__"]

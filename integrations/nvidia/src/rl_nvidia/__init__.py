@@ -1,5 +1,7 @@
 """NVIDIA CUDA platform plugin for the RL framework."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("rl-nvidia")
 
 __all__ = ["__version__"]

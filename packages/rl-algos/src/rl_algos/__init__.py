@@ -1,5 +1,7 @@
 """RL algorithms (PPO, GRPO, DAPO, GSPO), rewards, the single-controller trainer and the `rl` CLI."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("rl-algos")
 
 __all__ = ["__version__"]

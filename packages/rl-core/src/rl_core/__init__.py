@@ -1,5 +1,19 @@
-"""Minimal protocol of the RL framework: DataProto, workers, dispatch, registry and engine/rollout/platform contracts."""
+"""rl-core: the minimal protocol of the RL framework.
 
-__version__ = "0.1.0"
+DataProto, workers and dispatch, the registry, and the contracts (train engine, rollout
+engine, platform) that the other packages implement. Importing it pulls in only torch,
+tensordict, numpy and omegaconf.
+"""
 
-__all__ = ["__version__"]
+from importlib.metadata import version as _version
+
+from rl_core.registry import PluginLoadError, Registry, UnknownPluginError
+
+__version__ = _version("rl-core")
+
+__all__ = [
+    "PluginLoadError",
+    "Registry",
+    "UnknownPluginError",
+    "__version__",
+]

@@ -1,5 +1,7 @@
 """Training engines (FSDP2, Megatron-core) implementing the rl-core TrainEngine contract."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("rl-engines")
 
 __all__ = ["__version__"]

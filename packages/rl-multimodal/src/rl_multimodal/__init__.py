@@ -1,5 +1,7 @@
 """Vision-language and vision-language-action support for the RL framework."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("rl-multimodal")
 
 __all__ = ["__version__"]

@@ -1,5 +1,7 @@
 """Rollout engines (vLLM, SGLang, Hugging Face reference), async rollout manager, agent loop and tools."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("rl-rollout")
 
 __all__ = ["__version__"]
