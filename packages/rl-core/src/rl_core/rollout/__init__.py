@@ -1,0 +1,28 @@
+"""Rollout-engine contract: `RolloutEngine`, `SamplingParams`, `GenerationOutput`, registry.
+
+Implementations live in rl-rollout (``hf``, ``vllm``, ``sglang``) or in third-party
+packages registering under the ``rl.rollouts`` entry point group; every implementation runs
+the conformance suite in ``rl_core.testing.rollout_engine``.
+"""
+
+from rl_core.rollout.base import (
+    ROLLOUTS,
+    FinishReason,
+    GenerationOutput,
+    RolloutConfig,
+    RolloutEngine,
+    SamplingParams,
+    build_rollout_engine,
+    check_prompt,
+)
+
+__all__ = [
+    "ROLLOUTS",
+    "FinishReason",
+    "GenerationOutput",
+    "RolloutConfig",
+    "RolloutEngine",
+    "SamplingParams",
+    "build_rollout_engine",
+    "check_prompt",
+]

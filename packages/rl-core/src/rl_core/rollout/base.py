@@ -1,0 +1,281 @@
+"""The rollout-engine contract: async, token-in/token-out generation.
+
+A rollout engine (vLLM, SGLang, the Hugging Face reference, a third-party engine) takes
+prompt token ids and per-request sampling parameters and returns, for each of the `n`
+samples, the generated token ids, the log-prob of every sampled token and why generation
+finished. Engines never see text: tokenisation and chat templates belong to the agent loop,
+so token streams stay exact across turns.
+
+Semantics every implementation honours (checked by ``rl_core.testing.rollout_engine``):
+
+* Generation stops only at one of ``stop_token_ids`` (the stop token is the last element of
+  ``token_ids``, finish reason ``"stop"``), after ``max_tokens`` tokens or at the context
+  length (``"length"``), or when the request is aborted (``"abort"``, with the tokens
+  generated so far). The model's own EOS is *not* implied: callers pass the ids to stop at.
+* ``log_probs[i]`` is the log-prob of ``token_ids[i]`` under the sampling distribution
+  after temperature scaling and before top-p/top-k truncation (vLLM's default). With
+  temperature 0 (greedy) it is the log-prob under the unscaled logits.
+* The same ``seed`` with the same prompt and weights gives the same outputs; the ``n``
+  samples of one request differ from each other.
+* Bad input raises ``ValueError`` naming the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from torch import Tensor
+
+from rl_core.registry import Registry
+
+__all__ = [
+    "ROLLOUTS",
+    "FinishReason",
+    "GenerationOutput",
+    "RolloutConfig",
+    "RolloutEngine",
+    "SamplingParams",
+    "build_rollout_engine",
+    "check_prompt",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+FINISH_REASONS = ("stop", "length", "abort")
+_MAX_SEED = 2**63 - 1
+
+ROLLOUTS: Registry[type[RolloutEngine]] = Registry("rl.rollouts", kind="rollout engine")
+"""Rollout engines by name: ``hf``, ``vllm``, ``sglang`` from rl-rollout, or your own."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling parameters (vLLM's meanings).
+
+    temperature 0 means greedy; top_k -1 disables top-k; top_p 1.0 disables top-p;
+    ``seed`` makes the request reproducible (None: engine-chosen randomness).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    stop_token_ids: Sequence[int] = ()
+    seed: int | None = None
+
+    def validate(self) -> SamplingParams:
+        """Raise ValueError naming the field, its value and the allowed range; return self."""
+
+        def bad(name: str, expected: str) -> ValueError:
+            return ValueError(
+                f"SamplingParams.{name}={getattr(self, name)!r} is invalid: expected {expected}"
+            )
+
+        if not _is_int(self.n) or self.n < 1:
+            raise bad("n", "an integer >= 1")
+        if not _is_real(self.temperature) or self.temperature < 0:
+            raise bad("temperature", "a finite number >= 0 (0 means greedy)")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise bad("top_p", "a number in (0, 1]")
+        if not _is_int(self.top_k) or (self.top_k != -1 and self.top_k < 1):
+            raise bad("top_k", "-1 (disabled) or an integer >= 1")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise bad("max_tokens", "an integer >= 1")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(
+            self.stop_token_ids, Iterable
+        ):
+            raise bad("stop_token_ids", "a sequence of token ids (integers >= 0)")
+        stop = tuple(self.stop_token_ids)
+        if not all(_is_int(t) and t >= 0 for t in stop):
+            raise bad("stop_token_ids", "a sequence of token ids (integers >= 0)")
+        self.stop_token_ids = stop
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED):
+            raise bad("seed", f"None or an integer in [0, {_MAX_SEED}]")
+        return self
+
+
+@dataclass
+class GenerationOutput:
+    """One sample: generated token ids, the log-prob of each, and why generation ended."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.log_probs):
+            raise ValueError(
+                f"GenerationOutput: {len(self.token_ids)} token_ids but "
+                f"{len(self.log_probs)} log_probs; expected one log-prob per token"
+            )
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"GenerationOutput.finish_reason={self.finish_reason!r} is invalid: "
+                f"expected one of {FINISH_REASONS}"
+            )
+
+
+@dataclass
+class RolloutConfig:
+    """How to start a rollout engine. Backend-specific options go in ``engine_kwargs``.
+
+    ``dtype`` is a torch dtype name ("float32", "bfloat16", "float16"); CPU runs use
+    float32. ``max_model_len`` None means the model's own context length.
+    """
+
+    model_path: str
+    backend: str = "hf"
+    dtype: str = "float32"
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    seed: int = 0
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> RolloutConfig:
+        """Raise ValueError naming the field, its value and what was expected; return self."""
+
+        def bad(name: str, expected: str) -> ValueError:
+            return ValueError(
+                f"RolloutConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
+            )
+
+        if not isinstance(self.model_path, str) or not self.model_path:
+            raise bad("model_path", "a non-empty path to a Hugging Face model directory")
+        if not isinstance(self.backend, str) or not self.backend:
+            raise bad("backend", f"a rollout engine name, one of {ROLLOUTS.names()}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise bad("dtype", "one of 'float32', 'bfloat16', 'float16', 'auto'")
+        if not _is_int(self.tensor_parallel_size) or self.tensor_parallel_size < 1:
+            raise bad("tensor_parallel_size", "an integer >= 1")
+        if self.max_model_len is not None and (
+            not _is_int(self.max_model_len) or self.max_model_len < 2
+        ):
+            raise bad("max_model_len", "None or an integer >= 2")
+        if not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED:
+            raise bad("seed", f"an integer in [0, {_MAX_SEED}]")
+        if not _is_real(self.gpu_memory_utilization) or not 0 < self.gpu_memory_utilization <= 1:
+            raise bad("gpu_memory_utilization", "a number in (0, 1]")
+        if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
+            raise bad("max_num_seqs", "an integer >= 1")
+        if not isinstance(self.engine_kwargs, dict):
+            raise bad("engine_kwargs", "a dict of backend-specific options")
+        return self
+
+
+def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int) -> list[int]:
+    """Validate prompt token ids for an engine; return them as a list of ints.
+
+    Raises ValueError for an empty prompt, ids outside ``[0, vocab_size)`` or a prompt that
+    leaves no room for one generated token within ``max_model_len``.
+    """
+    if isinstance(prompt_ids, (str, bytes)):
+        raise ValueError(
+            f"prompt_ids is a {type(prompt_ids).__name__}: expected a list of token ids "
+            "(engines are token-in/token-out; tokenise in the agent loop)"
+        )
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise ValueError("prompt_ids is empty: expected at least one token id")
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(
+            f"prompt_ids contains token id {bad}: expected ids in [0, {vocab_size}) "
+            "(the model's vocabulary size)"
+        )
+    if len(ids) >= max_model_len:
+        raise ValueError(
+            f"prompt_ids has {len(ids)} tokens: expected fewer than max_model_len="
+            f"{max_model_len} so at least one token can be generated"
+        )
+    return ids
+
+
+class RolloutEngine(ABC):
+    """Async token-in/token-out generation engine (one replica, possibly tensor-parallel).
+
+    Construct through `build_rollout_engine` (or the class with a `RolloutConfig`); the
+    constructor loads the model and starts the engine. All methods are coroutines and are
+    safe to call concurrently from one event loop.
+    """
+
+    @property
+    @abstractmethod
+    def max_model_len(self) -> int:
+        """Context length: prompt plus generated tokens never exceed it."""
+
+    @abstractmethod
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
+    ) -> list[GenerationOutput]:
+        """Generate ``sampling_params.n`` samples for one prompt.
+
+        ``request_id`` must be unique among in-flight requests; `abort` uses it. An aborted
+        request returns (does not raise) with finish reason ``"abort"``.
+        """
+
+    @abstractmethod
+    async def abort(self, request_ids: list[str]) -> None:
+        """Abort in-flight requests (unknown or finished ids are ignored)."""
+
+    @abstractmethod
+    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Load weights in place, by Hugging Face parameter name (a subset is allowed)."""
+
+    @abstractmethod
+    async def sleep(self, level: int = 1) -> None:
+        """Free memory while idle: level 1 offloads weights and drops the KV cache; level 2
+        may also discard weights (then the next `update_weights` must bring all of them).
+        Engines that cannot free memory on this platform accept the call and do nothing."""
+
+    @abstractmethod
+    async def wake_up(self) -> None:
+        """Restore what `sleep` released; generation works again afterwards."""
+
+    @abstractmethod
+    async def reset_prefix_cache(self) -> None:
+        """Drop cached prefixes (call after a weight update)."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the engine and release its resources; idempotent."""
+
+
+def build_rollout_engine(config: RolloutConfig) -> RolloutEngine:
+    """Validate `config` and build the engine registered as ``config.backend``.
+
+    Unknown names raise `UnknownPluginError` (listing installed engines); a backend whose
+    extra is missing raises `PluginLoadError` naming the extra to install.
+    """
+    if not isinstance(config, RolloutConfig):
+        raise TypeError(
+            f"build_rollout_engine expects a RolloutConfig, got {type(config).__name__}"
+        )
+    config.validate()
+    engine = ROLLOUTS.build(config.backend, config)
+    if not isinstance(engine, RolloutEngine):
+        raise TypeError(
+            f"rollout engine {config.backend!r} built a {type(engine).__name__}, "
+            "which is not a rl_core.rollout.RolloutEngine"
+        )
+    return engine
