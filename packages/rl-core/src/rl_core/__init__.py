@@ -8,17 +8,12 @@ tensordict, numpy and omegaconf.
 from importlib.metadata import version as _version
 
 from rl_core.registry import PluginLoadError, Registry, UnknownPluginError
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 
 __version__ = _version("rl-core")
 
 __all__ = [
-    "GenerationOutput",
     "PluginLoadError",
     "Registry",
-    "RolloutConfig",
-    "RolloutEngine",
-    "SamplingParams",
     "UnknownPluginError",
     "__version__",
 ]
