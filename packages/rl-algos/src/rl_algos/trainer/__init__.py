@@ -1,0 +1,1 @@
+"""The single-controller trainer: role workers, the RL loop, checkpoints and metrics."""

