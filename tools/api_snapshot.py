@@ -4,7 +4,9 @@ The snapshot (`tools/api/<package>.json`) holds the version and the exported nam
 change to `__all__` must come with the right version bump:
   * a removed name is breaking: a major bump (a minor bump while the version is 0.x);
   * an added name is a feature: a minor bump (any bump while 0.x).
-After bumping, run `uv run python tools/api_snapshot.py --update` to record the new API.
+While a version is unreleased (its CHANGELOG heading reads "## X.Y.Z (unreleased)"), its
+API is still open and may change freely. After bumping or releasing, run
+`uv run python tools/api_snapshot.py --update` to record the new API.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT_DIR = ROOT / "tools" / "api"
+PACKAGE_DIRS = {
+    "rl-core": "packages/rl-core",
+    "rl-engines": "packages/rl-engines",
+    "rl-rollout": "packages/rl-rollout",
+    "rl-algos": "packages/rl-algos",
+    "rl-multimodal": "packages/rl-multimodal",
+    "rl-nvidia": "integrations/nvidia",
+    "rl-amd": "integrations/amd",
+    "rl-ascend": "integrations/ascend",
+}
 PACKAGES = {
     "rl-core": "rl_core",
     "rl-engines": "rl_engines",
@@ -68,6 +80,11 @@ class ApiChange:
         return None
 
 
+def is_unreleased(package: str, version: str) -> bool:
+    changelog = (ROOT / PACKAGE_DIRS[package] / "CHANGELOG.md").read_text()
+    return f"## {version} (unreleased)" in changelog
+
+
 def current(package: str) -> tuple[str, list[str]]:
     from importlib.metadata import version
 
@@ -101,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             problems.append(f"{package}: no API snapshot; run tools/api_snapshot.py --update")
             continue
-        change = compare(package, json.loads(path.read_text()), version, names)
+        snapshot = json.loads(path.read_text())
+        if snapshot["version"] == version and is_unreleased(package, version):
+            continue  # the API of an unreleased version is still open
+        change = compare(package, snapshot, version, names)
         if (problem := change.problem()) is not None:
             problems.append(problem)
         elif change.added or change.removed:
