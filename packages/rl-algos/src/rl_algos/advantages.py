@@ -1,0 +1,255 @@
+"""Advantage estimators: pure functions on [batch, response_length] tensors.
+
+Every estimator is registered in `ADVANTAGE_ESTIMATORS` (entry point group
+`rl.advantage_estimators`) and is called with keyword arguments only::
+
+    advantages, returns = estimator(
+        token_level_rewards=...,  # [B, R] rewards (the score sits on the last response token)
+        response_mask=...,        # [B, R] 1 on tokens that enter the loss
+        index=...,                # [B] numpy array of group ids (`uid`): samples of one prompt
+        values=...,               # [B, R] critic values (GAE only)
+        reward_baselines=...,     # [B] reward of the greedy sample (ReMax only)
+        gamma=1.0, lam=1.0, epsilon=1e-6, norm_adv_by_std_in_grpo=True,
+    )
+
+Each one takes what it needs and ignores the rest, so a third-party estimator with the
+same calling convention plugs in through its own package's entry point. Names and
+semantics follow verl: a group of one sample has baseline 0 (and std 1 for GRPO).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl_algos.masked import masked_whiten
+from rl_core.registry import Registry
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdvantageEstimator",
+    "compute_advantage",
+    "compute_dr_grpo_advantage",
+    "compute_gae_advantage_return",
+    "compute_grpo_outcome_advantage",
+    "compute_reinforce_plus_plus_advantage",
+    "compute_reinforce_plus_plus_baseline_advantage",
+    "compute_remax_advantage",
+    "compute_rloo_advantage",
+    "group_ids",
+]
+
+AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "rl.advantage_estimators", kind="advantage estimator"
+)
+
+
+def group_ids(index: Any, device: torch.device | None = None) -> tuple[torch.Tensor, int]:
+    """Map group ids (any hashable values, e.g. uid strings) to 0..G-1; returns (ids, G)."""
+    seen: dict[Any, int] = {}
+    ids = [seen.setdefault(key, len(seen)) for key in np.asarray(index, dtype=object).tolist()]
+    return torch.tensor(ids, dtype=torch.long, device=device), len(seen)
+
+
+def _require(name: str, value: Any, estimator: str) -> Any:
+    if value is None:
+        raise ValueError(f"advantage estimator {estimator!r} needs {name!r}, got None")
+    return value
+
+
+def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
+    if token_level_rewards.dim() != 2 or token_level_rewards.shape != response_mask.shape:
+        raise ValueError(
+            "token_level_rewards and response_mask must both be [batch, response_length]; got "
+            f"{tuple(token_level_rewards.shape)} and {tuple(response_mask.shape)}"
+        )
+
+
+def _group_stats(
+    scores: torch.Tensor, index: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample (group mean, unbiased group std, group size) of `scores` [B]."""
+    if len(index) != scores.shape[0]:
+        raise ValueError(f"index has {len(index)} entries but the batch has {scores.shape[0]}")
+    gid, num_groups = group_ids(index, scores.device)
+    count = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
+    count.index_add_(0, gid, torch.ones_like(scores))
+    total = torch.zeros_like(count).index_add_(0, gid, scores)
+    mean = total / count
+    sq_dev = torch.zeros_like(count).index_add_(0, gid, (scores - mean[gid]) ** 2)
+    std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))
+    return mean[gid], std[gid], count[gid]
+
+
+@torch.no_grad()
+def compute_gae_advantage_return(
+    *,
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor | None = None,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al. 2016). Masked tokens (padding, tool output) are skipped: the
+    recursion carries the next value and the running advantage across them. Returns
+    (whitened advantages, returns = raw advantages + values)."""
+    _check_shapes(token_level_rewards, response_mask)
+    values = _require("values", values, "gae")
+    mask = response_mask.to(values.dtype)
+    next_value = torch.zeros_like(values[:, 0])
+    running = torch.zeros_like(values[:, 0])
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        step = delta + gamma * lam * running
+        m = mask[:, t]
+        running = m * step + (1 - m) * running
+        next_value = m * values[:, t] + (1 - m) * next_value
+        advantages[:, t] = running
+    returns = advantages + values
+    return masked_whiten(advantages, mask) * mask, returns * mask
+
+
+@torch.no_grad()
+def compute_grpo_outcome_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO: (score - group mean) / (group std + epsilon), broadcast over response tokens.
+    `norm_adv_by_std_in_grpo=False` drops the division (Dr.GRPO's estimator)."""
+    _check_shapes(token_level_rewards, response_mask)
+    index = _require("index", index, "grpo")
+    scores = token_level_rewards.sum(dim=-1)
+    mean, std, count = _group_stats(scores, index)
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    adv = scores - mean
+    if norm_adv_by_std_in_grpo:
+        adv = adv / (std + epsilon)
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def compute_dr_grpo_advantage(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr.GRPO (Liu et al. 2025): GRPO without the std division. Pair it with the
+    `seq-mean-token-sum-norm` loss aggregation (the `dr_grpo` preset does)."""
+    kwargs["norm_adv_by_std_in_grpo"] = False
+    return compute_grpo_outcome_advantage(**kwargs)
+
+
+@torch.no_grad()
+def compute_rloo_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (Ahmadian et al. 2024): score minus the mean score of the other samples of
+    the same prompt; a group of one keeps its score."""
+    _check_shapes(token_level_rewards, response_mask)
+    index = _require("index", index, "rloo")
+    scores = token_level_rewards.sum(dim=-1)
+    mean, _, count = _group_stats(scores, index)
+    leave_one_out = (mean * count - scores) / (count - 1).clamp(min=1)
+    adv = torch.where(count > 1, scores - leave_one_out, scores)
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def _discounted_returns(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    returns = torch.zeros_like(token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    mask = response_mask.to(token_level_rewards.dtype)
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    return returns
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025): discounted token returns, whitened over the whole batch."""
+    _check_shapes(token_level_rewards, response_mask)
+    returns = _discounted_returns(token_level_rewards, response_mask, gamma)
+    mask = response_mask.to(returns.dtype)
+    return masked_whiten(returns, mask) * mask, returns
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline: score minus its group mean, then whitened over the batch."""
+    _check_shapes(token_level_rewards, response_mask)
+    index = _require("index", index, "reinforce_plus_plus_baseline")
+    scores = token_level_rewards.sum(dim=-1)
+    mean, _, count = _group_stats(scores, index)
+    centred = scores - torch.where(count > 1, mean, torch.zeros_like(mean))
+    mask = response_mask.to(scores.dtype)
+    adv = centred.unsqueeze(-1) * mask
+    adv = masked_whiten(adv, mask) * mask
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_remax_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    reward_baselines: torch.Tensor | None = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023): undiscounted reward-to-go minus the greedy sample's reward."""
+    _check_shapes(token_level_rewards, response_mask)
+    baselines = _require("reward_baselines", reward_baselines, "remax")
+    mask = response_mask.to(token_level_rewards.dtype)
+    returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    adv = returns - baselines.to(returns.dtype).unsqueeze(-1) * mask
+    return adv, returns
+
+
+def compute_advantage(data: Any, estimator: str, **params: Any) -> Any:
+    """Run the named estimator on a DataProto and store `advantages` and `returns` in it.
+
+    Reads `token_level_rewards`, `response_mask`, optional `values` and
+    `reward_baselines` from `data.batch` and `uid` from `data.non_tensor_batch`; `params`
+    are the algorithm's knobs (gamma, lam, norm_adv_by_std_in_grpo, epsilon)."""
+    batch = data.batch
+    keys = set(batch.keys())  # older TensorDicts refuse `key in td`
+    fn = ADVANTAGE_ESTIMATORS.get(estimator)
+    advantages, returns = fn(
+        token_level_rewards=batch["token_level_rewards"],
+        response_mask=batch["response_mask"],
+        values=batch["values"] if "values" in keys else None,
+        reward_baselines=batch["reward_baselines"] if "reward_baselines" in keys else None,
+        index=data.non_tensor_batch.get("uid"),
+        **params,
+    )
+    batch["advantages"] = advantages
+    batch["returns"] = returns
+    return data

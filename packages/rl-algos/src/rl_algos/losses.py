@@ -1,0 +1,309 @@
+"""Policy and value losses, and the loss functions handed to a TrainEngine.
+
+Policy losses are registered in `POLICY_LOSSES` (entry point group `rl.policy_losses`) and
+called with keyword arguments only::
+
+    loss, metrics = policy_loss(
+        log_prob=..., old_log_prob=..., advantages=..., response_mask=...,  # [b, R]
+        config=PolicyLossConfig(...), scale=LossScale(...),
+        rollout_log_probs=None,  # [b, R], for truncated importance sampling
+    )
+
+Built in: ``ppo`` (verl's ``vanilla``): PPO clip with decoupled clip ranges (clip-higher,
+DAPO) and dual-clip; ``gspo``: a sequence-level importance ratio (Zheng et al. 2025).
+`loss` is this micro-batch's partial of the mini-batch loss (see `rl_algos.aggregation`)
+and every metric is a partial in the same sense: the engine sums both over micro-batches
+and data-parallel ranks, which yields the mini-batch values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rl_algos.aggregation import AGG_MODES, LossScale, agg_loss
+from rl_algos.errors import check_field
+from rl_algos.kl import KL_TYPES, kl_penalty
+from rl_core.registry import Registry
+
+__all__ = [
+    "POLICY_LOSSES",
+    "LossFn",
+    "PolicyLossConfig",
+    "PolicyLossFn",
+    "ValueLossConfig",
+    "compute_gspo_policy_loss",
+    "compute_ppo_policy_loss",
+    "compute_value_loss",
+    "make_actor_loss_fn",
+    "make_critic_loss_fn",
+]
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[[dict[str, torch.Tensor], Any, Any], tuple[torch.Tensor, dict[str, float]]]
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("rl.policy_losses", kind="policy loss")
+
+
+@dataclass
+class PolicyLossConfig:
+    """How the actor's loss is computed (also the `actor.loss` section of the config).
+
+    name: policy loss in POLICY_LOSSES (`ppo`, `gspo`, or a plugin's).
+    clip_ratio_low / clip_ratio_high: the ratio is clipped to [1 - low, 1 + high]
+        (equal values: classic PPO; a larger high: DAPO's clip-higher).
+    clip_ratio_c: dual-clip bound on the loss of negative-advantage tokens (> 1).
+    agg_mode / agg_norm_constant: loss aggregation (see rl_algos.aggregation); the
+        constant is used by `seq-mean-token-sum-norm` (None: the maximum response length).
+    entropy_coeff: weight of the entropy bonus (subtracted from the loss).
+    kl_loss_coef / kl_loss_type: KL to the reference as a loss term (0: off).
+    tis_cap: truncated importance sampling against the rollout engine's log-probs: each
+        token's loss is weighted by min(exp(old_log_prob - rollout_log_prob), tis_cap)
+        (None: off).
+    """
+
+    name: str = "ppo"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    agg_mode: str = "token-mean"
+    agg_norm_constant: float | None = None
+    entropy_coeff: float = 0.0
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "k3"
+    tis_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        check_field(
+            0 <= self.clip_ratio_low < 1, "clip_ratio_low", self.clip_ratio_low, "in [0, 1)"
+        )
+        check_field(self.clip_ratio_high >= 0, "clip_ratio_high", self.clip_ratio_high, ">= 0")
+        check_field(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "> 1 (dual-clip)")
+        check_field(
+            self.agg_mode in AGG_MODES,
+            "agg_mode",
+            self.agg_mode,
+            f"one of {list(AGG_MODES)}",
+            AGG_MODES,
+        )
+        check_field(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, ">= 0")
+        check_field(
+            self.kl_loss_type in KL_TYPES,
+            "kl_loss_type",
+            self.kl_loss_type,
+            f"one of {list(KL_TYPES)}",
+            KL_TYPES,
+        )
+        check_field(
+            self.tis_cap is None or self.tis_cap > 0, "tis_cap", self.tis_cap, "> 0 or null"
+        )
+
+
+def _tis_weights(
+    old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, cap: float | None
+) -> torch.Tensor | None:
+    if cap is None:
+        return None
+    if rollout_log_probs is None:
+        raise ValueError("loss.tis_cap is set but the batch has no 'rollout_log_probs'")
+    return torch.exp(old_log_prob - rollout_log_probs).clamp(max=cap).detach()
+
+
+def _partial(value: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> float:
+    """This micro-batch's share of a token mean over the mini-batch."""
+    return float((value.detach() * mask).sum().item()) / max(scale.global_num_tokens, 1)
+
+
+def compute_ppo_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate with decoupled clip ranges and dual-clip (Ye et al. 2020):
+    for negative advantages the loss is further capped at -A * clip_ratio_c."""
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
+    clip_loss = torch.maximum(loss_unclipped, loss_clipped)
+    dual_bound = -advantages * config.clip_ratio_c
+    pg_losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
+    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    if weights is not None:
+        pg_losses = pg_losses * weights
+    loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
+    lower = (clip_loss > dual_bound) & (advantages < 0)
+    metrics = {
+        "actor/pg_loss": float(loss.detach().item()),
+        "actor/pg_clipfrac": _partial((loss_clipped > loss_unclipped).float(), mask, scale),
+        "actor/pg_clipfrac_lower": _partial(lower.float(), mask, scale),
+        "actor/ppo_kl": _partial(-log_ratio, mask, scale),
+    }
+    if weights is not None:
+        metrics["actor/tis_weight"] = _partial(weights, mask, scale)
+    return loss, metrics
+
+
+def compute_gspo_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO: one importance ratio per sequence, s = exp(mean_t(log pi - log pi_old)), clipped
+    to [1 - low, 1 + high] (the paper uses ranges around 3e-4..4e-4).
+
+    Per token the ratio is written as sg(s) * pi_t / sg(pi_t) (the paper's GSPO-token form):
+    its value is s and its gradient is s * grad log pi_t, so with `seq-mean-token-mean`
+    aggregation the gradient is exactly the paper's sequence-level one."""
+    mask = response_mask.to(log_prob.dtype)
+    lengths = mask.sum(dim=-1).clamp(min=1)
+    log_ratio = log_prob - old_log_prob
+    seq_log_ratio = (log_ratio * mask).sum(dim=-1) / lengths
+    token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = token_log_ratio.clamp(max=10.0).exp()
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
+    pg_losses = torch.maximum(loss_unclipped, loss_clipped)
+    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    if weights is not None:
+        pg_losses = pg_losses * weights
+    loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
+    metrics = {
+        "actor/pg_loss": float(loss.detach().item()),
+        "actor/pg_clipfrac": _partial((loss_clipped > loss_unclipped).float(), mask, scale),
+        "actor/ppo_kl": _partial(-log_ratio, mask, scale),
+    }
+    if weights is not None:
+        metrics["actor/tis_weight"] = _partial(weights, mask, scale)
+    return loss, metrics
+
+
+@dataclass
+class ValueLossConfig:
+    """The critic's loss (the `critic.loss` section of the config): squared error with the
+    new value clipped to within `cliprange_value` of the old one (PPO's value clipping)."""
+
+    cliprange_value: float = 0.5
+    agg_mode: str = "token-mean"
+    agg_norm_constant: float | None = None
+
+    def __post_init__(self) -> None:
+        check_field(self.cliprange_value > 0, "cliprange_value", self.cliprange_value, "> 0")
+        check_field(
+            self.agg_mode in AGG_MODES,
+            "agg_mode",
+            self.agg_mode,
+            f"one of {list(AGG_MODES)}",
+            AGG_MODES,
+        )
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    agg_mode: str,
+    scale: LossScale,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """0.5 * max((v - R)^2, (clip(v, v_old +- c) - R)^2), aggregated."""
+    mask = response_mask.to(vpreds.dtype)
+    clipped = values + (vpreds - values).clamp(-cliprange_value, cliprange_value)
+    loss_unclipped = (vpreds - returns).square()
+    loss_clipped = (clipped - returns).square()
+    loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), mask, agg_mode, scale)
+    metrics = {
+        "critic/vf_loss": float(loss.detach().item()),
+        "critic/vf_clipfrac": _partial((loss_clipped > loss_unclipped).float(), mask, scale),
+        "critic/vpred_mean": _partial(vpreds, mask, scale),
+    }
+    return loss, metrics
+
+
+def _field(batch: Any, key: str, why: str) -> torch.Tensor:
+    if key not in set(batch.keys()):  # older TensorDicts refuse `key in td`
+        raise KeyError(f"the micro-batch has no {key!r} (needed for {why})")
+    return batch[key]
+
+
+def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
+    """The actor's loss function for `TrainEngine.train_batch`: the policy loss, minus the
+    entropy bonus, plus the KL loss term, each aggregated with the global counts in `ctx`.
+
+    Reads `old_log_probs`, `advantages`, `response_mask` (and `ref_log_prob`,
+    `rollout_log_probs` when the KL loss or TIS is on) from the micro-batch, and
+    `log_probs` (and `entropy`) from the engine's outputs."""
+    policy_loss = POLICY_LOSSES.get(config.name)
+
+    def loss_fn(
+        outputs: dict[str, torch.Tensor], micro_batch: Any, ctx: Any
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = micro_batch.batch
+        mask = _field(batch, "response_mask", "the loss mask")
+        scale = LossScale.from_context(ctx, config.agg_norm_constant)
+        log_prob = outputs["log_probs"]
+        rollout = None
+        if config.tis_cap is not None:
+            rollout = _field(batch, "rollout_log_probs", "loss.tis_cap")
+        loss, metrics = policy_loss(
+            log_prob=log_prob,
+            old_log_prob=_field(batch, "old_log_probs", "the importance ratio"),
+            advantages=_field(batch, "advantages", "the policy gradient"),
+            response_mask=mask,
+            config=config,
+            scale=scale,
+            rollout_log_probs=rollout,
+        )
+        if "entropy" in outputs:
+            entropy = agg_loss(outputs["entropy"], mask, config.agg_mode, scale)
+            metrics["actor/entropy"] = _partial(outputs["entropy"], mask, scale)
+            if config.entropy_coeff != 0:
+                loss = loss - config.entropy_coeff * entropy
+        elif config.entropy_coeff != 0:
+            raise KeyError("loss.entropy_coeff is set but the engine returned no 'entropy'")
+        if config.kl_loss_coef > 0:
+            ref = _field(batch, "ref_log_prob", "loss.kl_loss_coef")
+            kl = agg_loss(
+                kl_penalty(log_prob, ref, config.kl_loss_type), mask, config.agg_mode, scale
+            )
+            loss = loss + config.kl_loss_coef * kl
+            metrics["actor/kl_loss"] = float(kl.detach().item())
+        return loss, metrics
+
+    return loss_fn
+
+
+def make_critic_loss_fn(config: ValueLossConfig) -> LossFn:
+    """The critic's loss function for `TrainEngine.train_batch` (clipped value loss).
+    Reads `values` (old), `returns` and `response_mask` from the micro-batch and the new
+    `values` from the engine's outputs."""
+
+    def loss_fn(
+        outputs: dict[str, torch.Tensor], micro_batch: Any, ctx: Any
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = micro_batch.batch
+        return compute_value_loss(
+            vpreds=outputs["values"],
+            values=_field(batch, "values", "value clipping"),
+            returns=_field(batch, "returns", "the value target"),
+            response_mask=_field(batch, "response_mask", "the loss mask"),
+            cliprange_value=config.cliprange_value,
+            agg_mode=config.agg_mode,
+            scale=LossScale.from_context(ctx, config.agg_norm_constant),
+        )
+
+    return loss_fn
