@@ -18,60 +18,40 @@ from rl_rollout.tools import TOOLS, PythonSandboxTool, SandboxConfig, run_python
 REPO_FILE = Path(__file__).resolve()
 
 
-def _processes_with(marker: str) -> list[str]:
-    """Command lines of live processes (not zombies) mentioning `marker`, or zombies at all
-    whose parent is this process tree's init (leftovers of a run)."""
+def _session_members(session_id: int) -> list[str]:
+    """Processes (zombies included) still in the run's session: what a run leaves behind."""
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(cmdline)
-    return found
-
-
-def _zombies() -> set[int]:
-    pids = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 stat = Path(entry.path, "stat").read_text()
             except OSError:
                 continue
-            if stat.rsplit(")", 1)[1].split()[0] == "Z":
-                pids.add(int(entry.name))
-    return pids
+            fields = stat.rsplit(")", 1)[1].split()  # state ppid pgrp session ...
+            if int(fields[3]) == session_id:
+                found.append(stat)
+    return found
 
 
-def assert_host_clean(result, zombies_before: set[int]) -> None:
+def assert_host_clean(result) -> None:
     assert not Path(result.work_dir).exists(), "the throw-away work dir must be deleted"
-    assert _processes_with(result.run_id) == []
-    assert _zombies() <= zombies_before, "the run left zombie processes behind"
+    assert _session_members(result.session_id) == [], "the run left processes behind"
 
 
-@pytest.fixture
-def zombies_before():
-    return _zombies()
-
-
-def test_runs_code_and_returns_output(zombies_before):
+def test_runs_code_and_returns_output():
     code = "import json, math\nprint(json.dumps({'pi': round(math.pi, 3)}))\nprint('err', file=__import__('sys').stderr)"
     result = run_python(code)
     assert result.ok and result.exit_code == 0 and result.killed is None
     assert result.stdout == '{"pi": 3.142}\n' and result.stderr == "err\n"
     assert "exit status: 0" in result.to_text() and '{"pi": 3.142}' in result.to_text()
-    assert_host_clean(result, zombies_before)
+    assert_host_clean(result)
 
 
-def test_work_dir_is_writable_and_thrown_away(zombies_before):
+def test_work_dir_is_writable_and_thrown_away():
     code = "import os\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read(), os.listdir('.'))"
     result = run_python(code)
     assert result.stdout == "hi ['a.txt']\n"
-    assert_host_clean(result, zombies_before)
+    assert_host_clean(result)
 
 
 def test_exception_reports_the_users_traceback():
@@ -82,25 +62,25 @@ def test_exception_reports_the_users_traceback():
     assert "sandbox_bootstrap" not in result.stderr
 
 
-def test_infinite_loop_is_killed_at_the_wall_clock_limit(zombies_before):
+def test_infinite_loop_is_killed_at_the_wall_clock_limit():
     start = time.monotonic()
     result = run_python("while True:\n    pass\n", SandboxConfig(timeout_s=1.5))
     assert result.killed == "wall-clock timeout (1.5 s)"
     assert result.exit_code == -9 and not result.ok
     assert 1.4 < time.monotonic() - start < 6
     assert "killed: wall-clock timeout" in result.to_text()
-    assert_host_clean(result, zombies_before)
+    assert_host_clean(result)
 
 
-def test_cpu_time_limit_stops_a_busy_loop(zombies_before):
+def test_cpu_time_limit_stops_a_busy_loop():
     result = run_python("while True:\n    pass\n", SandboxConfig(timeout_s=20, cpu_time_s=1))
     assert result.killed == "cpu time limit (1 s)"
     assert "rlimit-cpu" in result.isolation
     assert result.duration_s < 10
-    assert_host_clean(result, zombies_before)
+    assert_host_clean(result)
 
 
-def test_fork_bomb_is_refused(zombies_before):
+def test_fork_bomb_is_refused():
     code = "import os\nwhile True:\n    os.fork()\n"
     result = run_python(code, SandboxConfig(timeout_s=5))
     assert result.exit_code == 1 and result.killed is None
@@ -108,10 +88,10 @@ def test_fork_bomb_is_refused(zombies_before):
     subprocess_code = "import subprocess\nsubprocess.run(['ls', '/'])\n"
     result2 = run_python(subprocess_code)
     assert "creating processes is not allowed" in result2.stderr
-    assert_host_clean(result, zombies_before)
+    assert_host_clean(result)
 
 
-def test_process_count_is_capped_by_the_kernel_without_python_guards(zombies_before):
+def test_process_count_is_capped_by_the_kernel_without_python_guards():
     """With the audit hook off, the pids cgroup / RLIMIT_NPROC still caps the process count
     and every child dies with the run."""
     code = (
@@ -129,26 +109,26 @@ def test_process_count_is_capped_by_the_kernel_without_python_guards(zombies_bef
     # so there the bound is looser)
     assert children == 5 if "cgroup-pids" in result.isolation else 0 <= children <= 5
     assert result.killed == "wall-clock timeout (3 s)"
-    assert_host_clean(result, zombies_before)
+    assert_host_clean(result)
 
 
-def test_huge_allocation_hits_the_memory_limit(zombies_before):
+def test_huge_allocation_hits_the_memory_limit():
     result = run_python("x = bytearray(8 * 2**30)\n", SandboxConfig(memory_mb=256))
     assert result.exit_code == 1
     assert "MemoryError: the sandbox memory limit (256 MiB) was reached" in result.stderr
     result2 = run_python("x = [bytes(2**20) for _ in range(4096)]\n", SandboxConfig(memory_mb=256))
     assert "MemoryError" in result2.stderr
-    assert_host_clean(result2, zombies_before)
+    assert_host_clean(result2)
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", str(REPO_FILE)])
-def test_reading_outside_the_work_dir_is_refused(target, zombies_before):
+def test_reading_outside_the_work_dir_is_refused(target):
     result = run_python(f"print(open({target!r}).read())")
     assert result.stdout == "" and result.exit_code == 1
     assert f"PermissionError: sandbox: reading {target!r} is not allowed" in result.stderr
     listing = run_python(f"import os\nprint(os.listdir({os.path.dirname(target)!r}))")
     assert "is not allowed (os.listdir)" in listing.stderr
-    assert_host_clean(result, zombies_before)
+    assert_host_clean(result)
 
 
 def test_symlink_out_of_the_work_dir_is_refused():
@@ -205,7 +185,7 @@ def test_network_namespace_blocks_connections_without_python_guards():
     assert result.stdout.startswith("failed") and accepted == []
 
 
-def test_printing_gigabytes_is_cut_at_the_output_cap(zombies_before):
+def test_printing_gigabytes_is_cut_at_the_output_cap():
     code = "import sys\nwhile True:\n    sys.stdout.write('x' * 1_000_000)\n"
     start = time.monotonic()
     result = run_python(code, SandboxConfig(max_output_bytes=10_000, timeout_s=30))
@@ -213,7 +193,7 @@ def test_printing_gigabytes_is_cut_at_the_output_cap(zombies_before):
     assert result.stdout == "x" * 10_000 and result.stdout_truncated
     assert time.monotonic() - start < 10
     assert "[output truncated]" in result.to_text()
-    assert_host_clean(result, zombies_before)
+    assert_host_clean(result)
 
 
 def test_file_size_limit():

@@ -103,6 +103,7 @@ class SandboxResult:
     isolation: tuple[str, ...]
     run_id: str
     work_dir: str
+    session_id: int
     stdout_truncated: bool = False
     stderr_truncated: bool = False
 
@@ -347,6 +348,7 @@ def run_python(code: str, config: SandboxConfig | None = None) -> SandboxResult:
         isolation=tuple(isolation),
         run_id=run_id,
         work_dir=str(work_dir),
+        session_id=proc.pid,
         stdout_truncated=out_cut,
         stderr_truncated=err_cut,
     )
