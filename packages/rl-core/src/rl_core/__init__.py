@@ -7,11 +7,13 @@ tensordict, numpy and omegaconf.
 
 from importlib.metadata import version as _version
 
+from rl_core.protocol import DataProto
 from rl_core.registry import PluginLoadError, Registry, UnknownPluginError
 
 __version__ = _version("rl-core")
 
 __all__ = [
+    "DataProto",
     "PluginLoadError",
     "Registry",
     "UnknownPluginError",
