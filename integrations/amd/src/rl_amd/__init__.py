@@ -1,7 +1,14 @@
-"""AMD ROCm platform plugin for the RL framework."""
+"""AMD ROCm platform plugin for the RL framework.
+
+Installs the ``rocm`` platform (entry point group ``rl.platforms``): torch's ``cuda``
+device type on HIP, RCCL (torch's ``nccl`` backend) for torch.distributed,
+``HIP_VISIBLE_DEVICES`` for device visibility and Ray's ``GPU`` resource.
+"""
 
 from importlib.metadata import version as _version
 
+from rl_amd.platform import RocmPlatform
+
 __version__ = _version("rl-amd")
 
-__all__ = ["__version__"]
+__all__ = ["RocmPlatform", "__version__"]

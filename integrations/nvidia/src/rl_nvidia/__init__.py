@@ -1,7 +1,15 @@
-"""NVIDIA CUDA platform plugin for the RL framework."""
+"""NVIDIA CUDA platform plugin for the RL framework.
+
+Installs the ``cuda`` platform (entry point group ``rl.platforms``): NCCL for
+torch.distributed, ``CUDA_VISIBLE_DEVICES`` for device visibility and Ray's ``GPU``
+resource. Select it with ``RL_PLATFORM=cuda`` or let ``rl_core.platform.get_platform()``
+detect it.
+"""
 
 from importlib.metadata import version as _version
 
+from rl_nvidia.platform import CudaPlatform
+
 __version__ = _version("rl-nvidia")
 
-__all__ = ["__version__"]
+__all__ = ["CudaPlatform", "__version__"]

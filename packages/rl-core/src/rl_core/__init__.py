@@ -7,6 +7,7 @@ tensordict, numpy and omegaconf.
 
 from importlib.metadata import version as _version
 
+from rl_core.platform import Platform, PlatformUnavailableError, get_platform
 from rl_core.protocol import DataProto
 from rl_core.registry import PluginLoadError, Registry, UnknownPluginError
 
@@ -14,8 +15,11 @@ __version__ = _version("rl-core")
 
 __all__ = [
     "DataProto",
+    "Platform",
+    "PlatformUnavailableError",
     "PluginLoadError",
     "Registry",
     "UnknownPluginError",
     "__version__",
+    "get_platform",
 ]

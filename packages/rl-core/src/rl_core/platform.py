@@ -1,0 +1,330 @@
+"""Hardware platforms: one object that says how to use an accelerator family.
+
+Every place that needs a device, a distributed backend or a visible-devices variable asks
+the current `Platform` instead of calling `torch.cuda` directly, so the same code runs on
+CPU (built in here), NVIDIA (`rl-nvidia`), AMD (`rl-amd`) and Ascend (`rl-ascend`).
+
+A platform package registers its class under the ``rl.platforms`` entry point group::
+
+    [project.entry-points."rl.platforms"]
+    cuda = "rl_nvidia.platform:CudaPlatform"
+
+`get_platform()` picks one: an explicit name, else the ``RL_PLATFORM`` environment
+variable, else the first installed platform whose hardware is present (highest
+`priority` first), else CPU. Platforms are stateless; `get_platform` returns one shared
+instance per name. ``rl_core.testing.platform`` holds the conformance suite every
+platform runs against itself.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import ClassVar
+
+import torch
+
+from rl_core.registry import Registry
+
+__all__ = [
+    "PLATFORMS",
+    "CpuPlatform",
+    "MemoryInfo",
+    "Platform",
+    "PlatformUnavailableError",
+    "get_platform",
+]
+
+PLATFORM_ENV = "RL_PLATFORM"
+"""Environment variable naming the platform to use (overrides auto-detection)."""
+
+
+class PlatformUnavailableError(RuntimeError):
+    """A device operation was asked of a platform whose hardware or runtime is missing."""
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Device memory in bytes: what is free now and the device's total."""
+
+    free: int
+    total: int
+
+    @property
+    def used(self) -> int:
+        return self.total - self.free
+
+
+class Platform(ABC):
+    """One hardware family: device type, distributed backend, visibility and memory.
+
+    Subclasses set the class attributes and implement `is_available`, `device_count`,
+    `torch_module` and `memory_info`; the rest has working defaults built on
+    `torch_module()` (the ``torch.cuda``-like module of the device type).
+    """
+
+    name: ClassVar[str]
+    """Registry name, e.g. ``"cuda"``; what ``RL_PLATFORM`` and configs say."""
+    device_type: ClassVar[str]
+    """torch device type: ``"cpu"``, ``"cuda"`` (also ROCm) or ``"npu"``."""
+    dist_backend: ClassVar[str]
+    """torch.distributed backend: ``"gloo"``, ``"nccl"`` (RCCL on ROCm) or ``"hccl"``."""
+    visible_devices_env: ClassVar[str | None]
+    """The variable that restricts which devices a process sees (None on CPU)."""
+    related_visible_devices_envs: ClassVar[tuple[str, ...]] = ()
+    """Other variables that also filter devices on this platform (e.g. ROCR_VISIBLE_DEVICES)."""
+    ray_resource: ClassVar[str | None]
+    """Ray resource name of one device (``"GPU"``, ``"NPU"``); None on CPU."""
+    package: ClassVar[str] = "rl-core"
+    """The distribution that provides this platform (for error messages)."""
+    priority: ClassVar[int] = 0
+    """Auto-detection order: available platforms with higher priority win."""
+
+    # ----------------------------------------------------------------- detection
+    @abstractmethod
+    def is_available(self) -> bool:
+        """Whether the hardware and its torch runtime are present (never raises)."""
+
+    @abstractmethod
+    def device_count(self) -> int:
+        """Number of devices this process can see (0 when unavailable)."""
+
+    def unavailable_reason(self) -> str:
+        """Why `is_available()` is False, for error messages."""
+        return f"no {self.device_type} device is visible to torch {torch.__version__}"
+
+    # ------------------------------------------------------------------- devices
+    @abstractmethod
+    def torch_module(self) -> ModuleType:
+        """The device module (``torch.cuda``, ``torch.npu``); raises when unavailable."""
+
+    def require_available(self) -> None:
+        """Raise `PlatformUnavailableError` unless the platform can be used here."""
+        if not self.is_available():
+            raise PlatformUnavailableError(
+                f"platform {self.name!r} (from {self.package}) cannot be used on this machine: "
+                f"{self.unavailable_reason()}. Pick another platform with RL_PLATFORM=<name> "
+                f"or get_platform('<name>'); installed: {', '.join(PLATFORMS.names())}"
+            )
+
+    def device(self, index: int | None = None) -> torch.device:
+        """The torch device with that local index (the current device when None)."""
+        self.require_available()
+        if index is None:
+            index = self.current_device()
+        count = self.device_count()
+        if not 0 <= index < count:
+            raise ValueError(
+                f"device index {index} is out of range for platform {self.name!r}: "
+                f"this process sees {count} device(s) ({self.visible_devices_env}="
+                f"{os.environ.get(self.visible_devices_env or '', '<unset>')})"
+            )
+        return torch.device(self.device_type, index)
+
+    def current_device(self) -> int:
+        return int(self.torch_module().current_device())
+
+    def set_device(self, index: int) -> None:
+        """Make device `index` current for this process (call once, before any allocation)."""
+        self.device(index)  # validates
+        self.torch_module().set_device(index)
+
+    def synchronize(self) -> None:
+        self.torch_module().synchronize()
+
+    def empty_cache(self) -> None:
+        """Return cached, unused device memory to the driver."""
+        self.torch_module().empty_cache()
+
+    def manual_seed_all(self, seed: int) -> None:
+        self.torch_module().manual_seed_all(seed)
+
+    # -------------------------------------------------------------------- memory
+    @abstractmethod
+    def memory_info(self, index: int | None = None) -> MemoryInfo:
+        """Free and total memory of one device, in bytes."""
+
+    def memory_allocated(self, index: int | None = None) -> int:
+        """Bytes currently held by tensors of this process on the device."""
+        self.require_available()
+        return int(self.torch_module().memory_allocated(index))
+
+    def max_memory_allocated(self, index: int | None = None) -> int:
+        """Peak of `memory_allocated` since start or the last `reset_peak_memory_stats`."""
+        self.require_available()
+        return int(self.torch_module().max_memory_allocated(index))
+
+    def reset_peak_memory_stats(self, index: int | None = None) -> None:
+        self.require_available()
+        self.torch_module().reset_peak_memory_stats(index)
+
+    # -------------------------------------------------------------- environment
+    def visible_devices_env_updates(self, device_ids: Sequence[str]) -> dict[str, str | None]:
+        """Environment changes that make a process see exactly `device_ids`.
+
+        Values of None mean "unset this variable". Empty on platforms without devices.
+        """
+        if self.visible_devices_env is None:
+            return {}
+        return {self.visible_devices_env: ",".join(str(i) for i in device_ids)}
+
+    def visible_device_ids(self, environ: Mapping[str, str] | None = None) -> list[str] | None:
+        """The ids in the visible-devices variable; None when it is unset (all devices)."""
+        environ = os.environ if environ is None else environ
+        if self.visible_devices_env is None or self.visible_devices_env not in environ:
+            return None
+        value = environ[self.visible_devices_env].strip()
+        return [part.strip() for part in value.split(",") if part.strip()]
+
+    # ------------------------------------------------------------------- kernels
+    def preferred_attention(self) -> str:
+        """The Hugging Face ``attn_implementation`` to use by default on this platform."""
+        return "sdpa"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, device_type={self.device_type!r})"
+
+
+def _read_meminfo() -> dict[str, int]:
+    """`/proc/meminfo` in bytes (Linux); empty elsewhere."""
+    result: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    result[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    except OSError:
+        pass
+    return result
+
+
+def _process_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class CpuPlatform(Platform):
+    """The host CPU: gloo, no visible-devices variable, system memory as device memory."""
+
+    name = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+    visible_devices_env = None
+    ray_resource = None
+    package = "rl-core"
+    priority = -100
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def torch_module(self) -> ModuleType:
+        return torch.cpu
+
+    def device(self, index: int | None = None) -> torch.device:
+        if index not in (None, 0):
+            raise ValueError(f"device index {index} is out of range for platform 'cpu': use 0")
+        return torch.device("cpu")
+
+    def current_device(self) -> int:
+        return 0
+
+    def set_device(self, index: int) -> None:
+        self.device(index)
+
+    def synchronize(self) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def memory_info(self, index: int | None = None) -> MemoryInfo:
+        """System memory: MemAvailable and MemTotal (sysconf when /proc is missing)."""
+        info = _read_meminfo()
+        if "MemTotal" in info:
+            total = info["MemTotal"]
+            free = info.get("MemAvailable", info.get("MemFree", 0))
+        else:
+            page = os.sysconf("SC_PAGE_SIZE")
+            total = os.sysconf("SC_PHYS_PAGES") * page
+            free = os.sysconf("SC_AVPHYS_PAGES") * page
+        return MemoryInfo(free=int(free), total=int(total))
+
+    def memory_allocated(self, index: int | None = None) -> int:
+        """Resident set size of this process (the closest CPU analogue)."""
+        return _process_rss()
+
+    def max_memory_allocated(self, index: int | None = None) -> int:
+        """Peak resident set size of this process (the kernel updates it lazily)."""
+        import resource
+
+        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        return max(peak, _process_rss())
+
+    def reset_peak_memory_stats(self, index: int | None = None) -> None:
+        return None  # the OS keeps the peak RSS; it cannot be reset
+
+
+PLATFORMS: Registry[type[Platform]] = Registry("rl.platforms", kind="platform")
+"""Platforms by name: ``cpu`` (built in), ``cuda``, ``rocm``, ``npu`` from the integrations."""
+PLATFORMS.register("cpu", CpuPlatform)
+
+_INSTANCES: dict[str, Platform] = {}
+
+
+def _instance(name: str) -> Platform:
+    if name not in _INSTANCES:
+        cls = PLATFORMS.get(name)
+        platform = cls()
+        if not isinstance(platform, Platform):
+            raise TypeError(f"platform {name!r} resolved to {cls!r}, which is not a Platform")
+        _INSTANCES[name] = platform
+    return _INSTANCES[name]
+
+
+def get_platform(name: str | None = None) -> Platform:
+    """The platform to use: `name`, else ``$RL_PLATFORM``, else auto-detected, else CPU.
+
+    An explicit name (argument or environment) is returned even when its hardware is
+    missing, so that a misconfiguration fails loudly at the first device use instead of
+    silently running on CPU.
+    """
+    if name is None:
+        name = os.environ.get(PLATFORM_ENV) or None
+    if name is not None:
+        return _instance(name)
+    candidates = []
+    for candidate in PLATFORMS.names():
+        if candidate == "cpu":
+            continue
+        try:
+            platform = _instance(candidate)
+        except Exception as exc:  # a broken plugin must not break auto-detection of the others
+            warnings.warn(f"platform {candidate!r} could not be loaded: {exc}", stacklevel=2)
+            continue
+        candidates.append(platform)
+    for platform in sorted(candidates, key=lambda p: -p.priority):
+        try:
+            if platform.is_available():
+                return platform
+        except Exception as exc:
+            warnings.warn(
+                f"platform {platform.name!r}: is_available() raised {exc!r}", stacklevel=2
+            )
+    return _instance("cpu")
