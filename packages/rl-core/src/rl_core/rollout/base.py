@@ -12,9 +12,11 @@ Semantics every implementation honours (checked by ``rl_core.testing.rollout_eng
   ``token_ids``, finish reason ``"stop"``), after ``max_tokens`` tokens or at the context
   length (``"length"``), or when the request is aborted (``"abort"``, with the tokens
   generated so far). The model's own EOS is *not* implied: callers pass the ids to stop at.
-* ``log_probs[i]`` is the log-prob of ``token_ids[i]`` under the sampling distribution
-  after temperature scaling and before top-p/top-k truncation (vLLM's default). With
-  temperature 0 (greedy) it is the log-prob under the unscaled logits.
+* ``log_probs[i]`` is the log-prob of ``token_ids[i]`` under the distribution it was
+  sampled from: ``logits / temperature``, restricted to the top-k / top-p set and
+  renormalised (vLLM's ``processed_logprobs``). With top_p=1 and top_k=-1 (the RL default)
+  this is ``log_softmax(logits / temperature)``, what a trainer recomputes; with
+  temperature 0 (greedy) it is ``log_softmax(logits)``.
 * The same ``seed`` with the same prompt and weights gives the same outputs; the ``n``
   samples of one request differ from each other.
 * Bad input raises ``ValueError`` naming the field, the value and what was expected.

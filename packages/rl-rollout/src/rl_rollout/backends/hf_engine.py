@@ -1,0 +1,357 @@
+"""``hf``: the reference rollout engine on Hugging Face transformers.
+
+Requests that arrive within a short window (``engine_kwargs["batch_wait_ms"]``, default 5)
+are collected into one batch, left-padded and decoded together with a KV cache; rows that
+finish leave the batch (their cache rows are dropped) so long samples do not pay for short
+ones. Requests arriving while a batch runs wait for the next batch. Sampling is per row (see
+`rl_rollout.backends.sampling`): temperature, top-p, top-k and a per-request
+`torch.Generator` when the request carries a seed.
+
+Log-probs are those of the sampling distribution after temperature and before top-p/top-k
+truncation. There is no prefix cache (`reset_prefix_cache` is a no-op). `sleep` moves the
+weights to CPU when they live on an accelerator and frees the KV cache (it only lives
+during a batch); on CPU it frees nothing. Weights update in place by Hugging Face name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
+from rl_core.rollout import check_prompt as _check_prompt
+from rl_rollout.backends.sampling import RowSampling, sample_rows
+
+__all__ = ["HFRolloutEngine"]
+
+log = logging.getLogger(__name__)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SEED_STRIDE = 0x9E3779B97F4A7C15  # spreads the seeds of a request's n samples
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """One sample being generated (a request with n > 1 has n of them)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    max_new: int
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    aborted: bool = False
+
+    def output(self) -> GenerationOutput:
+        return GenerationOutput(list(self.tokens), list(self.log_probs), self.finish_reason)
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    seqs: list[_Sequence]
+    done: asyncio.Event
+    error: BaseException | None = None
+
+
+class HFRolloutEngine(RolloutEngine):
+    """Batched, KV-cached generation with a transformers causal LM (see module docstring)."""
+
+    def __init__(self, config: RolloutConfig) -> None:
+        try:
+            from transformers import AutoModelForCausalLM
+        except ImportError as exc:
+            raise ImportError(
+                f"the 'hf' rollout engine needs transformers ({exc}): "
+                "pip install 'rl-rollout[hf]'"
+            ) from exc
+
+        config.validate()
+        if config.tensor_parallel_size != 1:
+            raise ValueError(
+                f"RolloutConfig.tensor_parallel_size={config.tensor_parallel_size} is invalid "
+                "for the 'hf' rollout engine: expected 1 (use 'vllm' or 'sglang' for TP)"
+            )
+        options = dict(config.engine_kwargs)
+        self.device = torch.device(options.pop("device", "cpu"))
+        self._batch_wait_s = float(options.pop("batch_wait_ms", 5.0)) / 1000.0
+        if options:
+            raise ValueError(
+                f"RolloutConfig.engine_kwargs has unknown keys {sorted(options)} for the 'hf' "
+                "rollout engine: expected only 'device', 'batch_wait_ms'"
+            )
+        dtype = torch.float32 if config.dtype == "auto" else _DTYPES[config.dtype]
+        self.config = config
+        self.model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+        self.model.to(self.device).eval().requires_grad_(False)
+        text_config = self.model.config.get_text_config()
+        self.vocab_size = int(text_config.vocab_size)
+        model_len = int(getattr(text_config, "max_position_embeddings", 0) or 0)
+        self._max_model_len = config.max_model_len or model_len
+        if not self._max_model_len:
+            raise ValueError(
+                f"{config.model_path}: the model config has no max_position_embeddings; "
+                "set RolloutConfig.max_model_len"
+            )
+        self._shared_generator = torch.Generator(self.device).manual_seed(config.seed)
+        self._weights_device = self.device
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # -- event-loop state: rebuilt when the engine is used from a new loop -------------------
+
+    def _ensure_scheduler(self) -> None:
+        if self._closed:
+            raise RuntimeError("the 'hf' rollout engine was shut down")
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and not self._scheduler.done():
+            return
+        self._loop = loop
+        self._waiting: list[_Request] = []
+        self._requests: dict[str, _Request] = {}
+        self._has_work = asyncio.Event()
+        self._awake = asyncio.Event()
+        self._awake.set()
+        self._model_lock = asyncio.Lock()
+        self._scheduler = loop.create_task(self._schedule(), name="hf-rollout-scheduler")
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    # -- the contract -------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
+    ) -> list[GenerationOutput]:
+        if multi_modal_data:
+            raise ValueError(
+                "the 'hf' rollout engine is text-only: multi_modal_data must be None"
+            )
+        params = sampling_params.validate()
+        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
+        self._ensure_scheduler()
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        max_new = min(params.max_tokens, self._max_model_len - len(prompt))
+        seqs = []
+        for i in range(params.n):
+            generator = None
+            if params.seed is not None:
+                seed = (params.seed + i * _SEED_STRIDE) % 2**63
+                generator = torch.Generator(self.device).manual_seed(seed)
+            seqs.append(_Sequence(prompt, params, max_new, generator))
+        request = _Request(request_id, seqs, asyncio.Event())
+        self._requests[request_id] = request
+        self._waiting.append(request)
+        self._has_work.set()
+        try:
+            await request.done.wait()
+        finally:
+            self._requests.pop(request_id, None)
+        if request.error is not None:
+            raise RuntimeError(
+                f"hf rollout engine: request {request_id!r} failed: {request.error!r}"
+            ) from request.error
+        return [seq.output() for seq in seqs]
+
+    async def abort(self, request_ids: list[str]) -> None:
+        if self._loop is not asyncio.get_running_loop():
+            return
+        for request_id in request_ids:
+            request = self._requests.get(request_id)
+            if request is None:
+                continue
+            for seq in request.seqs:
+                seq.aborted = True
+            if request in self._waiting:  # not started: finish now with no tokens
+                self._waiting.remove(request)
+                for seq in request.seqs:
+                    seq.finish_reason = "abort"
+                request.done.set()
+
+    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        self._ensure_scheduler()
+        async with self._model_lock:  # between two decode steps, never during one
+            await asyncio.to_thread(self._load_weights, weights)
+
+    def _load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        state = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, tensor in weights:
+                target = state.get(name)
+                if target is None:
+                    raise KeyError(
+                        f"update_weights: {name!r} is not a parameter or buffer of "
+                        f"{type(self.model).__name__} (expected Hugging Face names such as "
+                        f"{next(iter(state))!r})"
+                    )
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"update_weights: {name!r} has shape {tuple(tensor.shape)}: expected "
+                        f"{tuple(target.shape)}"
+                    )
+                target.data.copy_(tensor, non_blocking=False)
+
+    async def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level={level!r} is invalid: expected 1 or 2")
+        self._ensure_scheduler()
+        self._awake.clear()  # batches wait for wake_up; the running step finishes first
+        async with self._model_lock:
+            if self.device.type != "cpu":
+                await asyncio.to_thread(self.model.to, "cpu")
+                self._weights_device = torch.device("cpu")
+                torch.get_device_module(self.device).empty_cache()
+
+    async def wake_up(self) -> None:
+        self._ensure_scheduler()
+        async with self._model_lock:
+            if self._weights_device != self.device:
+                await asyncio.to_thread(self.model.to, self.device)
+                self._weights_device = self.device
+        self._awake.set()
+
+    async def reset_prefix_cache(self) -> None:
+        """No prefix cache in this engine: nothing to drop."""
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is asyncio.get_running_loop() and not self._scheduler.done():
+            for request in list(self._requests.values()):
+                for seq in request.seqs:
+                    seq.aborted = True
+            self._scheduler.cancel()
+            for request in list(self._requests.values()):
+                for seq in request.seqs:
+                    seq.finish_reason = seq.finish_reason or "abort"
+                request.done.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scheduler
+
+    # -- scheduling and decoding ----------------------------------------------------------------
+
+    async def _schedule(self) -> None:
+        while True:
+            await self._has_work.wait()
+            if self._batch_wait_s > 0:
+                await asyncio.sleep(self._batch_wait_s)  # let concurrent requests join
+            await self._awake.wait()
+            batch: list[_Request] = []
+            rows = 0
+            while self._waiting and (
+                not batch or rows + len(self._waiting[0].seqs) <= self.config.max_num_seqs
+            ):
+                request = self._waiting.pop(0)
+                batch.append(request)
+                rows += len(request.seqs)
+            if not self._waiting:
+                self._has_work.clear()
+            if batch:
+                try:
+                    await self._run_batch(batch)
+                except Exception as exc:  # a failed batch fails its requests, not the engine
+                    log.exception("hf rollout engine: batch failed")
+                    for request in batch:
+                        for seq in request.seqs:
+                            seq.finish_reason = seq.finish_reason or "abort"
+                        request.error = exc
+                        request.done.set()
+
+    async def _run_batch(self, batch: list[_Request]) -> None:
+        seqs = [seq for request in batch for seq in request.seqs]
+        state = None
+        while True:
+            await self._awake.wait()
+            async with self._model_lock:
+                state = await asyncio.to_thread(self._step, seqs, state)
+            for request in batch:
+                if not request.done.is_set() and all(s.finish_reason for s in request.seqs):
+                    request.done.set()
+            if state is None:
+                return
+
+    @torch.no_grad()
+    def _step(self, seqs: list[_Sequence], state: dict | None) -> dict | None:
+        """Prefill (state None) or decode one token for the live rows; None when all done."""
+        if state is None:
+            live = [s for s in seqs if not s.aborted]
+            for s in seqs:
+                if s.aborted:
+                    s.finish_reason = "abort"
+            if not live:
+                return None
+            width = max(len(s.prompt) for s in live)
+            ids = torch.zeros(len(live), width, dtype=torch.long)
+            mask = torch.zeros(len(live), width, dtype=torch.long)
+            for row, s in enumerate(live):
+                ids[row, width - len(s.prompt) :] = torch.tensor(s.prompt)
+                mask[row, width - len(s.prompt) :] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            sampling = RowSampling(
+                temperature=torch.tensor([s.params.temperature for s in live], device=self.device),
+                top_p=torch.tensor([s.params.top_p for s in live], device=self.device),
+                top_k=torch.tensor([s.params.top_k for s in live], device=self.device),
+                generators=[s.generator for s in live],
+            )
+            cache = None
+        else:
+            live, mask, sampling, cache = state["live"], state["mask"], state["sampling"], state["cache"]
+            ids = state["next"][:, None]
+            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
+            positions = state["positions"][:, None] + 1
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        tokens, log_probs = sample_rows(out.logits[:, -1], sampling, self._shared_generator)
+        keep = []
+        for row, (s, token, log_prob) in enumerate(
+            zip(live, tokens.tolist(), log_probs.tolist())
+        ):
+            s.tokens.append(token)
+            s.log_probs.append(log_prob)
+            if token in s.params.stop_token_ids:
+                s.finish_reason = "stop"
+            elif len(s.tokens) >= s.max_new:
+                s.finish_reason = "length"
+            elif s.aborted:
+                s.finish_reason = "abort"
+            else:
+                keep.append(row)
+        if not keep:
+            return None
+        positions = positions[:, -1]
+        cache = out.past_key_values
+        if len(keep) < len(live):
+            index = torch.tensor(keep, device=self.device)
+            cache.batch_select_indices(index)
+            live = [live[i] for i in keep]
+            mask, positions, tokens = mask[index], positions[index], tokens[index]
+            sampling = sampling.select(index)
+        return {
+            "live": live,
+            "mask": mask,
+            "positions": positions,
+            "sampling": sampling,
+            "cache": cache,
+            "next": tokens,
+        }
