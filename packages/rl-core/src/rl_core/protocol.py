@@ -219,9 +219,9 @@ class DataProto:
             raise ValueError(
                 f"union of DataProtos of different lengths: {len(self)} vs {len(other)}"
             )
-        batch = self.batch
+        batch = None if self.batch is None else self.batch.copy()
         if other.batch is not None:
-            batch = _union_batches(self.batch, other.batch, len(self))
+            batch = _union_batches(self.batch, other.batch)
         non_tensors = dict(self.non_tensor_batch)
         for key, value in other.non_tensor_batch.items():
             if key in non_tensors and not values_equal(non_tensors[key], value):
@@ -242,7 +242,7 @@ class DataProto:
         meta_info_keys: KeyArg = None,
     ) -> DataProto:
         """A new DataProto with only the named fields (None keeps all of that kind); no copy."""
-        batch = self.batch
+        batch = None if self.batch is None else self.batch.copy()  # a new dict, same tensors
         if batch_keys is not None:
             keys = _existing_tensor_keys(self, batch_keys)
             batch = _require_batch(self).select(*keys)
@@ -428,7 +428,7 @@ def _concat_batches(batches: list[TensorDictBase], keys: list[Key]) -> TensorDic
     return out
 
 
-def _union_batches(mine: TensorDictBase | None, other: TensorDictBase, size: int) -> TensorDictBase:
+def _union_batches(mine: TensorDictBase | None, other: TensorDictBase) -> TensorDictBase:
     if mine is None:
         return other.copy()
     out = mine.copy()
@@ -470,17 +470,15 @@ def _pick(source: dict[str, Any], keys: KeyArg, what: str) -> dict[str, Any]:
 
 
 def _repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
-    if times == 1:
-        return tensor.clone()
-    rows = tensor.shape[0]
-    return (
-        tensor.unsqueeze(1)
-        .expand(rows, times, *tensor.shape[1:])
-        .reshape(rows * times, *tensor.shape[1:])
-    )
+    """Each row `times` times in a row, in new memory (one pass over the output)."""
+    rows, rest = tensor.shape[0], tensor.shape[1:]
+    out = torch.empty((rows, times, *rest), dtype=tensor.dtype, device=tensor.device)
+    out.copy_(tensor.unsqueeze(1).expand(rows, times, *rest))
+    return out.view(rows * times, *rest)
 
 
 def _tile_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
-    if times == 1:
-        return tensor.clone()
-    return tensor.unsqueeze(0).expand(times, *tensor.shape).reshape(-1, *tensor.shape[1:])
+    """The whole batch `times` times, in new memory (one pass over the output)."""
+    out = torch.empty((times, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+    out.copy_(tensor.unsqueeze(0).expand(times, *tensor.shape))
+    return out.view(-1, *tensor.shape[1:])
