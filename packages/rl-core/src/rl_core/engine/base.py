@@ -1,0 +1,295 @@
+"""The training-engine contract: `TrainEngine`, the loss-function signature, the registry.
+
+An algorithm hands the engine a *loss function*; the engine owns the model, parallelism,
+micro-batching, gradient accumulation, optimizer, LR schedule, checkpoints, offload and
+weight export. The same algorithm code runs on any engine (FSDP2, Megatron, third-party).
+
+Loss-function contract::
+
+    loss_fn(outputs: dict[str, Tensor], micro_batch: DataProto, ctx: LossContext)
+        -> tuple[Tensor, dict[str, float]]
+
+* ``outputs`` holds what the engine was asked for, for the response tokens of the
+  micro-batch: ``"log_probs"`` [b, R] (at ``ctx.temperature``), ``"entropy"`` [b, R],
+  ``"values"`` [b, R] (value models). They carry gradients.
+* The returned loss is a **sum-style partial**: the engine sums gradients over
+  micro-batches and over data-parallel ranks, never averages. A loss normalised by
+  ``ctx.global_num_tokens`` (or ``ctx.global_num_seqs``), the counts of the whole
+  mini-batch on all ranks, therefore gives the same gradient for any DP size and any
+  micro-batch split. The returned metrics follow the same rule: the engine sums each over
+  micro-batches and ranks (normalise by the global counts to report means).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from rl_core.engine.config import EngineConfig, MicroBatchConfig
+from rl_core.engine.functional import (
+    count_token_budget_parts,
+    partition_by_count,
+    partition_by_token_budget,
+)
+from rl_core.registry import Registry
+
+if TYPE_CHECKING:
+    from rl_core.protocol import DataProto
+
+__all__ = [
+    "ENGINES",
+    "INFER_KEYS",
+    "OUTPUT_KINDS",
+    "TRAIN_KEYS",
+    "LossContext",
+    "LossFn",
+    "TrainEngine",
+    "build_engine",
+    "check_batch",
+    "check_outputs",
+    "local_micro_batch_count",
+    "split_micro_batches",
+]
+
+TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+INFER_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+OUTPUT_KINDS = ("log_probs", "entropy", "values")
+DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """What a loss function needs to aggregate correctly for any DP layout/micro-batching.
+
+    ``global_num_tokens``: ``response_mask.sum()`` over the whole mini-batch on all DP
+    ranks; ``global_num_seqs``: its sequences on all DP ranks.
+    """
+
+    global_num_tokens: int
+    global_num_seqs: int
+    dp_size: int
+    micro_batch_index: int
+    num_micro_batches: int
+    temperature: float = 1.0
+
+
+LossFn = Callable[[dict[str, Tensor], "DataProto", LossContext], tuple[Tensor, dict[str, float]]]
+
+ENGINES: Registry[Callable[[EngineConfig], TrainEngine]] = Registry(
+    "rl.engines", kind="training engine"
+)
+"""Training engines by name: ``fsdp`` (rl-engines[fsdp]), ``megatron``, or your own."""
+
+
+class TrainEngine(ABC):
+    """A model being trained, sharded over the ranks of one SPMD worker group.
+
+    Every method is collective: all ranks of the group call it in the same order (the
+    worker group does this). Batches passed in are this rank's data-parallel shard.
+    """
+
+    config: EngineConfig
+
+    @property
+    @abstractmethod
+    def dp_rank(self) -> int:
+        """This rank's index among data-parallel ranks (which batch shard it gets)."""
+
+    @property
+    @abstractmethod
+    def dp_size(self) -> int:
+        """Number of data-parallel ranks (the batch is split this many ways)."""
+
+    @property
+    @abstractmethod
+    def is_collect_rank(self) -> bool:
+        """Whether this rank's outputs are kept (e.g. TP rank 0 of the last PP stage)."""
+
+    @property
+    @abstractmethod
+    def global_step(self) -> int:
+        """Optimizer steps taken so far (restored by `load`)."""
+
+    @abstractmethod
+    def train_batch(
+        self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on this mini-batch shard.
+
+        Splits into micro-batches (`EngineConfig.micro_batch`), accumulates gradients of
+        ``loss_fn`` (see the module docstring), clips by global norm, steps the optimizer
+        and the LR schedule. ``outputs`` defaults to ``("values",)`` for value models and
+        ``("log_probs",)`` otherwise; the temperature is ``batch.meta_info["temperature"]``
+        (default 1.0). Returns metrics identical on every rank: ``loss`` (summed over
+        micro-batches and ranks), ``grad_norm`` (before clipping), ``lr``, ``num_tokens``,
+        ``num_seqs``, ``num_micro_batches``, ``skipped`` and the loss function's metrics.
+        """
+
+    @abstractmethod
+    def infer_batch(
+        self,
+        batch: DataProto,
+        outputs: Sequence[str] = ("log_probs",),
+        temperature: float | None = None,
+    ) -> DataProto:
+        """No-grad forward: a DataProto with the requested [B, R] fields, in batch order.
+
+        ``outputs`` from ``("log_probs", "entropy")`` (causal LMs) or ``("values",)``;
+        ``temperature`` None means ``batch.meta_info.get("temperature", 1.0)``.
+        """
+
+    @abstractmethod
+    def export_weights(
+        self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: Any = None
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """Full (unsharded) weights under Hugging Face names, in buckets of at most
+        ``bucket_bytes`` (a larger tensor is a bucket of its own), cast to ``dtype`` if
+        given. Collective: every rank must consume the iterator to its end."""
+
+    @abstractmethod
+    def save(self, path: str) -> None:
+        """Checkpoint model, optimizer, scheduler, RNG states and step into directory
+        ``path`` atomically (written elsewhere, then renamed into place)."""
+
+    @abstractmethod
+    def load(self, path: str) -> None:
+        """Restore a checkpoint written by `save`; training then continues bit-exactly."""
+
+    @abstractmethod
+    def offload(self) -> None:
+        """Move parameters, gradients and optimizer state to host memory."""
+
+    @abstractmethod
+    def onload(self) -> None:
+        """Bring back what `offload` moved; results are unchanged."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (optional)."""
+
+
+def build_engine(name: str, config: EngineConfig | dict[str, Any]) -> TrainEngine:
+    """Validate ``config`` and build the engine registered as ``name``.
+
+    An unknown name raises `UnknownPluginError` listing the installed engines; an engine
+    whose extra is missing raises `PluginLoadError` naming the extra to install.
+    """
+    if isinstance(config, dict):
+        config = EngineConfig.from_dict(config)
+    if not isinstance(config, EngineConfig):
+        raise TypeError(
+            f"build_engine expects an EngineConfig or a dict, got {type(config).__name__}"
+        )
+    factory = ENGINES.get(name)
+    config.validate()
+    engine = factory(config)
+    if not isinstance(engine, TrainEngine):
+        raise TypeError(
+            f"training engine {name!r} built a {type(engine).__name__}, which is not a "
+            "rl_core.engine.TrainEngine"
+        )
+    return engine
+
+
+def check_outputs(outputs: Sequence[str], value_model: bool) -> tuple[str, ...]:
+    """Validate requested output kinds for a (value) model; return them as a tuple."""
+    if isinstance(outputs, str):
+        outputs = (outputs,)
+    outputs = tuple(outputs)
+    allowed = ("values",) if value_model else ("log_probs", "entropy")
+    bad = [o for o in outputs if o not in allowed]
+    if bad or not outputs:
+        kind = "a value model" if value_model else "a causal LM"
+        raise ValueError(f"outputs={outputs!r} is invalid for {kind}: expected some of {allowed}")
+    return outputs
+
+
+def check_batch(batch: DataProto, required: Sequence[str] = TRAIN_KEYS) -> tuple[int, int, int]:
+    """Check an RL batch follows the layout convention; return (B, S, R).
+
+    ``input_ids``/``attention_mask``/``position_ids`` are [B, S], ``responses`` and
+    ``response_mask`` [B, R] with R < S, and the responses are the last R input ids.
+    Raises ValueError naming the field, its shape and what was expected.
+    """
+    tensors = getattr(batch, "batch", None)
+    if tensors is None:
+        raise ValueError(
+            f"batch has no tensor fields: expected {list(required)} (an RL batch DataProto)"
+        )
+    keys = set(tensors.keys())
+    missing = [k for k in required if k not in keys]
+    if missing:
+        raise ValueError(
+            f"batch is missing field(s) {missing}: expected {list(required)}; got {sorted(keys)}"
+        )
+    input_ids = tensors["input_ids"]
+    if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
+        raise ValueError(
+            f"batch['input_ids'] has shape {tuple(input_ids.shape)} and dtype "
+            f"{input_ids.dtype}: expected integer token ids of shape [B, S]"
+        )
+    num_seqs, seq_len = input_ids.shape
+    if num_seqs == 0:
+        raise ValueError("batch is empty: expected at least one sequence")
+    for key in ("attention_mask", "position_ids"):
+        if key in keys and tuple(tensors[key].shape[-1:]) != (seq_len,):
+            raise ValueError(
+                f"batch[{key!r}] has shape {tuple(tensors[key].shape)}: expected [B, S] = "
+                f"{[num_seqs, seq_len]} like input_ids"
+            )
+    responses = tensors["responses"]
+    if responses.dim() != 2 or not 0 < responses.shape[1] < seq_len:
+        raise ValueError(
+            f"batch['responses'] has shape {tuple(responses.shape)}: expected [B, R] with "
+            f"0 < R < S = {seq_len} (input_ids = prompts + responses)"
+        )
+    resp_len = responses.shape[1]
+    if "response_mask" in keys and tuple(tensors["response_mask"].shape) != (num_seqs, resp_len):
+        raise ValueError(
+            f"batch['response_mask'] has shape {tuple(tensors['response_mask'].shape)}: "
+            f"expected [B, R] = {[num_seqs, resp_len]} like responses"
+        )
+    if not bool((input_ids[:, -resp_len:] == responses).all()):
+        raise ValueError(
+            "batch['responses'] differs from the last R columns of batch['input_ids']: "
+            "expected input_ids = cat(prompts, responses)"
+        )
+    return num_seqs, seq_len, resp_len
+
+
+def _sequence_lengths(batch: DataProto) -> list[int]:
+    return [int(n) for n in batch.batch["attention_mask"].sum(-1).tolist()]
+
+
+def local_micro_batch_count(batch: DataProto, config: MicroBatchConfig) -> int:
+    """The fewest micro-batches this rank's shard needs under ``config``."""
+    n = len(batch)
+    if config.micro_batch_size is not None:
+        return -(-n // config.micro_batch_size)
+    if config.max_tokens_per_micro_batch is not None:
+        return count_token_budget_parts(_sequence_lengths(batch), config.max_tokens_per_micro_batch)
+    return 1
+
+
+def split_micro_batches(
+    batch: DataProto, config: MicroBatchConfig, num_micro_batches: int
+) -> list[tuple[DataProto, list[int]]]:
+    """Cut ``batch`` into exactly ``num_micro_batches`` (the count all DP ranks agreed on).
+
+    Returns (micro_batch, indices into ``batch``) pairs; the indices of all pairs together
+    are a permutation of ``range(len(batch))``.
+    """
+    if config.max_tokens_per_micro_batch is not None:
+        parts = partition_by_token_budget(
+            _sequence_lengths(batch), config.max_tokens_per_micro_batch, num_micro_batches
+        )
+        if len(parts) != num_micro_batches:
+            raise RuntimeError(
+                f"token-budget split made {len(parts)} micro-batches, expected {num_micro_batches}"
+            )
+    else:
+        parts = partition_by_count(len(batch), num_micro_batches)
+    return [(batch[indices], indices) for indices in parts]

@@ -1,0 +1,483 @@
+"""Conformance suite for `rl_core.engine.TrainEngine` implementations.
+
+Subclass `TrainEngineConformance` in your engine's tests and set ``engine_name`` (the
+name your package registers under ``rl.engines``)::
+
+    from rl_core.testing.train_engine import TrainEngineConformance
+
+    class TestMyEngine(TrainEngineConformance):
+        engine_name = "my-engine"
+        engine_options = {"model": {"attn_implementation": "eager"}}  # optional
+
+Every check runs SPMD on ``world_size`` spawned processes (gloo on CPU, default 1 and 2;
+override the ``world_size`` fixture) on tiny random Hugging Face models (Qwen2 with tied
+embeddings and Llama; override ``model_type``). Checks: training metrics and the first
+loss against a float64 single-process Hugging Face reference (so the loss contract holds
+for any DP size); log-probs, entropy and values against that reference; micro-batching
+and token-budget batching give the same update as one big batch; save/load resumes
+bit-exactly; exported weights load into a fresh Hugging Face model and reproduce the
+engine's log-probs; offload/onload changes nothing; bad input and NaN losses fail clearly.
+
+Requires pytest; transformers is imported inside functions only (engines bring it).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from rl_core.engine import EngineConfig, LossContext, TrainEngine, build_engine
+from rl_core.protocol import DataProto
+from rl_core.testing.spawn import SpawnRunner
+
+__all__ = [
+    "SpawnRunner",
+    "TrainEngineConformance",
+    "engine_config",
+    "make_rl_batch",
+    "pg_loss",
+    "reference_outputs",
+    "save_tiny_model",
+    "tiny_hf_config",
+    "value_loss",
+]
+
+VOCAB = 512
+
+
+def tiny_hf_config(model_type: str, **overrides: Any) -> dict[str, Any]:
+    """A tiny config dict (vocab 512, hidden 64, 2 layers); Qwen2 ties its embeddings."""
+    config = {
+        "model_type": model_type,
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": model_type == "qwen2",
+    }
+    config.update(overrides)
+    return config
+
+
+def save_tiny_model(
+    directory: str, model_type: str, value_head: bool = False, seed: int = 0
+) -> str:
+    """Save a random tiny causal LM (or a 1-label token-classification model) to ``directory``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    fields = tiny_hf_config(model_type)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
+    if value_head:
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+        model = AutoModelForTokenClassification.from_config(config)
+    else:
+        model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(directory)
+    return directory
+
+
+def make_rl_batch(
+    num_seqs: int = 8, prompt_len: int = 10, response_len: int = 8, seed: int = 0
+) -> DataProto:
+    """A fixed RL batch in the verl layout: left-padded prompts, right-padded responses,
+    some tool-output tokens masked out of ``response_mask``, advantages and returns."""
+    g = torch.Generator().manual_seed(seed)
+    seq_len = prompt_len + response_len
+    input_ids = torch.randint(1, VOCAB, (num_seqs, seq_len), generator=g)
+    attention_mask = torch.zeros(num_seqs, seq_len, dtype=torch.long)
+    response_mask = torch.zeros(num_seqs, response_len, dtype=torch.long)
+    for i in range(num_seqs):
+        p = int(torch.randint(2, prompt_len + 1, (1,), generator=g))
+        r = int(torch.randint(1, response_len + 1, (1,), generator=g))
+        attention_mask[i, prompt_len - p : prompt_len + r] = 1
+        response_mask[i, :r] = 1
+        if r >= 4 and i % 3 == 0:  # a tool observation inside the response
+            response_mask[i, 1:3] = 0
+    input_ids = input_ids * attention_mask  # pad id 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "responses": input_ids[:, prompt_len:].clone(),
+        "response_mask": response_mask,
+        "advantages": torch.randn(num_seqs, response_len, generator=g) * response_mask,
+        "returns": torch.randn(num_seqs, response_len, generator=g) * response_mask,
+    }
+    return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0})
+
+
+def pg_loss(outputs: dict[str, torch.Tensor], mb: DataProto, ctx: LossContext):
+    """-sum(log_prob * advantage) over response tokens / global token count (sum-style)."""
+    mask = mb.batch["response_mask"].to(outputs["log_probs"].device).float()
+    adv = mb.batch["advantages"].to(mask.device)
+    loss = -(outputs["log_probs"] * adv * mask).sum() / ctx.global_num_tokens
+    return loss, {"pg_tokens": float(mask.sum()) / ctx.global_num_tokens}
+
+
+def value_loss(outputs: dict[str, torch.Tensor], mb: DataProto, ctx: LossContext):
+    """0.5 * squared error to the returns / global token count (sum-style)."""
+    mask = mb.batch["response_mask"].to(outputs["values"].device).float()
+    ret = mb.batch["returns"].to(mask.device)
+    loss = 0.5 * (((outputs["values"] - ret) ** 2) * mask).sum() / ctx.global_num_tokens
+    return loss, {}
+
+
+def _nan_loss(outputs, mb, ctx):
+    loss, metrics = pg_loss(outputs, mb, ctx)
+    return loss * float("nan"), metrics
+
+
+def reference_outputs(
+    model_dir: str,
+    batch: DataProto,
+    temperature: float = 1.0,
+    value_head: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Float64 single-process Hugging Face forward: [B, R] log_probs/entropy or values."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    if state_dict is None:
+        model = auto.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager")
+    else:
+        config = AutoConfig.from_pretrained(model_dir)
+        model = auto.from_config(config, dtype=torch.float64, attn_implementation="eager")
+        result = model.load_state_dict({k: v.double() for k, v in state_dict.items()}, strict=False)
+        assert not result.unexpected_keys, f"exported unknown names {result.unexpected_keys}"
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        assert set(result.missing_keys) <= tied, f"export lacks {result.missing_keys}"
+        model.tie_weights()
+    model.eval()
+    t = batch.batch
+    num_seqs, seq_len = t["input_ids"].shape
+    resp_len = t["responses"].shape[1]
+    prompt_len = seq_len - resp_len
+    keys = ("values",) if value_head else ("log_probs", "entropy")
+    result = {k: torch.zeros(num_seqs, resp_len, dtype=torch.float64) for k in keys}
+    for i in range(num_seqs):  # each sequence alone, without padding: no mask logic at all
+        real = t["attention_mask"][i].bool()
+        ids = t["input_ids"][i][real].unsqueeze(0)
+        prompt_real = int(real[:prompt_len].sum())
+        resp_real = int(real[prompt_len:].sum())
+        with torch.no_grad():
+            out = model(input_ids=ids).logits[0].double()
+        rows = slice(prompt_real - 1, prompt_real - 1 + resp_real)
+        if value_head:
+            result["values"][i, :resp_real] = out[rows, 0]
+            continue
+        logp = torch.log_softmax(out[rows] / temperature, dim=-1)
+        labels = t["responses"][i, :resp_real]
+        result["log_probs"][i, :resp_real] = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        result["entropy"][i, :resp_real] = -(logp.exp() * logp).sum(-1)
+    return result
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def engine_config(model_dir: str, options: dict[str, Any], **overrides: Any) -> EngineConfig:
+    """The suite's base config (AdamW lr 1e-3, no clipping, 120 s timeouts) + options."""
+    base = {
+        "model": {"path": model_dir},
+        "optim": {"lr": 1e-3, "weight_decay": 0.01, "grad_clip": None},
+        "timeout_s": 120.0,
+    }
+    return EngineConfig.from_dict(_merge(_merge(base, options), overrides))
+
+
+def _weights(engine: TrainEngine) -> dict[str, torch.Tensor]:
+    return {n: t.float().cpu().clone() for b in engine.export_weights() for n, t in b}
+
+
+def _shard(batch: DataProto, engine: TrainEngine) -> DataProto:
+    return batch.chunk(engine.dp_size)[engine.dp_rank]
+
+
+def _close(a: float, b: float, tol: float = 1e-5) -> bool:
+    return abs(a - b) <= tol * max(1.0, abs(b))
+
+
+# ---- checks: run on every rank ---------------------------------------------------------
+
+
+def check_training(spec: dict[str, Any]) -> list[float]:
+    value = spec["value_head"]
+    engine = build_engine(spec["engine"], engine_config(spec["model_dir"], spec["options"]))
+    batch = make_rl_batch()
+    ref = reference_outputs(spec["model_dir"], batch, value_head=value)
+    mask = batch.batch["response_mask"].double()
+    n = float(mask.sum())
+    if value:
+        expected = float(
+            (0.5 * (ref["values"] - batch.batch["returns"].double()) ** 2 * mask).sum() / n
+        )
+    else:
+        expected = float(-(ref["log_probs"] * batch.batch["advantages"].double() * mask).sum() / n)
+    loss_fn = value_loss if value else pg_loss
+    losses = []
+    for step in range(4):
+        m = engine.train_batch(_shard(batch, engine), loss_fn)
+        losses.append(m["loss"])
+        assert m["num_tokens"] == n and m["num_seqs"] == len(batch), m
+        assert m["lr"] == pytest.approx(1e-3) and m["skipped"] == 0.0, m
+        assert m["grad_norm"] > 0 and torch.isfinite(torch.tensor(m["grad_norm"])), m
+        if step == 0:
+            assert _close(m["loss"], expected, 1e-4), (m["loss"], expected)
+            if not value:
+                assert m["pg_tokens"] == pytest.approx(1.0), m
+    assert engine.global_step == 4
+    assert losses[-1] < losses[0], losses
+    return losses
+
+
+def check_infer_matches_hf(spec: dict[str, Any]) -> None:
+    value = spec["value_head"]
+    engine = build_engine(spec["engine"], engine_config(spec["model_dir"], spec["options"]))
+    local = _shard(make_rl_batch(), engine)
+    kinds = ("values",) if value else ("log_probs", "entropy")
+    for temperature in (1.0, 0.7):
+        out = engine.infer_batch(local, outputs=kinds, temperature=temperature)
+        ref = reference_outputs(spec["model_dir"], local, temperature, value_head=value)
+        assert len(out) == len(local)
+        for key in kinds:
+            assert out.batch[key].shape == local.batch["responses"].shape, key
+            torch.testing.assert_close(out.batch[key].double(), ref[key], atol=2e-5, rtol=1e-4)
+    if not value:  # temperature from meta_info
+        local.meta_info["temperature"] = 0.7
+        out = engine.infer_batch(local, outputs=("log_probs",))
+        torch.testing.assert_close(
+            out.batch["log_probs"].double(), ref["log_probs"], atol=2e-5, rtol=1e-4
+        )
+
+
+def check_micro_batching(spec: dict[str, Any]) -> None:
+    loss_fn = value_loss if spec["value_head"] else pg_loss
+    batch = make_rl_batch(num_seqs=12)
+    lengths = batch.batch["attention_mask"].sum(-1)
+    results = []
+    for micro in (
+        {},
+        {"micro_batch_size": 2},
+        {"max_tokens_per_micro_batch": int(lengths.max()) + 4},
+    ):
+        cfg = engine_config(
+            spec["model_dir"], spec["options"], micro_batch=micro, infer_micro_batch=micro
+        )
+        engine = build_engine(spec["engine"], cfg)
+        local = _shard(batch, engine)
+        m = engine.train_batch(local, loss_fn)
+        kinds = ("values",) if spec["value_head"] else ("log_probs",)
+        infer = engine.infer_batch(local, outputs=kinds).batch[kinds[0]]
+        results.append((m, _weights(engine), infer))
+        engine.close()
+        del engine
+    base_m, base_w, base_infer = results[0]
+    assert base_m["num_micro_batches"] == 1
+    for m, w, infer in results[1:]:
+        assert m["num_micro_batches"] > 1, m
+        assert _close(m["loss"], base_m["loss"]) and _close(m["grad_norm"], base_m["grad_norm"]), (
+            m,
+            base_m,
+        )
+        for name in base_w:
+            # Adam's first update is ~lr * sign(grad): tiny gradients amplify rounding
+            torch.testing.assert_close(w[name], base_w[name], atol=1e-5, rtol=0)
+        torch.testing.assert_close(infer, base_infer, atol=1e-4, rtol=1e-4)
+
+
+def check_save_load(spec: dict[str, Any]) -> None:
+    loss_fn = value_loss if spec["value_head"] else pg_loss
+    optim = {"lr_schedule": "cosine", "warmup_steps": 2, "total_steps": 6, "min_lr_ratio": 0.1}
+    cfg = engine_config(spec["model_dir"], spec["options"], optim=optim)
+    batches = [make_rl_batch(seed=s) for s in range(4)]
+    path = os.path.join(spec["tmp"], "ckpt")
+    first = build_engine(spec["engine"], cfg)
+    for b in batches[:2]:
+        first.train_batch(_shard(b, first), loss_fn)
+    first.save(path)
+    assert not os.path.exists(path + ".partial") and os.path.isdir(path)
+    expected = [first.train_batch(_shard(b, first), loss_fn) for b in batches[2:]]
+    expected_w = _weights(first)
+    first.close()
+    second = build_engine(spec["engine"], cfg)
+    second.load(path)
+    assert second.global_step == 2
+    got = [second.train_batch(_shard(b, second), loss_fn) for b in batches[2:]]
+    got_w = _weights(second)
+    for m1, m2 in zip(expected, got):
+        for key in m1:
+            if key != "step_time_s":
+                assert m1[key] == m2[key], (key, m1[key], m2[key])
+    for name in expected_w:
+        assert torch.equal(expected_w[name], got_w[name]), name
+
+
+def check_export(spec: dict[str, Any]) -> None:
+    engine = build_engine(spec["engine"], engine_config(spec["model_dir"], spec["options"]))
+    batch = make_rl_batch()
+    engine.train_batch(_shard(batch, engine), pg_loss)  # export the updated weights
+    budget = 64 * 1024
+    seen: dict[str, torch.Tensor] = {}
+    for bucket in engine.export_weights(bucket_bytes=budget):
+        nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
+        assert nbytes <= budget or len(bucket) == 1, (nbytes, [n for n, _ in bucket])
+        for name, tensor in bucket:
+            assert name not in seen, f"{name} exported twice"
+            seen[name] = tensor.detach().cpu().clone()
+    bf16 = [t for b in engine.export_weights(dtype=torch.bfloat16) for _, t in b]
+    assert bf16 and all(t.dtype == torch.bfloat16 for t in bf16)
+    ref = reference_outputs(spec["model_dir"], batch, state_dict=seen)
+    got = engine.infer_batch(batch[: max(2, engine.dp_size)], outputs=("log_probs",))
+    want = ref["log_probs"][: max(2, engine.dp_size)]
+    torch.testing.assert_close(got.batch["log_probs"].double(), want, atol=2e-5, rtol=1e-4)
+
+
+def check_offload(spec: dict[str, Any]) -> None:
+    cfg = engine_config(spec["model_dir"], spec["options"])
+    batch = make_rl_batch()
+    engine = build_engine(spec["engine"], cfg)
+    local = _shard(batch, engine)
+    before = engine.infer_batch(local, outputs=("log_probs", "entropy"))
+    engine.offload()
+    engine.onload()
+    after = engine.infer_batch(local, outputs=("log_probs", "entropy"))
+    for key in ("log_probs", "entropy"):
+        assert torch.equal(before.batch[key], after.batch[key]), key
+    m1 = engine.train_batch(local, pg_loss)
+    engine.offload()
+    engine.onload()
+    m2 = engine.train_batch(local, pg_loss)
+    w = _weights(engine)
+    engine.close()
+    plain = build_engine(spec["engine"], cfg)
+    r1 = plain.train_batch(local, pg_loss)
+    r2 = plain.train_batch(local, pg_loss)
+    assert (m1["loss"], m2["loss"]) == (r1["loss"], r2["loss"])
+    for name, tensor in _weights(plain).items():
+        assert torch.equal(tensor, w[name]), name
+
+
+def check_bad_input(spec: dict[str, Any]) -> None:
+    engine = build_engine(spec["engine"], engine_config(spec["model_dir"], spec["options"]))
+    local = _shard(make_rl_batch(), engine)
+    missing = local.select(
+        batch_keys=["input_ids", "attention_mask", "position_ids", "responses", "advantages"]
+    )
+    with pytest.raises(ValueError, match="response_mask"):
+        engine.train_batch(missing, pg_loss)
+    t = dict(local.batch.items())
+    short = DataProto.from_dict({**t, "attention_mask": t["attention_mask"][:, 1:]})
+    with pytest.raises(ValueError, match="attention_mask"):
+        engine.train_batch(short, pg_loss)
+    mask = DataProto.from_dict({**t, "response_mask": t["response_mask"][:, 1:]})
+    with pytest.raises(ValueError, match="response_mask"):
+        engine.train_batch(mask, pg_loss)
+    with pytest.raises(ValueError, match="outputs"):
+        engine.infer_batch(local, outputs=("values",))
+    with pytest.raises(ValueError, match="temperature"):
+        engine.infer_batch(local, temperature=0.0)
+
+
+def check_nan_loss(spec: dict[str, Any]) -> None:
+    local = None
+    for on_nan in ("raise", "skip"):
+        cfg = engine_config(spec["model_dir"], spec["options"], on_nan=on_nan)
+        engine = build_engine(spec["engine"], cfg)
+        local = _shard(make_rl_batch(), engine)
+        before = _weights(engine)
+        if on_nan == "raise":
+            with pytest.raises(FloatingPointError, match="non-finite"):
+                engine.train_batch(local, _nan_loss)
+        else:
+            assert engine.train_batch(local, _nan_loss)["skipped"] == 1.0
+        assert engine.global_step == 0
+        for name, tensor in _weights(engine).items():
+            assert torch.equal(tensor, before[name]), f"{name} changed after a NaN loss"
+        m = engine.train_batch(local, pg_loss)  # the engine is still usable
+        assert m["skipped"] == 0.0 and engine.global_step == 1
+        engine.save(os.path.join(spec["tmp"], f"after-nan-{on_nan}"))
+        engine.close()
+
+
+CHECKS = {
+    "training": check_training,
+    "infer_matches_hf": check_infer_matches_hf,
+    "micro_batching": check_micro_batching,
+    "save_load": check_save_load,
+    "export": check_export,
+    "offload": check_offload,
+    "bad_input": check_bad_input,
+    "nan_loss": check_nan_loss,
+}
+VALUE_CHECKS = ("training", "infer_matches_hf", "micro_batching", "save_load")
+CASES = [f"{name}-lm" for name in CHECKS] + [f"{name}-value" for name in VALUE_CHECKS]
+
+
+class TrainEngineConformance:
+    """Subclass with ``engine_name`` set; every test runs one check on every rank.
+
+    Cases are ``<check>-lm`` (causal LM) and ``<check>-value`` (value model with a scalar
+    head). Override the ``world_size`` or ``model_type`` fixtures to change the matrix.
+    """
+
+    engine_name: ClassVar[str] = ""
+    engine_options: ClassVar[dict[str, Any]] = {}
+    timeout_s: ClassVar[float] = 600.0
+
+    @pytest.fixture(scope="class", params=[1, 2], ids=lambda n: f"world{n}")
+    def world_size(self, request) -> int:
+        return request.param
+
+    @pytest.fixture(scope="class")
+    def runner(self, world_size):
+        with SpawnRunner(world_size, timeout_s=self.timeout_s) as runner:
+            yield runner
+
+    @pytest.fixture(scope="class", params=["qwen2", "llama"])
+    def model_type(self, request) -> str:
+        return request.param
+
+    @pytest.fixture(scope="class")
+    def model_dirs(self, model_type, tmp_path_factory) -> dict[str, str]:
+        root = tmp_path_factory.mktemp(model_type)
+        return {
+            "lm": save_tiny_model(str(root / "lm"), model_type),
+            "value": save_tiny_model(str(root / "value"), model_type, value_head=True),
+        }
+
+    @pytest.mark.parametrize("case", CASES)
+    def test_conformance(self, case, runner, model_dirs, tmp_path) -> None:
+        if not self.engine_name:
+            pytest.fail(f"{type(self).__name__} must set engine_name")
+        name, kind = case.rsplit("-", 1)
+        options = dict(self.engine_options)
+        if kind == "value":
+            options = _merge(options, {"model": {"value_head": True}})
+        spec = {
+            "engine": self.engine_name,
+            "options": options,
+            "model_dir": model_dirs[kind],
+            "value_head": kind == "value",
+            "tmp": str(tmp_path),
+        }
+        results = runner.run(CHECKS[name], spec)
+        if name == "training":  # every rank reports the same, global, metrics
+            assert all(r == results[0] for r in results), results
