@@ -15,14 +15,22 @@ from rl_core.rollout.base import (
     build_rollout_engine,
     check_prompt,
 )
+from rl_core.rollout.generator import (
+    SEQUENCE_GENERATORS,
+    SequenceGenerator,
+    build_sequence_generator,
+)
 
 __all__ = [
     "ROLLOUTS",
+    "SEQUENCE_GENERATORS",
     "FinishReason",
     "GenerationOutput",
     "RolloutConfig",
     "RolloutEngine",
     "SamplingParams",
+    "SequenceGenerator",
     "build_rollout_engine",
+    "build_sequence_generator",
     "check_prompt",
 ]

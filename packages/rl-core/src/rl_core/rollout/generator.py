@@ -1,0 +1,83 @@
+"""The sequence-generator contract: prompts in, the RL batch layout out.
+
+A trainer asks a `SequenceGenerator` for responses without knowing which rollout backend,
+agent loop or tools produce them. rl-rollout registers its agent-loop rollout manager as
+``agent_loop`` in the ``rl.sequence_generators`` entry point group; a third party can ship
+its own (a remote inference service, an environment simulator, ...).
+
+`generate_sequences` takes a DataProto whose rows are prompts (non-tensor ``raw_prompt_ids``
+token-id lists, or ``raw_prompt`` chat messages) and returns one row per row with the
+fields of the batch layout: ``prompts`` (left-padded), ``responses`` (right-padded),
+``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``,
+``rollout_log_probs``; the input's non-tensor fields and meta_info are carried over.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from rl_core.registry import Registry
+
+if TYPE_CHECKING:
+    from rl_core.protocol import DataProto
+    from rl_core.rollout.base import RolloutEngine
+
+__all__ = ["SEQUENCE_GENERATORS", "SequenceGenerator", "build_sequence_generator"]
+
+
+class SequenceGenerator(ABC):
+    """Turns a batch of prompts into a batch of rollouts (see the module docstring)."""
+
+    @abstractmethod
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        """One response per row, in row order, in the RL batch layout."""
+
+    @abstractmethod
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Load new policy weights (Hugging Face names) into every engine replica."""
+
+    @abstractmethod
+    def sleep(self, level: int = 1) -> None:
+        """Free what generation holds (KV cache, and weights at level 2) between phases."""
+
+    @abstractmethod
+    def wake_up(self) -> None:
+        """Restore what `sleep` freed."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop engines and release their resources."""
+
+
+SequenceGeneratorFactory = Callable[..., SequenceGenerator]
+
+SEQUENCE_GENERATORS: Registry[SequenceGeneratorFactory] = Registry(
+    "rl.sequence_generators", kind="sequence generator"
+)
+"""Sequence generators by name: ``agent_loop`` (rl-rollout) or your own."""
+
+
+def build_sequence_generator(
+    name: str,
+    config: Mapping[str, Any],
+    *,
+    tokenizer: Any = None,
+    engine: RolloutEngine | None = None,
+) -> SequenceGenerator:
+    """Build the generator registered as `name` from a plain config mapping.
+
+    ``engine``: an already-built `RolloutEngine` to generate with in this process (the
+    colocated "hybrid engine" case); None lets the generator start its own replicas.
+    """
+    factory = SEQUENCE_GENERATORS.get(name)
+    generator = factory(dict(config), tokenizer=tokenizer, engine=engine)
+    if not isinstance(generator, SequenceGenerator):
+        raise TypeError(
+            f"sequence generator {name!r} built a {type(generator).__name__}, which is not a "
+            "rl_core.rollout.SequenceGenerator"
+        )
+    return generator
