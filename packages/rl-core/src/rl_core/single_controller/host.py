@@ -1,0 +1,137 @@
+"""`WorkerHost`: what lives in one worker process, for every backend.
+
+A host builds the worker object of each role colocated in the process (after setting the
+torch.distributed environment), runs the methods the controller calls, and turns their
+exceptions into `WorkerError` with role, rank, node and the remote traceback. The Ray
+backend runs a host inside each actor; the local backend keeps hosts in the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from rl_core.platform import get_platform
+from rl_core.single_controller.dispatch import output_meta
+from rl_core.single_controller.errors import WorkerError
+from rl_core.single_controller.spec import ClassWithInitArgs
+from rl_core.single_controller.worker import (
+    MeshRank,
+    Worker,
+    WorkerInfo,
+    constructing,
+    done_constructing,
+)
+
+__all__ = ["CallInfo", "WorkerHost", "find_free_port"]
+
+
+def find_free_port() -> int:
+    """A TCP port that is free on this machine right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """Per-call facts the host needs besides the arguments."""
+
+    pad: int | None = None
+    """DP padding of the call's input (None: computed here from future arguments)."""
+    timeout_s: float | None = None
+    """Time-out for fetching future arguments from other workers."""
+    rows: int | None = None
+    """Rows of the concrete DataProto arguments of a DP call (checked against futures)."""
+
+
+class WorkerHost:
+    """Holds the role workers of one process and runs calls on them."""
+
+    def __init__(self) -> None:
+        self._roles: dict[str, Worker] = {}
+        self._info: WorkerInfo | None = None
+
+    # ------------------------------------------------------------------ placement
+    def node_info(self) -> dict[str, Any]:
+        """Where this host runs: node id and IP, pid, accelerator ids it was given."""
+        return {
+            "node_id": "local",
+            "node_ip": "127.0.0.1",
+            "pid": os.getpid(),
+            "accelerator_ids": [],
+        }
+
+    def pick_master_addr_port(self) -> tuple[str, int]:
+        """Address and a free port on this node, for rank 0 to serve torch.distributed."""
+        return self.node_info()["node_ip"], find_free_port()
+
+    def setup(
+        self, info: WorkerInfo, roles: dict[str, ClassWithInitArgs], set_env: bool
+    ) -> dict[str, Any]:
+        """Set the environment (when this process belongs to the worker) and build each role."""
+        self._info = info
+        if set_env:
+            os.environ.update(info.dist_env())
+            if info.resources.accelerator_ids:
+                updates = get_platform(info.platform).visible_devices_env_updates(
+                    info.resources.accelerator_ids
+                )
+                for key, value in updates.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+        for role, spec in roles.items():
+            token = constructing(info, role)
+            try:
+                self._roles[role] = spec.cls(*spec.args, **spec.kwargs)
+            except Exception as exc:
+                raise self.wrap_error(exc, role, f"{spec.cls.__name__}.__init__") from None
+            finally:
+                done_constructing(token)
+        return self.node_info()
+
+    # ------------------------------------------------------------------ calls
+    def execute(
+        self, role: str, method: str, args: tuple, kwargs: dict, call: CallInfo
+    ) -> tuple[Any, dict[str, Any]]:
+        """Run ``role.method(*args, **kwargs)``; return (output, output meta)."""
+        worker = self._roles[role]
+        try:
+            output = getattr(worker, method)(*args, **kwargs)
+        except Exception as exc:
+            raise self.wrap_error(exc, role, method) from None
+        return output, output_meta(output, call.pad)
+
+    def get_dispatch_mesh(self, role: str, name: str) -> MeshRank | None:
+        return self._roles[role].get_dispatch_mesh(name)
+
+    def wrap_error(self, exc: BaseException, role: str, method: str) -> WorkerError:
+        """A WorkerError naming this worker, with the traceback of `exc`."""
+        if isinstance(exc, WorkerError):
+            return exc  # already named (e.g. a failed input of this call)
+        info = self._info
+        exc_type = type(exc).__qualname__
+        if type(exc).__module__ not in ("builtins", "__main__"):
+            exc_type = f"{type(exc).__module__}.{exc_type}"
+        original: BaseException | None = exc
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:
+            original = None
+        return WorkerError(
+            role=role,
+            rank=info.rank if info else None,
+            method=method,
+            exc_type=exc_type,
+            exc_message=str(exc),
+            remote_traceback="".join(traceback.format_exception(exc)),
+            node_ip=info.node_ip if info else None,
+            node_id=info.node_id if info else None,
+            original=original,
+        )

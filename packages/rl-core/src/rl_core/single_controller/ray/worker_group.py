@@ -1,0 +1,400 @@
+"""`RayWorkerGroup`: one Ray actor per worker process, pinned to placement-group bundles.
+
+Placement: one placement group per entry of ``ResourcePool.process_on_nodes``, strategy
+``STRICT_PACK`` (all its processes on one node), one bundle per process; rank r is bundle
+r in pool order. Creation waits at most ``placement_timeout_s`` for the cluster to grant
+the bundles (Ray keeps an infeasible request pending silently) and then fails naming
+what was asked and what the cluster has.
+
+Start-up: all actors start in parallel; rank 0 picks a free port on its node and its
+address and port become every worker's ``MASTER_ADDR``/``MASTER_PORT``; local ranks come
+from the node each actor actually landed on. Then every actor sets its environment and
+builds its role object(s).
+
+Ray itself: an existing connection is used as is; otherwise ``ray.init()`` connects to
+``RAY_ADDRESS`` when set (a cluster) or starts Ray on this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rl_core.platform import Platform, get_platform
+from rl_core.protocol import DataProto
+from rl_core.single_controller.dispatch import Collector, FromFuture
+from rl_core.single_controller.errors import (
+    ResourcePoolError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroupError,
+    WorkerTimeoutError,
+)
+from rl_core.single_controller.futures import GroupFuture
+from rl_core.single_controller.host import CallInfo
+from rl_core.single_controller.ray.host import DeferredSlice, DeferredWhole, RayWorkerHost, Slot
+from rl_core.single_controller.spec import ResourcePool, roles_of
+from rl_core.single_controller.worker import MeshRank, WorkerInfo, WorkerResources
+from rl_core.single_controller.worker_group import WorkerGroup, _GroupState
+
+__all__ = ["RayWorkerGroup"]
+
+_SHARED_PUT_TYPES = (DataProto, np.ndarray, torch.Tensor, bytes)
+_RemoteHost = ray.remote(RayWorkerHost)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class _Waiter:
+    """Waits for per-rank refs with one deadline, failing fast and naming the rank."""
+
+    def __init__(self, role: str, method: str, infos: list[WorkerInfo]) -> None:
+        self.role, self.method, self.infos = role, method, infos
+
+    def error(self, exc: BaseException, rank: int) -> WorkerGroupError:
+        info = self.infos[rank] if rank < len(self.infos) else None
+        ip, node = (info.node_ip, info.node_id) if info else (None, None)
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            cause = exc.cause
+            if isinstance(cause, WorkerGroupError):
+                return cause
+            return WorkerError(
+                self.role, rank, self.method, type(cause).__name__, str(cause),
+                getattr(exc, "traceback_str", ""), ip, node, cause,
+            )  # fmt: skip
+        if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
+            detail = str(exc).strip().splitlines()
+            return WorkerDiedError(
+                self.role, rank, self.method, " ".join(detail[:3])[:600], ip, node
+            )
+        return WorkerGroupError(
+            f"{self.role!r} rank {rank} {self.method}(): {type(exc).__name__}: {exc}"
+        )
+
+    def wait(self, refs: dict[Any, int], timeout_s: float | None) -> dict[int, Any]:
+        """ray.get every ref (rank-tagged); the first failure raises, pending past the time-out too."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = dict(refs)
+        values: dict[int, Any] = {}
+        while pending:
+            ready, _ = ray.wait(
+                list(pending), num_returns=len(pending), timeout=0, fetch_local=False
+            )
+            if not ready:
+                ready, _ = ray.wait(
+                    list(pending), num_returns=1, timeout=_remaining(deadline), fetch_local=False
+                )
+            if not ready:
+                ranks = sorted(pending.values())
+                raise WorkerTimeoutError(self.role, self.method, ranks, float(timeout_s or 0))
+            for ref in sorted(ready, key=pending.__getitem__):  # lowest failing rank first
+                rank = pending.pop(ref)
+                try:
+                    values[rank] = ray.get(ref)
+                except Exception as exc:
+                    raise self.error(exc, rank) from None
+        return values
+
+
+class _RayFuture(GroupFuture):
+    """Refs of each executed rank: (data, meta)."""
+
+    def __init__(
+        self,
+        group: RayWorkerGroup,
+        collector: Collector,
+        refs: dict[int, tuple[Any, Any]],
+        timeout_s: float | None,
+    ) -> None:
+        super().__init__(collector, timeout_s)
+        self._refs = refs
+        self._waiter = _Waiter(collector.role, collector.method, group._state.infos)
+
+    def data_ref(self, index: int) -> Any:
+        return self._refs[self._collector.ranks[index]][0]
+
+    def part_refs(self) -> tuple[Any, ...]:
+        return tuple(self._refs[r][0] for r in self._collector.ranks)
+
+    def meta_refs(self) -> list[Any]:
+        """Metas of every executed rank, collector ranks first (in collect order)."""
+        first = [self._refs[r][1] for r in self._collector.ranks]
+        rest = [m for r, (_, m) in self._refs.items() if r not in self._collector.ranks]
+        return first + rest
+
+    def done(self) -> bool:
+        metas = [m for _, m in self._refs.values()]
+        ready, _ = ray.wait(metas, num_returns=len(metas), timeout=0, fetch_local=False)
+        return len(ready) == len(metas)
+
+    def _gather(self, timeout_s: float | None) -> tuple[list[Any], list[dict[str, Any]]]:
+        start = time.monotonic()
+        try:
+            metas = self._waiter.wait({m: r for r, (_, m) in self._refs.items()}, timeout_s)
+        except WorkerGroupError:
+            self._mark_errors_seen()
+            raise
+        left = None if timeout_s is None else max(1.0, timeout_s - (time.monotonic() - start))
+        ranks = self._collector.ranks
+        data = self._waiter.wait({self._refs[r][0]: r for r in ranks}, left)
+        return [data[r] for r in ranks], [metas[r] for r in ranks]
+
+    def _mark_errors_seen(self) -> None:
+        """Fetch the finished refs of a failed call so Ray does not log them as unhandled."""
+        refs = [ref for pair in self._refs.values() for ref in pair]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        for ref in ready:
+            with contextlib.suppress(Exception):
+                ray.get(ref, timeout=0)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """Worker group of Ray actors (see the module docstring).
+
+    worker: a `Worker` subclass, a `ClassWithInitArgs`, or the result of
+        `create_colocated_worker_cls` (then use `spawn()`).
+    name_prefix: role name of a single-class group and prefix of the actor names
+        (default: the class name).
+    init_timeout_s: limit for starting the actors and running the workers' ``__init__``.
+    call_timeout_s: limit for every call (and the default of ``GroupFuture.result``).
+    runtime_env: Ray runtime environment of the actors (env vars, working dir, ...).
+    """
+
+    def __init__(
+        self,
+        resource_pool: ResourcePool,
+        worker: Any,
+        *,
+        name_prefix: str | None = None,
+        init_timeout_s: float = 600.0,
+        call_timeout_s: float | None = 1800.0,
+        runtime_env: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(resource_pool, ResourcePool):
+            raise TypeError(f"resource_pool must be a ResourcePool, got {resource_pool!r}")
+        name, roles = roles_of(worker, name_prefix)
+        if not ray.is_initialized():
+            ray.init()
+        self._pool = resource_pool
+        self._platform = get_platform(resource_pool.platform)
+        accelerators = resource_pool.accelerators_per_process
+        if accelerators is None:
+            accelerators = 1.0 if self._platform.ray_resource else 0.0
+        self._accelerators = float(accelerators)
+        self._placement_groups: list[Any] = []
+        self._hosts: list[Any] = []
+        actor_prefix = f"{name}-{uuid.uuid4().hex[:6]}"
+        try:
+            self._placement_groups = _reserve(resource_pool, self._platform, self._accelerators)
+            self._hosts = self._start_actors(actor_prefix, runtime_env)
+            infos = self._setup(name, roles, init_timeout_s)
+        except BaseException:
+            self._release()
+            raise
+        self._init_state(_GroupState(name, roles, infos, call_timeout_s))
+
+    # ------------------------------------------------------------------ start-up
+    def _actor_resources(self) -> dict[str, Any]:
+        pool, options = self._pool, {"num_cpus": self._pool.cpus_per_process}
+        resources = dict(pool.resources_per_process)
+        if self._accelerators > 0:
+            resource = self._platform.ray_resource
+            if resource is None:
+                raise ValueError(
+                    f"accelerators_per_process={self._accelerators} but platform "
+                    f"{self._platform.name!r} has no accelerator resource"
+                )
+            if resource == "GPU":
+                options["num_gpus"] = self._accelerators
+            else:
+                resources[resource] = self._accelerators
+        if resources:
+            options["resources"] = resources
+        return options
+
+    def _start_actors(self, prefix: str, runtime_env: dict[str, Any] | None) -> list[Any]:
+        hosts, rank = [], 0
+        for pg, count in zip(self._placement_groups, self._pool.process_on_nodes):
+            for bundle in range(count):
+                options = self._actor_resources()
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=bundle
+                )
+                options["name"] = f"{prefix}:{rank}"
+                if runtime_env:
+                    options["runtime_env"] = runtime_env
+                hosts.append(_RemoteHost.options(**options).remote())
+                rank += 1
+        return hosts
+
+    def _setup(self, name: str, roles: dict, timeout_s: float) -> list[WorkerInfo]:
+        deadline = time.monotonic() + timeout_s
+        world_size = len(self._hosts)
+        starting = _Waiter(name, "start", [])
+        nodes = starting.wait(
+            {h.node_info.remote(): r for r, h in enumerate(self._hosts)}, timeout_s
+        )
+        addr, port = starting.wait(
+            {self._hosts[0].pick_master_addr_port.remote(): 0}, _remaining(deadline)
+        )[0]
+        local: dict[str, list[int]] = {}
+        for rank in range(world_size):
+            local.setdefault(nodes[rank]["node_id"], []).append(rank)
+        infos = []
+        for rank in range(world_size):
+            node = nodes[rank]
+            same_node = local[node["node_id"]]
+            ids = node["accelerator_ids"].get(self._platform.ray_resource or "", [])
+            infos.append(
+                WorkerInfo(
+                    role=name,
+                    rank=rank,
+                    world_size=world_size,
+                    local_rank=same_node.index(rank),
+                    local_world_size=len(same_node),
+                    master_addr=addr,
+                    master_port=int(port),
+                    node_id=node["node_id"],
+                    node_ip=node["node_ip"],
+                    platform=self._platform.name,
+                    resources=WorkerResources(
+                        num_cpus=self._pool.cpus_per_process,
+                        num_accelerators=self._accelerators,
+                        accelerator_ids=tuple(str(i) for i in ids),
+                        custom=dict(self._pool.resources_per_process),
+                    ),
+                )
+            )
+        init = _Waiter(name, "__init__", infos)
+        refs = {h.setup.remote(infos[r], roles, True): r for r, h in enumerate(self._hosts)}
+        init.wait(refs, _remaining(deadline))
+        return infos
+
+    # ------------------------------------------------------------------ calls
+    @property
+    def workers(self) -> list[Any]:
+        """The Ray actor handles, by rank."""
+        return list(self._hosts)
+
+    def _accepts_future(self, future: GroupFuture) -> bool:
+        return isinstance(future, _RayFuture)
+
+    def _submit(
+        self,
+        method: str,
+        per_rank: dict[int, tuple[tuple, dict]],
+        collector: Collector,
+        call: CallInfo,
+    ) -> GroupFuture:
+        shared = _shared_objects(per_rank)
+        refs = {}
+        for rank, (args, kwargs) in per_rank.items():
+            slots: list[Any] = []
+            arg_specs = tuple(_to_spec(v, slots, shared) for v in args)
+            kwarg_specs = {k: _to_spec(v, slots, shared) for k, v in kwargs.items()}
+            envelope = (self._role, method, arg_specs, kwarg_specs, call)
+            refs[rank] = tuple(self._hosts[rank].run.remote(envelope, *slots))
+        return _RayFuture(self, collector, refs, self._state.call_timeout_s)
+
+    def _query_meshes(self, role: str, name: str) -> list[MeshRank | None]:
+        waiter = _Waiter(role, f"get_dispatch_mesh({name!r})", self._state.infos)
+        refs = {h.get_dispatch_mesh.remote(role, name): r for r, h in enumerate(self._hosts)}
+        found = waiter.wait(refs, self._state.call_timeout_s)
+        return [found[r] for r in range(len(self._hosts))]
+
+    def _shutdown(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        for host in self._hosts:
+            with contextlib.suppress(Exception):
+                ray.kill(host)
+        for pg in self._placement_groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+        self._hosts, self._placement_groups = [], []
+
+
+def _shared_objects(per_rank: dict[int, tuple[tuple, dict]]) -> dict[int, Any]:
+    """Large objects given to several ranks: put once into the object store."""
+    seen: dict[int, int] = {}
+    objects: dict[int, Any] = {}
+    for args, kwargs in per_rank.values():
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, _SHARED_PUT_TYPES):
+                seen[id(value)] = seen.get(id(value), 0) + 1
+                objects[id(value)] = value
+    return {key: ray.put(objects[key]) for key, count in seen.items() if count > 1}
+
+
+def _to_spec(value: Any, slots: list[Any], shared: dict[int, Any]) -> Any:
+    """The envelope entry for one argument; appends what travels as top-level values."""
+
+    def slot(item: Any) -> int:
+        slots.append(item)
+        return len(slots) - 1
+
+    if not isinstance(value, FromFuture):
+        return Slot(slot(shared.get(id(value), value)))
+    future = value.future
+    assert isinstance(future, _RayFuture)
+    if value.kind == "element":
+        return Slot(slot(future.data_ref(value.index)))
+    metas = future.meta_refs()
+    indices = [slot(m) for m in metas]  # all ranks: a failed producer fails this call
+    n_parts = len(future.collector.ranks)
+    if value.kind == "dp_slice":
+        return DeferredSlice(
+            future.part_refs(), tuple(indices[:n_parts]), value.dp_rank, value.dp_size, value.pad
+        )
+    return DeferredWhole(future.part_refs(), tuple(indices[:n_parts]), future.collector)
+
+
+def _reserve(pool: ResourcePool, platform: Platform, accelerators: float) -> list[Any]:
+    """One STRICT_PACK placement group per node entry; wait for all, or fail clearly."""
+    bundle: dict[str, float] = {}
+    if pool.cpus_per_process > 0:
+        bundle["CPU"] = float(pool.cpus_per_process)
+    if accelerators > 0 and platform.ray_resource:
+        bundle[platform.ray_resource] = accelerators
+    bundle.update({k: float(v) for k, v in pool.resources_per_process.items() if v > 0})
+    if not bundle:
+        raise ValueError("a resource pool process needs some resource (CPU, accelerator or custom)")
+    groups = [
+        placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK")
+        for count in pool.process_on_nodes
+    ]
+    _, pending = ray.wait(
+        [pg.ready() for pg in groups], num_returns=len(groups), timeout=pool.placement_timeout_s
+    )
+    if pending:
+        for pg in groups:
+            remove_placement_group(pg)
+        raise ResourcePoolError(
+            f"could not reserve resource pool process_on_nodes={pool.process_on_nodes} within "
+            f"{pool.placement_timeout_s:g} s: each entry needs that many bundles of {bundle} "
+            f"packed on one node (STRICT_PACK). Cluster total: {_resources(ray.cluster_resources())}; "
+            f"available now: {_resources(ray.available_resources())}. Ask for less, add nodes, "
+            "free resources held by other groups, or raise placement_timeout_s."
+        )
+    return groups
+
+
+def _resources(resources: dict[str, float]) -> dict[str, float]:
+    """Cluster resources without Ray's per-node and bookkeeping entries."""
+    return {
+        k: v
+        for k, v in sorted(resources.items())
+        if not k.startswith(("node:", "object_store_memory", "memory", "bundle_group"))
+        and "_group_" not in k
+    }
