@@ -1,0 +1,96 @@
+"""rl-rollout's `SequenceGenerator`: the agent-loop rollout manager behind the rl-core contract.
+
+Registered as ``agent_loop`` in ``rl.sequence_generators``, so a trainer builds it by name
+from a plain config mapping (the ``rollout`` section of its YAML) without importing
+rl-rollout::
+
+    {"rollout": {"model_path": ..., "backend": "hf", ...},   # RolloutConfig
+     "agent_loop": "single_turn", "loop": {...},              # AgentLoopConfig
+     "sampling": {"temperature": 1.0, "max_tokens": 64},      # SamplingParams
+     "tools": {"python": {...}}, "num_replicas": 1, "mode": "local", ...}
+
+With an ``engine`` argument (the colocated hybrid-engine case) the manager generates with
+that in-process engine; otherwise it starts ``num_replicas`` replicas itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from rl_core.protocol import DataProto
+from rl_core.rollout import RolloutConfig, RolloutEngine, SamplingParams, SequenceGenerator
+from rl_rollout.agent_loop.base import AgentLoopConfig
+from rl_rollout.manager import RolloutManager, RolloutManagerConfig
+
+__all__ = ["AgentLoopGenerator", "manager_config_from_dict"]
+
+_NESTED = {"rollout": RolloutConfig, "loop": AgentLoopConfig, "sampling": SamplingParams}
+
+
+def _dataclass_from_dict(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{where}: expected a mapping of {cls.__name__} fields, got {data!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
+    kwargs = dict(data)
+    if cls is SamplingParams and "stop_token_ids" in kwargs:
+        kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
+    return cls(**kwargs)
+
+
+def manager_config_from_dict(data: Mapping[str, Any]) -> RolloutManagerConfig:
+    """Build and validate a `RolloutManagerConfig` from nested plain mappings."""
+    data = dict(data)
+    if "rollout" not in data:
+        raise ValueError("rollout config: missing key 'rollout' (the RolloutConfig of the engines)")
+    for key, cls in _NESTED.items():
+        if key in data and not isinstance(data[key], cls):
+            data[key] = _dataclass_from_dict(cls, data[key], f"rollout config '{key}'")
+    return _dataclass_from_dict(RolloutManagerConfig, data, "rollout config").validate()
+
+
+class AgentLoopGenerator(SequenceGenerator):
+    """A `RolloutManager` seen through the `SequenceGenerator` contract."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | RolloutManagerConfig,
+        *,
+        tokenizer: Any = None,
+        engine: RolloutEngine | None = None,
+    ) -> None:
+        if not isinstance(config, RolloutManagerConfig):
+            config = manager_config_from_dict(config)
+        factory = None
+        if engine is not None:
+            if config.num_replicas != 1 or config.mode != "local":
+                raise ValueError(
+                    f"rollout config: an in-process engine serves exactly one local replica; "
+                    f"got num_replicas={config.num_replicas}, mode={config.mode!r}"
+                )
+
+            def factory(_: RolloutConfig) -> RolloutEngine:
+                return engine
+
+        self.manager = RolloutManager(config, tokenizer=tokenizer, engine_factory=factory)
+
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        return self.manager.generate_sequences(batch)
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        self.manager.call_engines("update_weights", list(weights))
+
+    def sleep(self, level: int = 1) -> None:
+        self.manager.sleep(level)
+
+    def wake_up(self) -> None:
+        self.manager.wake_up()
+
+    def shutdown(self) -> None:
+        self.manager.shutdown()
