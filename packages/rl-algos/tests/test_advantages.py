@@ -189,3 +189,19 @@ def test_group_estimators_need_index_and_matching_lengths():
         ADVANTAGE_ESTIMATORS.get("grpo")(
             token_level_rewards=rewards, response_mask=mask[:, :0], index=uids("a", "a")
         )
+
+
+def test_compute_advantage_on_a_dataproto():
+    from rl_algos.advantages import compute_advantage
+    from rl_core import DataProto
+
+    rewards, mask = outcome_rewards([1.0, 0.0, 4.0], [2, 1, 2], 2)
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        non_tensors={"uid": ["p", "p", "q"]},
+    )
+    compute_advantage(data, "grpo", norm_adv_by_std_in_grpo=False)
+    assert data.batch["advantages"].tolist() == [[0.5, 0.5], [-0.5, 0.0], [4.0, 4.0]]
+    assert torch.equal(data.batch["returns"], data.batch["advantages"])
+    with pytest.raises(KeyError, match=r"unknown advantage estimator 'gpro'.*did you mean 'grpo'"):
+        compute_advantage(data, "gpro")

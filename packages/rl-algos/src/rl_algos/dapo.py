@@ -107,7 +107,10 @@ class DynamicSampler:
         self._groups_seen += len(dict.fromkeys(uids.tolist()))
         keep = groups_with_variance(sequence_metric(batch, self.metric), uids)
         if keep.any():
-            self._kept.append(batch[torch.from_numpy(np.flatnonzero(keep))])
+            kept = batch[torch.from_numpy(np.flatnonzero(keep))]
+            if self._kept:
+                kept.meta_info = {}  # rounds may disagree (timings...): the first round's is kept
+            self._kept.append(kept)
             self._uids.update(dict.fromkeys(uids[keep].tolist()))
         if self.num_kept_groups >= self.num_groups:
             return True

@@ -1,0 +1,40 @@
+"""Rewards: verifiable math and countdown scoring, format rewards, user reward functions
+from files, and the RewardManager that scores batches in time-limited worker processes.
+
+Built-in reward functions (entry point group `rl.rewards`): `math`, `gsm8k`, `arithmetic`,
+`countdown`, `format`. `default_compute_score` picks one by the sample's data source.
+
+Attributes load lazily: scoring worker processes import the reward modules through this
+package and must not pay for torch and rl_core.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CallResult": "rl_algos.rewards.pool",
+    "DATA_SOURCE_ALIASES": "rl_algos.rewards.registry",
+    "FileRewardFunction": "rl_algos.rewards.user_function",
+    "OverlongBuffer": "rl_algos.rewards.manager",
+    "REWARDS": "rl_algos.rewards.registry",
+    "RewardManager": "rl_algos.rewards.manager",
+    "RewardOutput": "rl_algos.rewards.manager",
+    "ScoringPool": "rl_algos.rewards.pool",
+    "default_compute_score": "rl_algos.rewards.registry",
+    "load_reward_function": "rl_algos.rewards.registry",
+    "reward_for_data_source": "rl_algos.rewards.registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rl_algos.rewards' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

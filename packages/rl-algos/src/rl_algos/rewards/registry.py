@@ -1,0 +1,83 @@
+"""Reward functions by name, by data source, and from a user's file.
+
+Every reward function has verl's signature::
+
+    compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)
+        -> float | {"score": float, ...other metrics}
+
+`REWARDS` (entry point group `rl.rewards`) maps names to such functions;
+`default_compute_score` picks one by the sample's `data_source`; `load_reward_function`
+loads a user's function from a Python file (picklable, so it runs in worker processes).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rl_algos.errors import suggest
+from rl_algos.rewards.user_function import FileRewardFunction
+from rl_core.registry import Registry, UnknownPluginError
+
+__all__ = [
+    "DATA_SOURCE_ALIASES",
+    "REWARDS",
+    "RewardFn",
+    "default_compute_score",
+    "load_reward_function",
+    "reward_for_data_source",
+]
+
+RewardFn = Callable[..., float | dict[str, Any]]
+REWARDS: Registry[RewardFn] = Registry("rl.rewards", kind="reward function")
+
+# Well-known dataset names (as written by verl's preprocessing scripts) -> REWARDS name.
+DATA_SOURCE_ALIASES = {
+    "openai/gsm8k": "gsm8k",
+    "lighteval/MATH": "math",
+    "DigitalLearningGmbH/MATH-lighteval": "math",
+    "HuggingFaceH4/MATH-500": "math",
+    "math_dapo": "math",
+    "Jiayi-Pan/Countdown-Tasks-3to4": "countdown",
+}
+
+
+def reward_for_data_source(data_source: str) -> RewardFn:
+    """The reward function for a data source: a REWARDS name, or a known alias."""
+    name = DATA_SOURCE_ALIASES.get(data_source, data_source)
+    try:
+        return REWARDS.get(name)
+    except UnknownPluginError:
+        known = sorted(set(REWARDS.names()) | set(DATA_SOURCE_ALIASES))
+        raise ValueError(
+            f"no reward function for data_source {data_source!r}; known data sources: "
+            f"{', '.join(known)}{suggest(data_source, known)} Register one in the "
+            "'rl.rewards' entry point group or set reward.custom_function.path"
+        ) from None
+
+
+def default_compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    **kwargs: Any,
+) -> float | dict[str, Any]:
+    """Score with the function registered for `data_source` (see reward_for_data_source)."""
+    fn = reward_for_data_source(data_source)
+    return fn(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def load_reward_function(
+    path: str | Path, name: str = "compute_score", kwargs: dict[str, Any] | None = None
+) -> RewardFn:
+    """A user's reward function from a file, checked now so a bad path fails at start.
+    `kwargs` are bound as keyword arguments (e.g. a format weight)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"reward.custom_function.path: no such file {str(file)!r}")
+    fn = FileRewardFunction(file, name)
+    fn.resolve()
+    return functools.partial(fn, **kwargs) if kwargs else fn
