@@ -1,0 +1,224 @@
+"""Where metrics go: the console, a JSONL file, and optional experiment trackers.
+
+`MetricsLogger` fans one ``log(step, metrics)`` out to its backends. ``jsonl`` and
+``console`` are always available; ``tensorboard``, ``wandb`` and ``mlflow`` are used when
+configured and installed (a configured backend that is not installed is an error that says
+what to install, never a silent no-op). `plot_metrics` draws the run's curves to a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["BACKENDS", "MetricsLogger", "plot_metrics", "read_jsonl"]
+
+BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+CONSOLE_KEYS = (
+    "critic/score/mean",
+    "val/accuracy",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "perf/tokens_per_s",
+    "timing/step_s",
+)
+
+
+class _Backend(Protocol):
+    def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Jsonl:
+    def __init__(self, path: Path, resume_step: int | None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and path.exists():
+            # A resumed run rewrites history from its checkpoint: drop the lines of steps
+            # after it (they were produced by the interrupted run and will be redone).
+            kept = [r for r in read_jsonl(path) if r["step"] <= resume_step]
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.file = open(path, "a" if resume_step is not None else "w")  # noqa: SIM115
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _Console:
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        shown = [
+            f"{k.split('/')[-2] if k.count('/') > 1 else k}={metrics[k]:.4g}"
+            for k in CONSOLE_KEYS
+            if k in metrics
+        ]
+        print(f"step {step}: " + "  ".join(shown), flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class _TensorBoard:
+    def __init__(self, log_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError(
+                "trainer.loggers includes 'tensorboard' but it is not installed: "
+                "pip install tensorboard"
+            ) from exc
+        self.writer = SummaryWriter(str(log_dir))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandB:
+    def __init__(self, project: str, run_name: str, config: Mapping[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError(
+                "trainer.loggers includes 'wandb' but it is not installed: pip install wandb"
+            ) from exc
+        self.wandb = wandb
+        self.run = wandb.init(project=project, name=run_name, config=dict(config))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _MLflow:
+    def __init__(self, project: str, run_name: str, config: Mapping[str, Any]) -> None:
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise ImportError(
+                "trainer.loggers includes 'mlflow' but it is not installed: pip install mlflow"
+            ) from exc
+        self.mlflow = mlflow
+        mlflow.set_experiment(project)
+        mlflow.start_run(run_name=run_name)
+        mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        safe = {k.replace("@", "_at_"): v for k, v in metrics.items()}
+        self.mlflow.log_metrics(safe, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+class MetricsLogger:
+    """Send each step's metrics to every configured backend.
+
+    ``resume_step``: when resuming, the step of the checkpoint; the JSONL file keeps its
+    history up to that step and appends after it.
+    """
+
+    def __init__(
+        self,
+        backends: Iterable[str],
+        output_dir: str | os.PathLike,
+        project: str = "rl",
+        run_name: str = "run",
+        config: Mapping[str, Any] | None = None,
+        resume_step: int | None = None,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.jsonl_path = self.output_dir / "metrics.jsonl"
+        self.backends: list[_Backend] = []
+        for name in backends:
+            if name not in BACKENDS:
+                raise ValueError(
+                    f"trainer.loggers: unknown backend {name!r}; allowed: {list(BACKENDS)}"
+                )
+            if name == "console":
+                self.backends.append(_Console())
+            elif name == "jsonl":
+                self.backends.append(_Jsonl(self.jsonl_path, resume_step))
+            elif name == "tensorboard":
+                self.backends.append(_TensorBoard(self.output_dir / "tensorboard"))
+            elif name == "wandb":
+                self.backends.append(_WandB(project, run_name, config or {}))
+            else:
+                self.backends.append(_MLflow(project, run_name, config or {}))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        clean = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and math.isfinite(float(v))
+        }
+        for backend in self.backends:
+            backend.log(step, clean)
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a metrics JSONL file, in order."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_metrics(
+    jsonl_path: str | os.PathLike,
+    png_path: str | os.PathLike,
+    keys: Iterable[str] = (
+        "critic/score/mean",
+        "val/accuracy",
+        "actor/entropy",
+        "response_length/mean",
+    ),
+) -> list[str]:
+    """Plot the given metrics of a run against the step into one PNG; return those drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(jsonl_path)
+    present = [k for k in keys if any(k in r for r in rows)]
+    if not present:
+        return []
+    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), squeeze=False)
+    for ax, key in zip(axes[:, 0], present, strict=True):
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        ax.set_ylabel(key, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return present

@@ -1,0 +1,252 @@
+"""Role workers: the SPMD processes the trainer drives through worker groups.
+
+* `ActorRolloutWorker`: the hybrid engine: a training engine (the actor), a rollout engine
+  with its sequence generator, and optionally the reference model, in one process.
+  Weights move trainer -> rollout in process (`sync_weights`), the training state can be
+  offloaded while generating.
+* `CriticWorker`: a value model (PPO's critic).
+* `RewardModelWorker`: a scalar-head model that scores whole responses (RLHF-style).
+
+Every engine, rollout backend and generator is found by name through rl-core's registries,
+so this module never imports a sibling package. Configs arrive as plain dicts (they cross
+process boundaries); `rl_algos.trainer.config` builds them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from rl_algos.losses import (
+    PolicyLossConfig,
+    ValueLossConfig,
+    make_actor_loss_fn,
+    make_critic_loss_fn,
+)
+from rl_core.engine import EngineConfig, TrainEngine, build_engine
+from rl_core.protocol import DataProto
+from rl_core.rollout import RolloutConfig, build_rollout_engine, build_sequence_generator
+from rl_core.single_controller import Dispatch, Worker, register
+
+__all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker"]
+
+
+def _metrics_proto(metrics: dict[str, float]) -> DataProto:
+    """Zero rows carrying metrics that are identical on every rank (engine all-reduces)."""
+    return DataProto.from_dict(meta_info={"metrics": metrics})
+
+
+def _train_epochs(
+    engine: TrainEngine,
+    batch: DataProto,
+    loss_fn: Any,
+    mini_batch_size: int,
+    epochs: int,
+    prefix: str,
+    seed: int,
+) -> dict[str, float]:
+    """PPO-style updates: `epochs` passes over `batch` in mini-batches of this rank's share.
+
+    Rows are shuffled per epoch with a seeded generator that is the same on every rank, so
+    the mini-batch boundaries line up across DP ranks.
+    """
+    per_rank = max(1, mini_batch_size // engine.dp_size)
+    totals: dict[str, float] = {}
+    steps = 0
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(batch), generator=generator)
+        for start in range(0, len(batch), per_rank):
+            metrics = engine.train_batch(batch[order[start : start + per_rank]], loss_fn)
+            steps += 1
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+    out = {f"{prefix}/{k}" if "/" not in k else k: v / steps for k, v in totals.items()}
+    out[f"{prefix}/num_updates"] = float(steps)
+    return out
+
+
+class ActorRolloutWorker(Worker):
+    """Actor + rollout (+ reference) colocated in one process: the hybrid engine.
+
+    ``config`` keys: ``engine`` (name), ``engine_config`` (EngineConfig dict), ``ref``
+    (EngineConfig dict or None), ``generator`` (name), ``rollout`` (the generator's config
+    mapping; its ``rollout`` entry is the RolloutConfig), ``loss`` (PolicyLossConfig dict),
+    ``mini_batch_size``, ``epochs``, ``offload_when_generating`` and
+    ``weight_bucket_bytes``.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = config
+        self.engine: TrainEngine | None = None
+        self.ref: TrainEngine | None = None
+        self.generator: Any = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        if cfg.get("ref") is not None:
+            self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
+        from transformers import AutoTokenizer
+
+        rollout_cfg = dict(cfg["rollout"]["rollout"])
+        tokenizer = AutoTokenizer.from_pretrained(rollout_cfg["model_path"])
+        rollout_cfg["seed"] = int(rollout_cfg.get("seed", 0)) + self.rank  # distinct streams
+        engine = build_rollout_engine(RolloutConfig(**rollout_cfg))
+        self.generator = build_sequence_generator(
+            cfg["generator"], cfg["rollout"], tokenizer=tokenizer, engine=engine
+        )
+        self.loss_fn = make_actor_loss_fn(PolicyLossConfig(**cfg["loss"]))
+        self._updates = 0
+        self.sync_weights()  # the rollout starts from exactly the actor's weights
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        if self.config.get("offload_when_generating"):
+            self.engine.offload()
+        try:
+            out = self.generator.generate_sequences(batch)
+        finally:
+            if self.config.get("offload_when_generating"):
+                self.engine.onload()
+        # Timings differ per rank and would conflict when the chunks are merged; the
+        # driver times the phase, and per-sample counts travel as non-tensor fields.
+        out.meta_info.pop("rollout_metrics", None)
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, batch: DataProto) -> DataProto:
+        out = self.engine.infer_batch(batch, outputs=("log_probs", "entropy"))
+        return DataProto.from_dict(
+            {"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropy"]}
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        if self.ref is None:
+            raise RuntimeError(f"rank {self.rank}: no reference model (config.ref is None)")
+        out = self.ref.infer_batch(batch, outputs=("log_probs",))
+        return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, batch: DataProto) -> DataProto:
+        cfg = self.config
+        start = time.perf_counter()
+        metrics = _train_epochs(
+            self.engine,
+            batch,
+            self.loss_fn,
+            cfg["mini_batch_size"],
+            cfg["epochs"],
+            "actor",
+            seed=int(cfg.get("seed", 0)) + self._updates,
+        )
+        self._updates += 1
+        metrics["timing/update_actor_s"] = round(time.perf_counter() - start, 1)
+        return _metrics_proto(metrics)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_weights(self) -> float:
+        """Full weights from the training engine into this process's rollout engine."""
+        start = time.perf_counter()
+        bucket_bytes = int(self.config.get("weight_bucket_bytes", 256 * 1024 * 1024))
+        for bucket in self.engine.export_weights(bucket_bytes=bucket_bytes):
+            self.generator.update_weights(bucket)
+        return time.perf_counter() - start
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load(path)
+        self._updates = self.engine.global_step
+        self.sync_weights()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_rollout(self) -> None:
+        if self.generator is not None:
+            self.generator.shutdown()
+            self.generator = None
+
+
+class CriticWorker(Worker):
+    """PPO's critic: a value model trained on the returns.
+
+    ``config`` keys: ``engine``, ``engine_config`` (with ``model.value_head`` true),
+    ``loss`` (ValueLossConfig dict), ``mini_batch_size``, ``epochs``, ``seed``.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = config
+        self.engine: TrainEngine | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        self.loss_fn = make_critic_loss_fn(ValueLossConfig(**cfg["loss"]))
+        self._updates = 0
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, batch: DataProto) -> DataProto:
+        out = self.engine.infer_batch(batch, outputs=("values",))
+        return DataProto.from_dict({"values": out.batch["values"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, batch: DataProto) -> DataProto:
+        cfg = self.config
+        metrics = _train_epochs(
+            self.engine,
+            batch,
+            self.loss_fn,
+            cfg["mini_batch_size"],
+            cfg["epochs"],
+            "critic",
+            seed=int(cfg.get("seed", 0)) + self._updates,
+        )
+        self._updates += 1
+        return _metrics_proto(metrics)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load(path)
+        self._updates = self.engine.global_step
+
+
+class RewardModelWorker(Worker):
+    """Scores responses with a scalar-head model: the value at the last response token.
+
+    ``config`` keys: ``engine`` and ``engine_config`` (``model.value_head`` true; the
+    optimizer is never stepped).
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = config
+        self.engine: TrainEngine | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, batch: DataProto) -> DataProto:
+        values = self.engine.infer_batch(batch, outputs=("values",)).batch["values"]
+        mask = batch.batch["response_mask"]
+        last = (mask.sum(-1) - 1).clamp(min=0).long()
+        scores = torch.zeros_like(values)
+        rows = torch.arange(len(values))
+        scores[rows, last] = values[rows, last] * (mask.sum(-1) > 0).to(values.dtype)
+        return DataProto.from_dict({"rm_scores": scores})
