@@ -92,3 +92,24 @@ def test_config_errors_name_the_key(setup):
         build_sequence_generator(
             "agent_loop", {"rollout": {"model_path": path}, "num_replicas": 2}, engine=engine
         )
+
+
+def test_per_row_seeds_reproduce_samples_independently_of_batch_order(setup):
+    _, generator = setup
+    prompt = [5, 9, 17, 33]
+
+    def sample(seeds: list[int], prompts: list[list[int]]) -> list[list[int]]:
+        batch = DataProto.from_dict(
+            non_tensors={"raw_prompt_ids": prompts, "seed": seeds},
+            meta_info={"temperature": 1.0, "max_tokens": 6},
+        )
+        out = generator.generate_sequences(batch).batch
+        return [
+            out["responses"][i, : int(out["response_mask"][i].sum())].tolist()
+            for i in range(len(seeds))
+        ]
+
+    first = sample([11, 12, 13, 14], [prompt] * 4)
+    assert len({tuple(r) for r in first}) > 1  # distinct seeds: not all samples equal
+    again = sample([14, 11, 99, 12], [prompt] * 4)
+    assert again[0] == first[3] and again[1] == first[0] and again[3] == first[1]

@@ -1,0 +1,478 @@
+"""The rollout manager: engine replicas, request-level load balancing, agent loops, and
+`generate_sequences(DataProto) -> DataProto` in the RL batch layout.
+
+    manager = RolloutManager(RolloutManagerConfig(rollout=RolloutConfig(model_path=...),
+                                                  num_replicas=2, agent_loop="tool",
+                                                  tools={"python": {}}), tokenizer=tok)
+    out = manager.generate_sequences(batch)
+
+Input rows give their prompt as ``raw_prompt_ids`` (non-tensor: a list of token ids per row),
+as ``prompt_ids`` + ``attention_mask`` tensors (left- or right-padded), or as ``raw_prompt``
+chat messages (needs a tokenizer; the loop applies the chat template). A non-tensor
+``agent_name`` picks the loop per row (default: ``config.agent_loop``). Sampling parameters
+come from ``config.sampling``, overridden by ``meta_info`` keys of the same names
+(``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop_token_ids``, ``seed``).
+
+Several samples per prompt: repeat the batch first (``batch.repeat(n, interleave=True)``);
+each row is one agent loop (one conversation), so ``n`` must be 1 here.
+
+Output (B rows, P = longest prompt in the batch, R = ``config.loop.response_length``):
+``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded, ``input_ids`` [B, P+R] =
+cat(prompts, responses), ``attention_mask`` [B, P+R] (1 on real tokens), ``position_ids`` =
+clamp(cumsum(attention_mask) - 1, min=0), ``response_mask`` [B, R] (1 on policy tokens, 0 on
+tool tokens and padding), ``rollout_log_probs`` [B, R] (0 where the mask is 0). All the input's
+non-tensor fields are kept; ``num_turns``, ``num_tool_calls``, ``num_tool_errors`` and
+``finish_reason`` are added per row, and ``meta_info["rollout_metrics"]`` holds batch totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Coroutine, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import torch
+
+from rl_core.protocol import DataProto
+from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_rollout.agent_loop.base import (
+    AgentInput,
+    AgentLoop,
+    AgentLoopConfig,
+    AgentLoopOutput,
+    build_agent_loop,
+)
+from rl_rollout.manager_replicas import (
+    EngineFactory,
+    LoadBalancer,
+    LocalReplica,
+    RayReplica,
+    RolloutReplicaError,
+    RolloutTimeoutError,
+)
+from rl_rollout.tools.base import Tool, build_tool
+
+__all__ = ["RolloutManager", "RolloutManagerConfig", "RolloutReplicaError", "RolloutTimeoutError"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed", "n")
+
+
+@dataclass
+class RolloutManagerConfig:
+    """Replicas, placement, agent loops and limits of a rollout manager.
+
+    ``mode`` "ray": each replica is a Ray actor with ``num_cpus_per_replica`` /
+    ``num_gpus_per_replica`` (set the GPUs to ``rollout.tensor_parallel_size`` for a TP
+    engine that runs in its actor); "local": replicas run in this process. Empty
+    ``sampling.stop_token_ids`` means "stop at the tokenizer's EOS" when a tokenizer is given.
+    """
+
+    rollout: RolloutConfig
+    num_replicas: int = 1
+    mode: Literal["ray", "local"] = "ray"
+    agent_loop: str = "single_turn"
+    loop: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    request_timeout_s: float = 600.0
+    batch_timeout_s: float = 3600.0
+    start_timeout_s: float = 600.0
+    num_cpus_per_replica: float = 1.0
+    num_gpus_per_replica: float = 0.0
+    max_concurrency_per_replica: int = 1024
+    max_sessions: int = 100_000
+    pad_token_id: int | None = None
+
+    def validate(self) -> RolloutManagerConfig:
+        def bad(name: str, expected: str) -> ValueError:
+            return ValueError(
+                f"RolloutManagerConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
+            )
+
+        if not isinstance(self.rollout, RolloutConfig):
+            raise bad("rollout", "a rl_core.rollout.RolloutConfig")
+        if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
+            raise bad("num_replicas", "an integer >= 1")
+        if self.mode not in ("ray", "local"):
+            raise bad("mode", "'ray' or 'local'")
+        for name in ("request_timeout_s", "batch_timeout_s", "start_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise bad(name, "a number of seconds > 0")
+        if not isinstance(self.tools, Mapping) or not all(
+            isinstance(v, Mapping) for v in self.tools.values()
+        ):
+            raise bad("tools", "a dict of tool name -> constructor kwargs")
+        self.rollout.validate()
+        self.loop.validate()
+        self.sampling.validate()
+        return self
+
+
+class _LoopThread:
+    """The manager's event loop in a daemon thread: engines and tools live there."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="rollout-manager", daemon=True
+        )
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        future = self.submit(coro)
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+class _BalancedClient:
+    """The `LLMClient` the agent loops use: routes each turn through the load balancer."""
+
+    def __init__(self, manager: RolloutManager) -> None:
+        self.manager = manager
+        self._counter = 0
+
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: SamplingParams, session_id: str
+    ) -> GenerationOutput:
+        manager = self.manager
+        replica = manager.balancer.acquire(session_id)
+        self._counter += 1
+        request_id = f"{session_id}-{self._counter}"
+        try:
+            outputs = await manager.replicas[replica].generate(
+                prompt_ids, sampling_params, request_id, manager.config.request_timeout_s
+            )
+        finally:
+            manager.balancer.release(replica)
+        return outputs[0]
+
+
+class RolloutManager:
+    """N engine replicas behind a load balancer, and the agent loops that use them."""
+
+    def __init__(
+        self,
+        config: RolloutManagerConfig,
+        tokenizer: Any = None,
+        engine_factory: EngineFactory | None = None,
+    ) -> None:
+        self.config = config.validate()
+        self.tokenizer = tokenizer
+        self.balancer = LoadBalancer(config.num_replicas, config.max_sessions)
+        self.client = _BalancedClient(self)
+        self.tools: dict[str, Tool] = {}
+        for name, kwargs in config.tools.items():
+            tool = build_tool(name, **kwargs)
+            self.tools[tool.name] = tool
+        self._loops: dict[str, AgentLoop] = {}
+        self._get_loop(config.agent_loop)  # fail early on an unknown default loop
+        self.pad_token_id = self._pad_token_id()
+        self._thread = _LoopThread()
+        self.replicas: list[LocalReplica | RayReplica] = []
+        try:
+            self._thread.run(self._start(engine_factory), config.start_timeout_s + 30)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.max_model_len = min(r.info["max_model_len"] for r in self.replicas)
+
+    # ------------------------------------------------------------------ setup
+
+    def _pad_token_id(self) -> int:
+        if self.config.pad_token_id is not None:
+            return self.config.pad_token_id
+        for name in ("pad_token_id", "eos_token_id"):
+            value = getattr(self.tokenizer, name, None)
+            if isinstance(value, int):
+                return value
+        return 0
+
+    async def _start(self, engine_factory: EngineFactory | None) -> None:
+        cfg = self.config
+        if cfg.mode == "ray":
+            import ray
+
+            if not ray.is_initialized():
+                log.info("starting an embedded Ray runtime for the rollout replicas")
+                ray.init(include_dashboard=False)
+            self.replicas = [
+                RayReplica(
+                    i,
+                    cfg.rollout,
+                    engine_factory,
+                    cfg.num_cpus_per_replica,
+                    cfg.num_gpus_per_replica,
+                    cfg.max_concurrency_per_replica,
+                )
+                for i in range(cfg.num_replicas)
+            ]
+        else:
+            self.replicas = [
+                LocalReplica(i, cfg.rollout, engine_factory) for i in range(cfg.num_replicas)
+            ]
+        await asyncio.gather(*(r.start(cfg.start_timeout_s) for r in self.replicas))
+
+    def _get_loop(self, name: str) -> AgentLoop:
+        if name not in self._loops:
+            self._loops[name] = build_agent_loop(
+                name,
+                client=self.client,
+                config=self.config.loop,
+                tokenizer=self.tokenizer,
+                tools=self.tools,
+            )
+        return self._loops[name]
+
+    # ------------------------------------------------------------------ generation
+
+    def sampling_params(self, meta_info: Mapping[str, Any]) -> SamplingParams:
+        """``config.sampling`` with the overrides found in `meta_info`, validated."""
+        overrides = {k: meta_info[k] for k in SAMPLING_KEYS if k in meta_info}
+        params = dataclasses.replace(self.config.sampling, **overrides)
+        if not params.stop_token_ids and isinstance(
+            getattr(self.tokenizer, "eos_token_id", None), int
+        ):
+            params.stop_token_ids = (self.tokenizer.eos_token_id,)
+        params.validate()
+        if params.n != 1:
+            raise ValueError(
+                f"sampling n={params.n} is invalid for generate_sequences: expected 1; repeat "
+                "the batch instead (batch.repeat(n, interleave=True)), one row per sample"
+            )
+        return params
+
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        """Run one agent loop per row concurrently and return the batch layout (module doc)."""
+        if not isinstance(batch, DataProto):
+            raise TypeError(f"generate_sequences expects a DataProto, got {type(batch).__name__}")
+        return self._thread.run(self.generate_sequences_async(batch), self.config.batch_timeout_s)
+
+    async def generate_sequences_async(self, batch: DataProto) -> DataProto:
+        """`generate_sequences` as a coroutine; must run in the manager's event loop."""
+        if len(batch) == 0:
+            raise ValueError("generate_sequences got an empty batch: expected at least one row")
+        params = self.sampling_params(batch.meta_info)
+        samples, loops = self._samples(batch, params)
+        start = time.monotonic()
+        outputs: list[AgentLoopOutput] = list(
+            await asyncio.gather(*(loop.run(s) for loop, s in zip(loops, samples, strict=True)))
+        )
+        elapsed = time.monotonic() - start
+        return self._assemble(batch, outputs, elapsed)
+
+    def _samples(
+        self, batch: DataProto, params: SamplingParams
+    ) -> tuple[list[AgentInput], list[AgentLoop]]:
+        nt = batch.non_tensor_batch
+        prompts = _prompt_ids(batch)
+        messages = nt.get("raw_prompt") if prompts is None else None
+        if prompts is None and messages is None:
+            raise ValueError(
+                "generate_sequences needs the prompts as non-tensor 'raw_prompt_ids' (token id "
+                "lists), tensors 'prompt_ids' + 'attention_mask', or non-tensor 'raw_prompt' "
+                f"(chat messages); the batch has tensors {_tensor_keys(batch)} and non-tensors "
+                f"{sorted(nt)}"
+            )
+        names = nt.get("agent_name")
+        batch_id = uuid.uuid4().hex[:8]
+        samples, loops = [], []
+        for i in range(len(batch)):
+            name = str(names[i]) if names is not None else self.config.agent_loop
+            loops.append(self._get_loop(name))
+            ids = None if prompts is None else prompts[i]
+            if ids is not None and len(ids) == 0:
+                raise ValueError(f"row {i} has an empty prompt: expected at least one token")
+            if ids is not None and len(ids) + 1 > self.max_model_len:
+                raise ValueError(
+                    f"row {i} has a prompt of {len(ids)} tokens: expected fewer than the engine's "
+                    f"max_model_len={self.max_model_len}"
+                )
+            session = str(nt["session_id"][i]) if "session_id" in nt else f"{batch_id}-{i}"
+            msgs = None if messages is None else list(messages[i])
+            row_params = params
+            if "seed" in nt and nt["seed"][i] is not None:
+                # Per-row seeds make sampling reproducible independently of batch order and
+                # of the engine's RNG history (exact resume), while rows stay distinct.
+                row_params = dataclasses.replace(params, seed=int(nt["seed"][i]))
+            samples.append(AgentInput(ids, row_params, session, msgs))
+        return samples, loops
+
+    def _assemble(
+        self, batch: DataProto, outputs: list[AgentLoopOutput], elapsed: float
+    ) -> DataProto:
+        size, resp_len = len(outputs), self.config.loop.response_length
+        prompt_len = max(len(o.prompt_ids) for o in outputs)
+        pad = self.pad_token_id
+        prompts = torch.full((size, prompt_len), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((size, prompt_len), dtype=torch.long)
+        responses = torch.full((size, resp_len), pad, dtype=torch.long)
+        response_attn = torch.zeros((size, resp_len), dtype=torch.long)
+        response_mask = torch.zeros((size, resp_len), dtype=torch.long)
+        log_probs = torch.zeros((size, resp_len), dtype=torch.float32)
+        for i, out in enumerate(outputs):
+            p, r = len(out.prompt_ids), len(out.response_ids)
+            if r > resp_len:
+                raise RuntimeError(
+                    f"row {i}: the agent loop returned {r} response tokens, over the budget {resp_len}"
+                )
+            prompts[i, prompt_len - p :] = torch.tensor(out.prompt_ids, dtype=torch.long)
+            prompt_mask[i, prompt_len - p :] = 1
+            if r:
+                responses[i, :r] = torch.tensor(out.response_ids, dtype=torch.long)
+                response_attn[i, :r] = 1
+                response_mask[i, :r] = torch.tensor(out.response_mask, dtype=torch.long)
+                log_probs[i, :r] = torch.tensor(out.response_log_probs, dtype=torch.float32)
+        attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        tensors = {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "response_mask": response_mask * response_attn,
+            "rollout_log_probs": log_probs * response_mask,
+        }
+        non_tensors = dict(batch.non_tensor_batch)
+        non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
+        non_tensors["num_tool_calls"] = np.array(
+            [o.num_tool_calls for o in outputs], dtype=np.int64
+        )
+        non_tensors["num_tool_errors"] = np.array(
+            [o.num_tool_errors for o in outputs], dtype=np.int64
+        )
+        non_tensors["finish_reason"] = np.array([o.finish_reason for o in outputs], dtype=object)
+        meta = dict(batch.meta_info)
+        meta["rollout_metrics"] = _batch_metrics(outputs, elapsed)
+        return DataProto.from_dict(tensors, non_tensors, meta)
+
+    # ------------------------------------------------------------------ engine control
+
+    def call_engines(
+        self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """Call an engine method on every replica (``sleep``, ``wake_up``, ...); results in order."""
+        timeout = timeout_s or self.config.request_timeout_s
+
+        async def all_replicas() -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    *(r.call(method, *args, timeout_s=timeout, **kwargs) for r in self.replicas)
+                )
+            )
+
+        return self._thread.run(all_replicas(), timeout + 30)
+
+    def sleep(self, level: int = 1) -> None:
+        self.call_engines("sleep", level)
+
+    def wake_up(self) -> None:
+        self.call_engines("wake_up")
+
+    def reset_prefix_cache(self) -> None:
+        self.call_engines("reset_prefix_cache")
+
+    def replica_request_counts(self) -> list[int]:
+        """How many generation requests the balancer sent to each replica so far."""
+        return list(self.balancer.assigned)
+
+    def shutdown(self) -> None:
+        """Stop engines, actors and tools; idempotent."""
+        if getattr(self, "_thread", None) is None:
+            return
+
+        async def stop() -> None:
+            await asyncio.gather(*(r.shutdown() for r in self.replicas), return_exceptions=True)
+            await asyncio.gather(*(t.close() for t in self.tools.values()), return_exceptions=True)
+
+        try:
+            self._thread.run(stop(), 120)
+        finally:
+            self._thread.close()
+            self._thread = None  # type: ignore[assignment]
+
+    def __enter__(self) -> RolloutManager:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def _tensor_keys(batch: DataProto) -> list[str]:
+    return sorted(batch.batch.keys()) if batch.batch is not None else []
+
+
+def _prompt_ids(batch: DataProto) -> list[list[int]] | None:
+    """Per-row prompt token ids from ``raw_prompt_ids`` or ``prompt_ids`` + ``attention_mask``."""
+    nt = batch.non_tensor_batch
+    if "raw_prompt_ids" in nt:
+        rows = []
+        for i, ids in enumerate(nt["raw_prompt_ids"]):
+            ids = ids.tolist() if isinstance(ids, (np.ndarray, torch.Tensor)) else ids
+            if not isinstance(ids, (list, tuple)) or not all(
+                isinstance(t, (int, np.integer)) for t in ids
+            ):
+                raise ValueError(f"raw_prompt_ids[{i}] is {ids!r}: expected a list of token ids")
+            rows.append([int(t) for t in ids])
+        return rows
+    keys = _tensor_keys(batch)
+    if "prompt_ids" in keys:
+        if "attention_mask" not in keys:
+            raise ValueError(
+                "tensor 'prompt_ids' needs an 'attention_mask' of the same shape (1 on real tokens)"
+            )
+        ids, mask = batch.batch["prompt_ids"], batch.batch["attention_mask"]
+        if ids.shape != mask.shape or ids.dim() != 2:
+            raise ValueError(
+                f"prompt_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)}: expected the same [B, P] shape"
+            )
+        return [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+    return None
+
+
+def _batch_metrics(outputs: list[AgentLoopOutput], elapsed: float) -> dict[str, float]:
+    n = len(outputs)
+    totals: Counter[str] = Counter()
+    for out in outputs:
+        totals.update(out.metrics)
+    reasons = Counter(o.finish_reason for o in outputs)
+    generated = sum(sum(o.response_mask) for o in outputs)
+    metrics = {
+        "rollout/num_turns/mean": sum(o.num_turns for o in outputs) / n,
+        "rollout/num_turns/max": float(max(o.num_turns for o in outputs)),
+        "rollout/tool_calls": float(sum(o.num_tool_calls for o in outputs)),
+        "rollout/tool_errors": float(sum(o.num_tool_errors for o in outputs)),
+        "rollout/response_length/mean": sum(len(o.response_ids) for o in outputs) / n,
+        "rollout/generated_tokens": float(generated),
+        "rollout/time_s": elapsed,
+        "rollout/generated_tokens_per_s": generated / elapsed if elapsed > 0 else 0.0,
+    }
+    metrics.update({f"rollout/finish_reason/{k}": v / n for k, v in sorted(reasons.items())})
+    metrics.update(
+        {f"rollout/{k}": float(v) for k, v in sorted(totals.items()) if k != "tool_calls"}
+    )
+    return metrics
