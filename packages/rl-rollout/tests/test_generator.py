@@ -113,3 +113,13 @@ def test_per_row_seeds_reproduce_samples_independently_of_batch_order(setup):
     assert len({tuple(r) for r in first}) > 1  # distinct seeds: not all samples equal
     again = sample([14, 11, 99, 12], [prompt] * 4)
     assert again[0] == first[3] and again[1] == first[0] and again[3] == first[1]
+
+
+def test_prompt_length_in_meta_info_fixes_the_prompt_width(setup):
+    _, generator = setup
+    batch = _batch()
+    batch.meta_info["prompt_length"] = 9
+    out = generator.generate_sequences(batch).batch
+    assert out["prompts"].shape[1] == 9
+    assert out["prompts"][1, -2:].tolist() == [7, 8] and out["attention_mask"][1, :7].sum() == 0
+    assert torch.equal(out["input_ids"][:, :9], out["prompts"])

@@ -325,7 +325,10 @@ class RolloutManager:
         self, batch: DataProto, outputs: list[AgentLoopOutput], elapsed: float
     ) -> DataProto:
         size, resp_len = len(outputs), self.config.loop.response_length
-        prompt_len = max(len(o.prompt_ids) for o in outputs)
+        # meta_info["prompt_length"] fixes the width, so that chunks generated on different
+        # ranks (or rounds) have the same layout and concatenate.
+        longest = max(len(o.prompt_ids) for o in outputs)
+        prompt_len = max(longest, int(batch.meta_info.get("prompt_length") or 0))
         pad = self.pad_token_id
         prompts = torch.full((size, prompt_len), pad, dtype=torch.long)
         prompt_mask = torch.zeros((size, prompt_len), dtype=torch.long)
