@@ -1,0 +1,35 @@
+"""Data: verl-style parquet/jsonl rows, chat-templated prompt datasets, a resumable
+loader collating into DataProto, and generated tasks (arithmetic, countdown).
+
+Attributes load lazily, so `rl_algos.data.generate` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ArithmeticTask": "rl_algos.data.tasks",
+    "CountdownTask": "rl_algos.data.tasks",
+    "PromptDataLoader": "rl_algos.data.loader",
+    "PromptDataset": "rl_algos.data.dataset",
+    "TASKS": "rl_algos.data.tasks",
+    "collate_prompts": "rl_algos.data.loader",
+    "make_splits": "rl_algos.data.tasks",
+    "read_rows": "rl_algos.data.io",
+    "write_rows": "rl_algos.data.io",
+    "write_task": "rl_algos.data.generate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rl_algos.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

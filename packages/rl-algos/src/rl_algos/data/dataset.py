@@ -1,0 +1,126 @@
+"""Prompts from verl-style rows, tokenized with the tokenizer's chat template."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rl_algos.data.io import read_rows
+
+__all__ = ["PromptDataset"]
+
+logger = logging.getLogger(__name__)
+
+
+class PromptDataset:
+    """Rows with their prompt token ids (`raw_prompt_ids`), tokenized once at load.
+
+    A `prompt` that is a list of chat messages goes through
+    ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` (with
+    `chat_template_kwargs`, e.g. ``{"enable_thinking": False}``); a plain-text prompt is
+    tokenized as is when `apply_chat_template` is false, or wrapped as one user message.
+    Prompts longer than `max_prompt_length` tokens are dropped and counted
+    (`num_filtered`), or raise when `filter_overlong_prompts` is false.
+    """
+
+    def __init__(
+        self,
+        source: str | Path | Sequence[str | Path] | Sequence[dict[str, Any]],
+        tokenizer: Any,
+        max_prompt_length: int,
+        *,
+        prompt_key: str = "prompt",
+        apply_chat_template: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        filter_overlong_prompts: bool = True,
+        name: str = "data",
+    ) -> None:
+        if max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+        is_rows = not isinstance(source, (str, Path)) and all(isinstance(r, dict) for r in source)
+        rows = [dict(r) for r in source] if is_rows else read_rows(source)  # type: ignore[arg-type]
+        self.name = name
+        self.tokenizer = tokenizer
+        self.prompt_key = prompt_key
+        self.max_prompt_length = max_prompt_length
+        self.num_rows = len(rows)
+        texts = [
+            self._render(row, i, apply_chat_template, chat_template_kwargs or {})
+            for i, row in enumerate(rows)
+        ]
+        special = not apply_chat_template
+        ids = tokenizer(texts, add_special_tokens=special)["input_ids"] if texts else []
+        self.items: list[dict[str, Any]] = []
+        for index, (row, prompt_ids) in enumerate(zip(rows, ids)):
+            if len(prompt_ids) > max_prompt_length:
+                if not filter_overlong_prompts:
+                    raise ValueError(
+                        f"{name} row {index}: prompt has {len(prompt_ids)} tokens > "
+                        f"data.max_prompt_length={max_prompt_length} (set "
+                        "data.filter_overlong_prompts=true to drop such prompts)"
+                    )
+                continue
+            row["raw_prompt_ids"] = list(prompt_ids)
+            row["index"] = index
+            self.items.append(row)
+        self.num_filtered = self.num_rows - len(self.items)
+        if self.num_filtered:
+            logger.warning(
+                "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
+                name,
+                self.num_filtered,
+                self.num_rows,
+                max_prompt_length,
+            )
+        if not self.items:
+            raise ValueError(
+                f"{name}: no prompts left ({self.num_rows} rows, {self.num_filtered} longer than "
+                f"max_prompt_length={max_prompt_length})"
+            )
+
+    def _render(self, row: dict[str, Any], index: int, chat: bool, kwargs: dict[str, Any]) -> str:
+        for key in (self.prompt_key, "data_source"):
+            if key not in row:
+                raise KeyError(f"{self.name} row {index}: no {key!r} field (has {sorted(row)})")
+        prompt = row["raw_prompt"] = row[self.prompt_key]
+        if isinstance(prompt, str):
+            if not chat:
+                return prompt
+            prompt = [{"role": "user", "content": prompt}]
+        elif not chat:
+            raise ValueError(
+                f"{self.name} row {index}: the prompt is a list of messages but "
+                "data.apply_chat_template is false; give plain-text prompts or enable it"
+            )
+        if not isinstance(prompt, list) or not all(
+            isinstance(m, dict) and "content" in m for m in prompt
+        ):
+            raise ValueError(
+                f"{self.name} row {index}: {self.prompt_key!r} must be text or a list of "
+                f"{{'role', 'content'}} messages, got {str(prompt)[:80]!r}"
+            )
+        return self.tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad id (its eos id if it has no pad token)."""
+        pad = self.tokenizer.pad_token_id
+        return self.tokenizer.eos_token_id if pad is None else pad
+
+    def stats(self) -> dict[str, float]:
+        """Counts to report: rows read, prompts dropped as too long, prompts kept."""
+        return {
+            f"data/{self.name}_rows": float(self.num_rows),
+            f"data/{self.name}_filtered_overlong": float(self.num_filtered),
+            f"data/{self.name}_prompts": float(len(self.items)),
+        }
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.items[index]

@@ -1,0 +1,125 @@
+"""A seeded, resumable prompt loader that collates into DataProto."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl_algos.data.dataset import PromptDataset
+from rl_core import DataProto
+
+__all__ = ["PromptDataLoader", "collate_prompts"]
+
+_DROP = ("raw_prompt_ids",)
+
+
+def collate_prompts(items: Sequence[dict[str, Any]], pad_token_id: int) -> DataProto:
+    """Left-padded `input_ids`, `attention_mask`, `position_ids` [B, P] (P = the longest
+    prompt of the batch) and every other field of the rows as non-tensor fields, among them
+    `raw_prompt_ids`, `raw_prompt`, `data_source`, `reward_model`, `ground_truth`,
+    `extra_info` and `index`."""
+    if not items:
+        raise ValueError("cannot collate an empty batch")
+    width = max(len(item["raw_prompt_ids"]) for item in items)
+    input_ids = torch.full((len(items), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(items), width), dtype=torch.long)
+    for i, item in enumerate(items):
+        ids = item["raw_prompt_ids"]
+        input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, width - len(ids) :] = 1
+    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    keys = dict.fromkeys(k for item in items for k in item)
+    non_tensors: dict[str, list[Any]] = {k: [item.get(k) for item in items] for k in keys}
+    non_tensors["ground_truth"] = [
+        (item.get("reward_model") or {}).get("ground_truth") for item in items
+    ]
+    non_tensors["extra_info"] = [item.get("extra_info") or {} for item in items]
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        },
+        non_tensors=non_tensors,
+    )
+
+
+class PromptDataLoader:
+    """Batches of `batch_size` prompts; one pass over the data per epoch.
+
+    The order of epoch `e` is a permutation drawn from ``(seed, e)`` (or the file order
+    with `shuffle=False`), so the loader's whole state is (epoch, position):
+    `state_dict()` after k batches and `load_state_dict()` in a new process continue with
+    batch k + 1 of the same order. Iterating yields the rest of the current epoch, then
+    moves to the next epoch. `drop_last` drops the last incomplete batch.
+    """
+
+    def __init__(
+        self,
+        dataset: PromptDataset,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if drop_last and batch_size > len(dataset):
+            raise ValueError(
+                f"{dataset.name}: batch_size {batch_size} is larger than the {len(dataset)} "
+                "prompts; lower data.train_batch_size or add data"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.position = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        full, rest = divmod(len(self.dataset), self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Dataset indices in the order of `epoch`."""
+        if not self.shuffle:
+            return np.arange(len(self.dataset))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
+
+    def __iter__(self) -> Iterator[DataProto]:
+        order = self.order(self.epoch)
+        while self.position < len(self):
+            rows = order[self.position * self.batch_size : (self.position + 1) * self.batch_size]
+            self.position += 1
+            batch = collate_prompts([self.dataset[int(i)] for i in rows], self.dataset.pad_token_id)
+            batch.meta_info.update(epoch=self.epoch, batch_in_epoch=self.position - 1)
+            yield batch
+        self.epoch += 1
+        self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "dataset_size": len(self.dataset),
+            "batch_size": self.batch_size,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue where `state` was taken; refuses a different dataset, seed or batch
+        size (the order would silently change)."""
+        for key in ("seed", "dataset_size", "batch_size"):
+            mine = self.state_dict()[key]
+            if state[key] != mine:
+                raise ValueError(
+                    f"cannot resume the data loader: the checkpoint has {key}={state[key]} "
+                    f"but this run has {key}={mine}"
+                )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

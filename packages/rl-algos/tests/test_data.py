@@ -1,0 +1,224 @@
+"""Generated tasks, parquet/jsonl rows, chat-templated datasets and the resumable loader."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+import pytest
+import torch
+
+from rl_algos.data import (
+    ArithmeticTask,
+    CountdownTask,
+    PromptDataLoader,
+    PromptDataset,
+    make_splits,
+    read_rows,
+    write_rows,
+    write_task,
+)
+from rl_algos.data.generate import main as generate_main
+from rl_algos.rewards import REWARDS
+
+
+def test_arithmetic_answers_are_right():
+    splits = make_splits(ArithmeticTask(min_value=0, max_value=50, num_operands=3), 300, 50, seed=3)
+    assert len(splits["train"]) == 300 and len(splits["test"]) == 50
+    for row in splits["train"] + splits["test"]:
+        question = row["prompt"][-1]["content"]
+        expression = re.match(r"What is (.+)\? Put the final answer", question).group(1)
+        numbers = [int(n) for n in re.findall(r"\d+", expression)]
+        assert len(numbers) == 3 and all(0 <= n <= 50 for n in numbers)
+        assert row["reward_model"]["ground_truth"] == str(eval(expression))  # independent check
+        assert row["data_source"] == "arithmetic"
+        score = REWARDS.get("arithmetic")(
+            "arithmetic", rf"\boxed{{{eval(expression)}}}", row["reward_model"]["ground_truth"]
+        )
+        assert score["score"] == 1.0
+    train = {r["extra_info"]["expression"] for r in splits["train"]}
+    test = {r["extra_info"]["expression"] for r in splits["test"]}
+    assert not train & test and len(train) == 300
+
+
+def test_generation_is_seeded():
+    task = ArithmeticTask(max_value=9, ops=("*",), answer_format="hash", system_prompt="Be brief.")
+    a = make_splits(task, 20, 5, seed=1)
+    assert a == make_splits(task, 20, 5, seed=1)
+    assert a != make_splits(task, 20, 5, seed=2)
+    row = a["train"][0]
+    assert row["prompt"][0] == {"role": "system", "content": "Be brief."}
+    assert "####" in row["prompt"][1]["content"] and " * " in row["prompt"][1]["content"]
+
+
+def test_too_small_problem_space_fails_clearly():
+    with pytest.raises(ValueError, match="distinct problems"):
+        make_splits(ArithmeticTask(min_value=0, max_value=1, ops=("+",)), 10, 2)
+    with pytest.raises(ValueError, match="num_operands"):
+        ArithmeticTask(num_operands=1)
+
+
+def test_countdown_solutions_are_valid():
+    splits = make_splits(
+        CountdownTask(num_numbers=4, max_number=12, max_target=60), 200, 20, seed=0
+    )
+    score = REWARDS.get("countdown")
+    for row in splits["train"] + splits["test"]:
+        truth = row["reward_model"]["ground_truth"]
+        solution = row["extra_info"]["solution"]
+        used = sorted(int(n) for n in re.findall(r"\d+", solution))
+        assert used == truth["numbers"] and len(used) == 4
+        exact = re.sub(r"\d+", lambda m: f"Fraction({m.group()})", solution)
+        value = eval(
+            exact, {"Fraction": Fraction}
+        )  # independent check of the generator, in exact arithmetic
+        assert value == truth["target"] and 1 <= truth["target"] <= 60
+        assert score("countdown", rf"\boxed{{{solution}}}", truth)["score"] == 1.0
+        assert str(truth["target"]) in row["prompt"][-1]["content"]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_rows_round_trip_through_files(tmp_path, fmt):
+    rows = make_splits(CountdownTask(), 30, 5, seed=0)["train"]
+    path = write_rows(rows, tmp_path / f"rows.{fmt}")
+    assert read_rows(path) == rows
+    assert read_rows([path, path]) == rows + rows
+    with pytest.raises(ValueError, match=r"unknown format '\.csv'"):
+        read_rows(tmp_path / "x.csv")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_rows(tmp_path / "missing.parquet")
+
+
+def test_generate_command_writes_splits(tmp_path, capsys):
+    out = tmp_path / "arith"
+    code = generate_main(
+        [
+            "arithmetic",
+            "--out",
+            str(out),
+            "--train-size",
+            "40",
+            "--test-size",
+            "8",
+            "--max-value",
+            "9",
+            "--ops",
+            "+",
+            "-",
+        ]
+    )
+    assert code == 0
+    train, test = read_rows(out / "train.parquet"), read_rows(out / "test.parquet")
+    assert len(train) == 40 and len(test) == 8
+    assert all("*" not in r["extra_info"]["expression"] for r in train)
+    assert "arithmetic train" in capsys.readouterr().out
+    paths = write_task("countdown", tmp_path / "cd", 10, 2, file_format="jsonl", num_numbers=3)
+    assert sorted(p.name for p in paths.values()) == ["test.jsonl", "train.jsonl"]
+
+
+def rows_of_length(lengths):
+    return [
+        {
+            "data_source": "arithmetic",
+            "prompt": [{"role": "user", "content": "x" * n}],
+            "reward_model": {"style": "rule", "ground_truth": str(n)},
+            "extra_info": {"n": n},
+        }
+        for n in lengths
+    ]
+
+
+def test_dataset_applies_the_chat_template_and_filters_long_prompts(tokenizer):
+    # the template adds 19 tokens around the content (one per character here)
+    dataset = PromptDataset(
+        rows_of_length([1, 5, 30, 2]), tokenizer, max_prompt_length=34, name="train"
+    )
+    assert len(dataset) == 3 and dataset.num_filtered == 1
+    assert dataset.stats() == {
+        "data/train_rows": 4.0,
+        "data/train_filtered_overlong": 1.0,
+        "data/train_prompts": 3.0,
+    }
+    item = dataset[1]
+    expected = "<|im_start|>user\nxxxxx<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.decode(item["raw_prompt_ids"]) == expected
+    assert item["index"] == 1 and item["raw_prompt"] == [{"role": "user", "content": "xxxxx"}]
+    with pytest.raises(
+        ValueError, match=r"row 2: prompt has 49 tokens > data\.max_prompt_length=34"
+    ):
+        PromptDataset(rows_of_length([1, 5, 30]), tokenizer, 34, filter_overlong_prompts=False)
+    with pytest.raises(ValueError, match="no prompts left"):
+        PromptDataset(rows_of_length([30]), tokenizer, 34)
+
+
+def test_dataset_input_errors_and_plain_text(tokenizer):
+    with pytest.raises(KeyError, match="row 0: no 'data_source' field"):
+        PromptDataset([{"prompt": "hi"}], tokenizer, 64)
+    with pytest.raises(ValueError, match="must be text or a list of"):
+        PromptDataset([{"prompt": 5, "data_source": "x"}], tokenizer, 64)
+    plain = PromptDataset(
+        [{"prompt": "2+2=", "data_source": "x"}], tokenizer, 64, apply_chat_template=False
+    )
+    assert tokenizer.decode(plain[0]["raw_prompt_ids"]) == "2+2="
+    with pytest.raises(ValueError, match="apply_chat_template is false"):
+        PromptDataset(rows_of_length([1]), tokenizer, 64, apply_chat_template=False)
+
+
+def test_collated_batches_are_left_padded(tokenizer):
+    dataset = PromptDataset(rows_of_length([1, 4, 2]), tokenizer, 64)
+    (batch,) = list(PromptDataLoader(dataset, 3, shuffle=False))
+    ids, mask, pos = (
+        batch.batch["input_ids"],
+        batch.batch["attention_mask"],
+        batch.batch["position_ids"],
+    )
+    assert ids.shape == (3, 23) and mask[:, -1].all()
+    assert mask.sum(-1).tolist() == [20, 23, 21]
+    assert (ids[0, :3] == tokenizer.pad_token_id).all() and ids[
+        0, 3
+    ] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert pos[0, :4].tolist() == [0, 0, 0, 0] and pos[0, -1] == 19
+    assert [len(p) for p in batch.non_tensor_batch["raw_prompt_ids"]] == [20, 23, 21]
+    assert batch.non_tensor_batch["ground_truth"].tolist() == ["1", "4", "2"]
+    assert batch.non_tensor_batch["data_source"].tolist() == ["arithmetic"] * 3
+    assert batch.non_tensor_batch["extra_info"][1] == {"n": 4}
+    assert batch.meta_info == {"epoch": 0, "batch_in_epoch": 0}
+
+
+def uids(batch):
+    return batch.non_tensor_batch["index"].tolist()
+
+
+def test_loader_resumes_exactly_across_epochs(tokenizer):
+    dataset = PromptDataset(rows_of_length(range(1, 12)), tokenizer, 64)  # 11 prompts
+    reference = PromptDataLoader(dataset, 3, seed=7)
+    assert len(reference) == 3  # drop_last
+    full = [uids(b) for _ in range(3) for b in reference]  # three epochs
+    assert len(full) == 9 and full[:3] != full[3:6]  # reshuffled every epoch
+    assert len({i for batch in full[:3] for i in batch}) == 9  # 2 prompts dropped per epoch
+    for stop in (0, 2, 3, 4, 8):
+        first = PromptDataLoader(dataset, 3, seed=7)
+        seen = []
+        while len(seen) < stop:
+            for batch in first:
+                seen.append(uids(batch))
+                if len(seen) == stop:
+                    break
+        state = first.state_dict()
+        resumed = PromptDataLoader(dataset, 3, seed=7)  # a new process would build this
+        resumed.load_state_dict(state)
+        while len(seen) < 9:
+            seen.extend(uids(b) for b in resumed)
+        assert seen[:9] == full, f"resume after {stop} batches"
+
+
+def test_loader_state_mismatch_and_tail_batch(tokenizer):
+    dataset = PromptDataset(rows_of_length(range(1, 6)), tokenizer, 64)
+    state = PromptDataLoader(dataset, 2, seed=1).state_dict()
+    with pytest.raises(ValueError, match="the checkpoint has seed=1 but this run has seed=2"):
+        PromptDataLoader(dataset, 2, seed=2).load_state_dict(state)
+    tail = PromptDataLoader(dataset, 2, shuffle=False, drop_last=False)
+    assert [uids(b) for b in tail] == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="batch_size 9 is larger than the 5 prompts"):
+        PromptDataLoader(dataset, 9)
+    assert isinstance(next(iter(tail)).batch["input_ids"], torch.Tensor)
