@@ -33,9 +33,10 @@ from rl_core.single_controller import Dispatch, Worker, register
 __all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker"]
 
 
-def _metrics_proto(metrics: dict[str, float]) -> DataProto:
-    """Zero rows carrying metrics that are identical on every rank (engine all-reduces)."""
-    return DataProto.from_dict(meta_info={"metrics": metrics})
+def _metrics_proto(metrics: dict[str, float], rank: int) -> DataProto:
+    """Zero rows carrying the step's metrics. The engine all-reduces them, so every rank
+    holds the same values; rank 0 reports them."""
+    return DataProto.from_dict(meta_info={"metrics": metrics} if rank == 0 else {})
 
 
 def _train_epochs(
@@ -135,7 +136,6 @@ class ActorRolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, batch: DataProto) -> DataProto:
         cfg = self.config
-        start = time.perf_counter()
         metrics = _train_epochs(
             self.engine,
             batch,
@@ -146,8 +146,7 @@ class ActorRolloutWorker(Worker):
             seed=int(cfg.get("seed", 0)) + self._updates,
         )
         self._updates += 1
-        metrics["timing/update_actor_s"] = round(time.perf_counter() - start, 1)
-        return _metrics_proto(metrics)
+        return _metrics_proto(metrics, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> float:
@@ -212,7 +211,7 @@ class CriticWorker(Worker):
             seed=int(cfg.get("seed", 0)) + self._updates,
         )
         self._updates += 1
-        return _metrics_proto(metrics)
+        return _metrics_proto(metrics, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

@@ -1,0 +1,105 @@
+"""Driver-side operations on rollout batches: ids, seeds, padding trims, metrics."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import contextmanager
+from time import perf_counter
+
+import numpy as np
+import torch
+
+from rl_core.protocol import DataProto
+
+__all__ = [
+    "add_group_ids_and_seeds",
+    "batch_metrics",
+    "timed",
+    "trim_padding",
+]
+
+
+@contextmanager
+def timed(timing: dict[str, float], name: str):
+    """Add the wall time of the block to ``timing[name]`` (seconds)."""
+    start = perf_counter()
+    try:
+        yield
+    finally:
+        timing[name] = timing.get(name, 0.0) + perf_counter() - start
+
+
+def add_group_ids_and_seeds(prompts: DataProto, n: int, step: int, seed: int) -> DataProto:
+    """Repeat each prompt `n` times (interleaved) with a shared ``uid`` per prompt and a
+    distinct sampling ``seed`` per row, derived from (seed, step, row) only: sampling does
+    not depend on any RNG history, so a resumed run generates exactly what it would have."""
+    size = len(prompts)
+    uids = np.array(
+        [uuid.UUID(int=(seed << 64) ^ (step << 32) ^ i).hex for i in range(size)], dtype=object
+    )
+    prompts.non_tensor_batch["uid"] = uids
+    out = prompts.repeat(n, interleave=True)
+    base = np.random.default_rng([seed, step]).integers(0, 2**62)
+    out.non_tensor_batch["seed"] = np.array([int(base) + i for i in range(len(out))], dtype=object)
+    return out
+
+
+def trim_padding(batch: DataProto) -> DataProto:
+    """Cut the all-padding columns: prompts to the longest real prompt, responses to the
+    longest real response. Training cost follows the sequence length, so this matters."""
+    t = batch.batch
+    prompt_len = t["prompts"].shape[1]
+    attn = t["attention_mask"]
+    prompt_real = attn[:, :prompt_len].sum(-1)
+    resp_real = attn[:, prompt_len:].sum(-1)
+    keep_p = int(prompt_real.max()) if len(batch) else 0
+    keep_r = max(1, int(resp_real.max())) if len(batch) else 1
+    cols = torch.arange(prompt_len - keep_p, prompt_len + keep_r)
+    out = {}
+    for key in t.keys():  # noqa: SIM118 - iterating a TensorDict walks rows, not keys
+        value = t[key]
+        if key == "prompts":
+            out[key] = value[:, prompt_len - keep_p :]
+        elif key in ("input_ids", "attention_mask", "position_ids"):
+            out[key] = value[:, cols]
+        elif value.dim() == 2 and value.shape[1] == t["responses"].shape[1]:
+            out[key] = value[:, :keep_r]
+        else:
+            out[key] = value
+    return DataProto.from_dict(
+        {k: v.contiguous() for k, v in out.items()}, dict(batch.non_tensor_batch), batch.meta_info
+    )
+
+
+def _stats(name: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    if values.numel() == 0:
+        return {}
+    return {
+        f"{name}/mean": float(values.mean()),
+        f"{name}/max": float(values.max()),
+        f"{name}/min": float(values.min()),
+    }
+
+
+def batch_metrics(batch: DataProto, max_response_length: int) -> dict[str, float]:
+    """Scores, rewards, advantages, lengths of a scored batch (verl's metric names)."""
+    t = batch.batch
+    keys = set(t.keys())
+    mask = t["response_mask"].bool()
+    prompt_len = t["prompts"].shape[1]
+    resp_len = t["attention_mask"][:, prompt_len:].sum(-1)
+    metrics = {}
+    metrics.update(_stats("critic/score", t["token_level_scores"].sum(-1)))
+    if "token_level_rewards" in keys:
+        metrics.update(_stats("critic/rewards", t["token_level_rewards"].sum(-1)))
+    if "advantages" in keys:
+        metrics.update(_stats("critic/advantages", t["advantages"][mask]))
+    if "returns" in keys:
+        metrics.update(_stats("critic/returns", t["returns"][mask]))
+    if "values" in keys:
+        metrics.update(_stats("critic/values", t["values"][mask]))
+    metrics.update(_stats("response_length", resp_len))
+    metrics["response_length/clip_ratio"] = float((resp_len >= max_response_length).float().mean())
+    metrics.update(_stats("prompt_length", t["attention_mask"][:, :prompt_len].sum(-1)))
+    return metrics

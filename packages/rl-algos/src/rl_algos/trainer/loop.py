@@ -1,0 +1,409 @@
+"""The single-controller RL trainer: the algorithm as a few lines of dataflow.
+
+One step (`RLTrainer.train_step`)::
+
+    batch = generate(prompts)                  # rollout workers, n samples per prompt
+    batch = reward(batch)                      # rule-based scores, time-limited processes
+    batch |= actor.compute_log_prob(batch)     # old log-probs (and entropy)
+    batch |= actor.compute_ref_log_prob(batch) # reference, when a KL term is used
+    batch |= critic.compute_values(batch)      # PPO only
+    batch = compute_advantage(batch)           # on the driver: cheap
+    critic.update_critic(batch); actor.update_actor(batch)
+    actor.sync_weights()                       # trainer -> rollout, in process
+
+Every worker call is an RPC to an SPMD group; the trainer never touches a model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl_algos.advantages import compute_advantage
+from rl_algos.dapo import DynamicSampler
+from rl_algos.kl import apply_kl_penalty, make_kl_controller
+from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
+from rl_algos.trainer.placement import RoleGroups, start_role_groups
+from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
+from rl_core.protocol import DataProto
+
+__all__ = ["RLTrainer"]
+
+log = logging.getLogger(__name__)
+CHECKPOINT_STATE = "trainer_state.json"
+
+
+class RLTrainer:
+    """Runs an RL experiment described by a validated `rl_algos.config.RLConfig`."""
+
+    def __init__(self, config: Any) -> None:
+        from transformers import AutoTokenizer
+
+        from rl_algos.data import PromptDataLoader, PromptDataset
+        from rl_algos.rewards import RewardManager
+        from rl_algos.trainer.model_source import resolve_model_path
+
+        self.config = cfg = config
+        self.output_dir = Path(cfg.trainer.output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        _seed_everything(cfg.trainer.seed)
+        self.model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+
+        data = cfg.data
+        common = dict(
+            tokenizer=self.tokenizer,
+            max_prompt_length=data.max_prompt_length,
+            prompt_key=data.prompt_key,
+            apply_chat_template=data.apply_chat_template,
+            chat_template_kwargs=dict(data.chat_template_kwargs),
+            filter_overlong_prompts=data.filter_overlong_prompts,
+        )
+        self.train_set = PromptDataset(list(data.train_files), name="train", **common)
+        self.train_loader = PromptDataLoader(
+            self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
+        )
+        self.val_set = (
+            PromptDataset(list(data.val_files), name="val", **common) if data.val_files else None
+        )
+        self.reward = RewardManager(
+            self.tokenizer,
+            _user_reward_function(cfg.reward),
+            num_workers=cfg.reward.num_workers,
+            timeout_s=cfg.reward.timeout_s,
+            error_score=cfg.reward.error_score,
+            overlong=_overlong(cfg),
+        )
+        self.kl_ctrl = None
+        if cfg.algorithm.use_kl_in_reward:
+            kc = cfg.algorithm.kl_ctrl
+            self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        self.groups: RoleGroups = start_role_groups(cfg, self.model_path)
+        self.global_step = 0
+        self._train_iter = None
+
+    # ------------------------------------------------------------------ dataflow
+
+    def _next_prompts(self) -> DataProto:
+        if self._train_iter is None:
+            self._train_iter = iter(self.train_loader)
+        try:
+            return next(self._train_iter)
+        except StopIteration:
+            self._train_iter = iter(self.train_loader)
+            return next(self._train_iter)
+
+    def _generate_and_score(self, prompts: DataProto, round_index: int) -> DataProto:
+        cfg = self.config
+        batch = add_group_ids_and_seeds(
+            prompts, cfg.rollout.n, self.global_step * 1000 + round_index, cfg.trainer.seed
+        )
+        batch.meta_info.update(
+            temperature=cfg.rollout.temperature, prompt_length=cfg.data.max_prompt_length
+        )
+        out = self.groups.actor.generate_sequences(batch)
+        scored = self.reward(out)
+        out.batch["token_level_scores"] = scored.token_level_scores
+        for key, values in scored.extra.items():
+            out.non_tensor_batch[f"reward_{key}"] = values
+        out.meta_info.setdefault("reward_metrics", {})
+        for key, value in scored.metrics.items():
+            total = out.meta_info["reward_metrics"].get(key, 0.0)
+            out.meta_info["reward_metrics"][key] = total + value
+        return out
+
+    def _rollout(self, timing: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
+        """Generate and score one step's batch (DAPO: until enough informative groups)."""
+        cfg = self.config
+        ds = cfg.algorithm.dynamic_sampling
+        metrics: dict[str, float] = {}
+        with timed(timing, "gen_and_reward"):
+            if not ds.enabled:
+                batch = self._generate_and_score(self._next_prompts(), 0)
+            else:
+                sampler = DynamicSampler(
+                    cfg.data.train_batch_size,
+                    metric=ds.metric,
+                    max_rounds=ds.max_rounds,
+                    accept_partial=ds.accept_partial,
+                )
+                round_index = 0
+                while True:
+                    part = self._generate_and_score(self._next_prompts(), round_index)
+                    round_index += 1
+                    if sampler.add(part):
+                        break
+                batch, sampler_metrics = sampler.take()
+                metrics.update(sampler_metrics)
+        metrics.update(batch.meta_info.pop("reward_metrics", {}))
+        return trim_padding(batch), metrics
+
+    def train_step(self) -> dict[str, float]:
+        """One RL step; returns its metrics."""
+        cfg, groups = self.config, self.groups
+        timing: dict[str, float] = {}
+        step_start = time.perf_counter()
+        batch, metrics = self._rollout(timing)
+        batch.meta_info["temperature"] = cfg.rollout.temperature
+        if groups.uses_reference:
+            with timed(timing, "ref_log_prob"):
+                batch = batch.union(groups.actor.compute_ref_log_prob(batch))
+        with timed(timing, "old_log_prob"):
+            old = groups.actor.compute_log_prob(batch)
+            entropy = old.pop(batch_keys=["entropys"]).batch["entropys"]
+            mask = batch.batch["response_mask"].bool()
+            metrics["actor/entropy"] = float(entropy[mask].mean()) if mask.any() else 0.0
+            batch = batch.union(old)
+        if groups.critic is not None:
+            with timed(timing, "values"):
+                batch = batch.union(groups.critic.compute_values(batch))
+        with timed(timing, "advantage"):
+            if self.kl_ctrl is not None:
+                rewards, kl_metrics = apply_kl_penalty(
+                    batch.batch["token_level_scores"],
+                    batch.batch["old_log_probs"],
+                    batch.batch["ref_log_prob"],
+                    batch.batch["response_mask"],
+                    self.kl_ctrl,
+                    cfg.algorithm.kl_penalty,
+                )
+                batch.batch["token_level_rewards"] = rewards
+                metrics.update(kl_metrics)
+            else:
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            alg = cfg.algorithm
+            batch = compute_advantage(
+                batch,
+                alg.adv_estimator,
+                gamma=alg.gamma,
+                lam=alg.lam,
+                norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+            )
+        metrics.update(batch_metrics(batch, cfg.data.max_response_length))
+        update = _divisible(batch, groups.dp_size)
+        if groups.critic is not None:
+            with timed(timing, "update_critic"):
+                metrics.update(groups.critic.update_critic(update).meta_info["metrics"])
+        if self.global_step >= cfg.trainer.critic_warmup:
+            with timed(timing, "update_actor"):
+                metrics.update(groups.actor.update_actor(update).meta_info["metrics"])
+            with timed(timing, "sync_weights"):
+                groups.actor.sync_weights()
+        self.global_step += 1
+        step_time = time.perf_counter() - step_start
+        generated = float(batch.batch["response_mask"].sum())
+        trained = float(update.batch["attention_mask"].sum())
+        metrics["perf/generated_tokens_per_s"] = generated / max(timing["gen_and_reward"], 1e-9)
+        metrics["perf/tokens_per_s"] = trained / step_time
+        metrics["timing/step_s"] = step_time
+        metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
+        metrics["training/epoch"] = float(self.train_loader.epoch)
+        return metrics
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self) -> dict[str, float]:
+        """Greedy (by default) generation on the held-out set; accuracy = score >= 1."""
+        cfg = self.config
+        if self.val_set is None:
+            return {}
+        from rl_algos.data import collate_prompts
+
+        items = [self.val_set[i] for i in range(len(self.val_set))]
+        prompts = collate_prompts(items, self.val_set.pad_token_id)
+        prompts.non_tensor_batch["uid"] = np.array(
+            [f"val-{i}" for i in range(len(prompts))], dtype=object
+        )
+        prompts.non_tensor_batch["seed"] = np.array(
+            [cfg.trainer.seed + i for i in range(len(prompts))], dtype=object
+        )
+        prompts.meta_info.update(
+            temperature=cfg.rollout.val_temperature, prompt_length=cfg.data.max_prompt_length
+        )
+        start = time.perf_counter()
+        out = self.groups.actor.generate_sequences(prompts)
+        scores = self.reward(out).token_level_scores.sum(-1)
+        resp_len = out.batch["response_mask"].sum(-1).float()
+        return {
+            "val/accuracy": float((scores >= 1.0).float().mean()),
+            "val/score": float(scores.mean()),
+            "val/response_length": float(resp_len.mean()),
+            "timing/validate_s": time.perf_counter() - start,
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> Path:
+        """Atomically write the whole training state of this step (see `_load_checkpoint`)."""
+        root = self.output_dir / "checkpoints"
+        final = root / f"step_{self.global_step}"
+        tmp = root / f".step_{self.global_step}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        self.groups.actor.save_checkpoint(str(tmp / "actor"))
+        if self.groups.critic is not None:
+            self.groups.critic.save_checkpoint(str(tmp / "critic"))
+        state = {
+            "global_step": self.global_step,
+            "dataloader": self.train_loader.state_dict(),
+            "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
+        }
+        (tmp / CHECKPOINT_STATE).write_text(json.dumps(state, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        latest_tmp = root / "latest.tmp"
+        latest_tmp.write_text(final.name)
+        os.replace(latest_tmp, root / "latest")  # readers never see a half-written pointer
+        keep = self.config.trainer.max_checkpoints
+        if keep:
+            steps = sorted(int(p.name.split("_")[1]) for p in root.glob("step_*"))
+            for old in steps[:-keep]:
+                shutil.rmtree(root / f"step_{old}", ignore_errors=True)
+        return final
+
+    def _resolve_resume(self, resume: str | None) -> Path | None:
+        if not resume:
+            return None
+        root = self.output_dir / "checkpoints"
+        if resume == "latest":
+            pointer = root / "latest"
+            if not pointer.exists():
+                log.info("resume=latest: no checkpoint in %s, starting fresh", root)
+                return None
+            return root / pointer.read_text().strip()
+        path = Path(resume)
+        if not (path / CHECKPOINT_STATE).is_file():
+            raise FileNotFoundError(
+                f"trainer.resume={resume!r}: not a checkpoint directory (no {CHECKPOINT_STATE}); "
+                "use 'latest' or a path like <output_dir>/checkpoints/step_N"
+            )
+        return path
+
+    def _load_checkpoint(self, path: Path) -> None:
+        state = json.loads((path / CHECKPOINT_STATE).read_text())
+        self.groups.actor.load_checkpoint(str(path / "actor"))
+        if self.groups.critic is not None:
+            self.groups.critic.load_checkpoint(str(path / "critic"))
+        self.train_loader.load_state_dict(state["dataloader"])
+        self._train_iter = None
+        if self.kl_ctrl is not None and state.get("kl_coef"):
+            for key, value in state["kl_coef"].items():
+                setattr(self.kl_ctrl, key, value)
+        self.global_step = int(state["global_step"])
+
+    # ------------------------------------------------------------------ the run
+
+    def fit(self) -> list[dict[str, float]]:
+        """Train for ``trainer.total_steps``; returns every step's metrics."""
+        cfg = self.config
+        resume_from = self._resolve_resume(cfg.trainer.resume)
+        if resume_from is not None:
+            self._load_checkpoint(resume_from)
+            log.info("resumed from %s at step %d", resume_from, self.global_step)
+        logger = MetricsLogger(
+            cfg.trainer.loggers,
+            self.output_dir,
+            project=cfg.trainer.project,
+            run_name=cfg.trainer.run_name,
+            config=cfg.to_dict() if hasattr(cfg, "to_dict") else None,
+            resume_step=self.global_step if resume_from is not None else None,
+        )
+        history: list[dict[str, float]] = []
+        progress = _progress(cfg.trainer.total_steps, self.global_step, cfg.trainer.progress_bar)
+        try:
+            if self.global_step == 0 and cfg.trainer.val_before_train and self.val_set is not None:
+                metrics = self.validate()
+                logger.log(0, metrics)
+                history.append({"step": 0, **metrics})
+            while self.global_step < cfg.trainer.total_steps:
+                metrics = self.train_step()
+                step = self.global_step
+                every = cfg.trainer.val_every
+                if (
+                    self.val_set is not None
+                    and every
+                    and (step % every == 0 or step == cfg.trainer.total_steps)
+                ):
+                    metrics.update(self.validate())
+                if cfg.trainer.save_every and (
+                    step % cfg.trainer.save_every == 0 or step == cfg.trainer.total_steps
+                ):
+                    self.save_checkpoint()
+                logger.log(step, metrics)
+                history.append({"step": step, **metrics})
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(
+                        reward=f"{metrics.get('critic/score/mean', 0):.3f}",
+                        tok_s=f"{metrics.get('perf/tokens_per_s', 0):.0f}",
+                    )
+        finally:
+            if progress is not None:
+                progress.close()
+            logger.close()
+        if "jsonl" in cfg.trainer.loggers:
+            plot_metrics(logger.jsonl_path, self.output_dir / "metrics.png")
+        return history
+
+    def close(self) -> None:
+        self.reward.close()
+        self.groups.shutdown()
+
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="rl train", unit="step", dynamic_ncols=True)
+
+
+def _divisible(batch: DataProto, dp_size: int) -> DataProto:
+    """Drop trailing rows so the update batch splits evenly over DP ranks (a padded row
+    would be trained on twice)."""
+    usable = len(batch) - len(batch) % dp_size
+    if usable == len(batch):
+        return batch
+    log.warning(
+        "dropping %d rows so %d rows split over %d ranks", len(batch) - usable, len(batch), dp_size
+    )
+    return batch[:usable]
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _user_reward_function(reward_cfg: Any) -> Any:
+    if not reward_cfg.function_path:
+        return None
+    from rl_algos.rewards import load_reward_function
+
+    return load_reward_function(reward_cfg.function_path, reward_cfg.function_name)
+
+
+def _overlong(cfg: Any) -> Any:
+    ol = cfg.algorithm.overlong
+    if not ol.enabled:
+        return None
+    from rl_algos.rewards import OverlongBuffer
+
+    return OverlongBuffer(
+        length=ol.buffer_length,
+        penalty_factor=ol.penalty_factor,
+        max_response_length=cfg.data.max_response_length,
+    )

@@ -1,0 +1,218 @@
+"""Where the roles run: resource pools, colocated or split placement, worker configs.
+
+``trainer.placement``:
+
+* ``colocated``: actor+rollout(+reference) and the critic share every worker process
+  (one Ray actor per process hosts all roles; the hybrid engine);
+* ``split``: the critic gets its own pool of ``trainer.critic_workers`` processes.
+
+``trainer.backend``: ``ray`` (the default; embedded, or the cluster at ``RAY_ADDRESS``)
+or ``local`` (one in-process worker, for debugging).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker
+from rl_core.single_controller import (
+    ClassWithInitArgs,
+    LocalWorkerGroup,
+    ResourcePool,
+    WorkerGroup,
+    create_colocated_worker_cls,
+)
+
+__all__ = ["RoleGroups", "actor_worker_config", "critic_worker_config", "start_role_groups"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoleGroups:
+    """The worker groups of one run."""
+
+    actor: WorkerGroup
+    critic: WorkerGroup | None
+    uses_reference: bool
+    dp_size: int
+    owned_ray: bool = False
+
+    def shutdown(self) -> None:
+        try:
+            self.actor.shutdown_rollout()
+        except Exception as exc:  # the group may already be gone
+            log.warning("rollout shutdown failed: %s", exc)
+        for group in (self.actor, self.critic):
+            if group is not None:
+                group.shutdown()
+        if self.owned_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return dict(value)
+
+
+def _updates_per_step(cfg: Any) -> int:
+    mini_batches = max(1, cfg.data.train_batch_size // cfg.actor.mini_batch_size)
+    return mini_batches * cfg.actor.epochs
+
+
+def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: int) -> dict:
+    optim = _as_dict(role.optim)
+    optim["total_steps"] = optim.get("total_steps") or total_updates
+    micro = {
+        "micro_batch_size": role.micro_batch_size,
+        "max_tokens_per_micro_batch": role.max_tokens_per_micro_batch,
+    }
+    return {
+        "model": model,
+        "optim": optim,
+        "parallel": _as_dict(role.parallel),
+        "micro_batch": micro,
+        "seed": cfg.trainer.seed,
+        "on_nan": role.on_nan,
+        "timeout_s": cfg.trainer.call_timeout_s,
+    }
+
+
+def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
+    """The plain-dict config an `ActorRolloutWorker` is built from."""
+    n = cfg.rollout.n
+    model = {"path": model_path, "dtype": cfg.model.dtype}
+    total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
+    loss = _as_dict(cfg.actor.loss)
+    uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward
+    ref = None
+    if uses_reference:
+        ref = _engine_config(cfg.actor, model, cfg, total_updates)
+        ref["optim"]["lr"] = 0.0  # never stepped: only infer_batch is called
+    rollout = cfg.rollout
+    return {
+        "engine": cfg.actor.engine,
+        "engine_config": _engine_config(cfg.actor, model, cfg, total_updates),
+        "ref": ref,
+        "generator": rollout.generator,
+        "rollout": {
+            "rollout": {
+                "model_path": model_path,
+                "backend": rollout.backend,
+                "dtype": cfg.model.dtype,
+                "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
+                "seed": cfg.trainer.seed,
+                "engine_kwargs": dict(rollout.engine_kwargs),
+            },
+            "mode": "local",
+            "agent_loop": rollout.agent_loop,
+            "loop": {
+                "response_length": cfg.data.max_response_length,
+                "max_turns": rollout.max_turns,
+                "max_parallel_calls": rollout.max_parallel_calls,
+                "max_tool_response_tokens": rollout.max_tool_response_tokens,
+            },
+            "sampling": {
+                "temperature": rollout.temperature,
+                "top_p": rollout.top_p,
+                "top_k": rollout.top_k,
+                "max_tokens": cfg.data.max_response_length,
+                "stop_token_ids": list(rollout.stop_token_ids),
+            },
+            "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
+            "pad_token_id": pad_token_id,
+            "request_timeout_s": cfg.trainer.call_timeout_s,
+        },
+        "loss": loss,
+        "mini_batch_size": cfg.actor.mini_batch_size * n,
+        "epochs": cfg.actor.epochs,
+        "offload_when_generating": cfg.actor.offload_when_generating,
+        "seed": cfg.trainer.seed,
+    }
+
+
+def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
+    """The plain-dict config a `CriticWorker` is built from."""
+    critic = cfg.critic
+    model = {
+        "path": critic.model_path or model_path,
+        "dtype": cfg.model.dtype,
+        "value_head": True,
+    }
+    total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
+    return {
+        "engine": critic.engine,
+        "engine_config": _engine_config(critic, model, cfg, total_updates),
+        "loss": _as_dict(critic.loss),
+        "mini_batch_size": cfg.actor.mini_batch_size * cfg.rollout.n,
+        "epochs": critic.epochs,
+        "seed": cfg.trainer.seed,
+    }
+
+
+def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None) -> RoleGroups:
+    """Start the worker groups the config asks for and initialise their models."""
+    needs_critic = cfg.algorithm.adv_estimator == "gae"
+    actor = ClassWithInitArgs(
+        ActorRolloutWorker, actor_worker_config(cfg, model_path, pad_token_id)
+    )
+    critic = ClassWithInitArgs(CriticWorker, critic_worker_config(cfg, model_path))
+    uses_reference = actor.args[0]["ref"] is not None
+    trainer = cfg.trainer
+    owned_ray = False
+    if trainer.backend == "local":
+        if trainer.num_workers != 1:
+            raise ValueError(
+                f"trainer.num_workers={trainer.num_workers}: the local backend runs exactly one "
+                "worker in this process; use trainer.backend=ray for more"
+            )
+        groups = _local_groups(actor, critic if needs_critic else None)
+    else:
+        import ray
+
+        from rl_core.single_controller.ray import RayWorkerGroup
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=trainer.ray_num_cpus, include_dashboard=False)
+            owned_ray = True
+        pool = ResourcePool(
+            [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker
+        )
+        kwargs = {"call_timeout_s": trainer.call_timeout_s}
+        if needs_critic and trainer.placement == "colocated":
+            fused = RayWorkerGroup(
+                pool, create_colocated_worker_cls({"actor": actor, "critic": critic}), **kwargs
+            )
+            groups = fused.spawn()
+        else:
+            groups = {"actor": RayWorkerGroup(pool, actor, name_prefix="actor", **kwargs)}
+            if needs_critic:
+                critic_pool = ResourcePool(
+                    [trainer.critic_workers], cpus_per_process=trainer.cpus_per_worker
+                )
+                groups["critic"] = RayWorkerGroup(
+                    critic_pool, critic, name_prefix="critic", **kwargs
+                )
+    for group in groups.values():
+        group.init_model()
+    return RoleGroups(
+        actor=groups["actor"],
+        critic=groups.get("critic"),
+        uses_reference=uses_reference,
+        dp_size=groups["actor"].world_size,
+        owned_ray=owned_ray,
+    )
+
+
+def _local_groups(actor: ClassWithInitArgs, critic: ClassWithInitArgs | None) -> dict:
+    pool = ResourcePool([1])
+    if critic is None:
+        return {"actor": LocalWorkerGroup(pool, actor, name_prefix="actor")}
+    fused = LocalWorkerGroup(pool, create_colocated_worker_cls({"actor": actor, "critic": critic}))
+    return fused.spawn()
