@@ -1,0 +1,44 @@
+"""The trainer's config: typed sections (`RLConfig`), algorithm presets and the loader.
+
+cfg = load_config("examples/grpo_tiny.yaml", ["actor.optim.lr=1e-5", "algorithm.preset=dapo"])
+"""
+
+from rl_algos.config.loader import GROUP_ESTIMATORS, check_plugins, load_config
+from rl_algos.config.presets import PRESETS
+from rl_algos.config.schema import (
+    LOGGERS,
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    DataConfig,
+    DynamicSamplingConfig,
+    KLControlConfig,
+    ModelConfig,
+    OverlongConfig,
+    RewardConfig,
+    RLConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
+from rl_algos.errors import ConfigError
+
+__all__ = [
+    "GROUP_ESTIMATORS",
+    "LOGGERS",
+    "PRESETS",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "ConfigError",
+    "CriticConfig",
+    "DataConfig",
+    "DynamicSamplingConfig",
+    "KLControlConfig",
+    "ModelConfig",
+    "OverlongConfig",
+    "RLConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "TrainerConfig",
+    "check_plugins",
+    "load_config",
+]

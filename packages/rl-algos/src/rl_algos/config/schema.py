@@ -1,0 +1,343 @@
+"""The trainer's config: typed dataclasses, one per YAML section.
+
+Field checks live in each section's `__post_init__` and raise `ConfigError` naming the
+field; the loader (rl_algos.config.loader) prefixes the section path. The optimizer and
+parallelism sections are rl-core's engine configs, so what the YAML says is what the
+training engine receives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rl_algos.errors import check_field
+from rl_algos.kl import KL_TYPES
+from rl_algos.losses import PolicyLossConfig, ValueLossConfig
+from rl_core.engine.config import OptimizerConfig, ParallelConfig
+
+__all__ = [
+    "LOGGERS",
+    "ActorConfig",
+    "AlgorithmConfig",
+    "CriticConfig",
+    "DataConfig",
+    "DynamicSamplingConfig",
+    "KLControlConfig",
+    "ModelConfig",
+    "OverlongConfig",
+    "RLConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "TrainerConfig",
+]
+
+# Metric sinks the trainer knows (rl_algos.trainer.tracking).
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        check_field(value is not None and value >= 1, name, value, "an integer >= 1")
+
+
+def _optional_positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        check_field(value is None or value >= 1, name, value, "null or an integer >= 1")
+
+
+@dataclass
+class ModelConfig:
+    """The policy model (actor, reference and rollout share it).
+
+    path: a Hugging Face model directory, ``gguf:<file.gguf>`` / ``gguf:<package>``, or
+    the alias ``smollm2-135m-instruct`` (see rl_algos.trainer.model_source).
+    dtype: weights and compute dtype of the engines (float32 on CPU)."""
+
+    path: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+@dataclass
+class DataConfig:
+    """Prompts: verl-style parquet/jsonl files (see rl_algos.data).
+
+    train_batch_size: prompts per step (each sampled `rollout.n` times).
+    max_prompt_length: longer prompts are dropped (counted) or rejected
+    (`filter_overlong_prompts: false`); max_response_length: generation budget."""
+
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 512
+    max_response_length: int = 256
+    train_batch_size: int = 8
+    shuffle: bool = True
+    seed: int = 0
+    apply_chat_template: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    filter_overlong_prompts: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_prompt_length", "max_response_length", "train_batch_size")
+
+
+@dataclass
+class ActorConfig:
+    """The policy's training: engine, optimizer, parallelism, micro-batching, PPO loop
+    (`mini_batch_size` prompts per optimizer step, `epochs` passes per batch) and loss."""
+
+    engine: str = "fsdp"
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    micro_batch_size: int | None = None
+    max_tokens_per_micro_batch: int | None = None
+    on_nan: Literal["raise", "skip"] = "raise"
+    mini_batch_size: int = 8
+    epochs: int = 1
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    offload_when_generating: bool = False
+
+    def __post_init__(self) -> None:
+        _positive(self, "mini_batch_size", "epochs")
+        _optional_positive(self, "micro_batch_size", "max_tokens_per_micro_batch")
+
+
+@dataclass
+class CriticConfig:
+    """PPO's value model (used when `algorithm.adv_estimator` is `gae`); `model_path`
+    null: the policy model with a value head."""
+
+    engine: str = "fsdp"
+    model_path: str | None = None
+    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-5))
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    micro_batch_size: int | None = None
+    max_tokens_per_micro_batch: int | None = None
+    on_nan: Literal["raise", "skip"] = "raise"
+    epochs: int = 1
+    loss: ValueLossConfig = field(default_factory=ValueLossConfig)
+
+    def __post_init__(self) -> None:
+        _positive(self, "epochs")
+        _optional_positive(self, "micro_batch_size", "max_tokens_per_micro_batch")
+
+
+@dataclass
+class RolloutConfig:
+    """Generation: the rollout engine (`backend`, from the `rl.rollouts` entry points),
+    the sequence generator and agent loop, sampling, and the tool-loop limits."""
+
+    backend: str = "hf"
+    generator: str = "agent_loop"
+    agent_loop: str = "single_turn"
+    n: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    val_temperature: float = 0.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 5
+    max_parallel_calls: int = 1
+    max_tool_response_tokens: int = 256
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _positive(self, "n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
+        _positive(self, "max_tool_response_tokens")
+        for name in ("temperature", "val_temperature"):
+            value = getattr(self, name)
+            check_field(value >= 0, name, value, ">= 0 (0: greedy)")
+        check_field(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
+        check_field(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "-1 (off) or >= 1")
+        check_field(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "in (0, 1]",
+        )
+
+
+@dataclass
+class RewardConfig:
+    """Rule-based rewards. `function_path` null: each sample's function is chosen by its
+    `data_source` (rl_algos.rewards); else `function_name` from that Python file, with
+    verl's signature. Each call runs in one of `num_workers` processes for at most
+    `timeout_s` seconds; a failing or timed-out call scores `error_score`."""
+
+    function_path: str | None = None
+    function_name: str = "compute_score"
+    num_workers: int = 4
+    timeout_s: float = 30.0
+    error_score: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_field(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0 (0: in-process)")
+        check_field(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
+
+
+@dataclass
+class KLControlConfig:
+    """Coefficient of the KL-in-reward penalty: `fixed` at `kl_coef`, or `adaptive`
+    (moves it so the KL approaches `target_kl`, at a rate set by `horizon`)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+    def __post_init__(self) -> None:
+        check_field(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+        check_field(self.target_kl > 0, "target_kl", self.target_kl, "> 0")
+        _positive(self, "horizon")
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling: keep generating until `data.train_batch_size` groups whose
+    `metric` (seq_score, seq_reward or a reward extra such as acc) varies are collected;
+    at most `max_rounds` generation rounds per step (0: no cap), then fail or, with
+    `accept_partial`, train on fewer groups."""
+
+    enabled: bool = False
+    metric: str = "seq_score"
+    max_rounds: int = 10
+    accept_partial: bool = False
+
+    def __post_init__(self) -> None:
+        check_field(self.max_rounds >= 0, "max_rounds", self.max_rounds, ">= 0 (0: no cap)")
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO's soft overlong punishment: the last `buffer_length` tokens before
+    `data.max_response_length` cost up to `penalty_factor` (null length: a quarter of
+    the maximum response length)."""
+
+    enabled: bool = False
+    buffer_length: int | None = None
+    penalty_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        _optional_positive(self, "buffer_length")
+        check_field(self.penalty_factor >= 0, "penalty_factor", self.penalty_factor, ">= 0")
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm: `preset` (ppo, grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp)
+    sets fields of every section; then the advantage estimator and its knobs, KL in the
+    reward, DAPO's dynamic sampling and overlong shaping."""
+
+    preset: str | None = None
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "k1"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+
+    def __post_init__(self) -> None:
+        check_field(0 <= self.gamma <= 1, "gamma", self.gamma, "in [0, 1]")
+        check_field(0 <= self.lam <= 1, "lam", self.lam, "in [0, 1]")
+        check_field(
+            self.kl_penalty in KL_TYPES,
+            "kl_penalty",
+            self.kl_penalty,
+            f"one of {list(KL_TYPES)}",
+            KL_TYPES,
+        )
+
+
+@dataclass
+class TrainerConfig:
+    """The run: steps, seed, output, logging, validation, checkpoints, resume and where
+    the workers run.
+
+    backend: `ray` (worker processes) or `local` (one in-process worker, for debugging);
+    nnodes x num_workers training processes; placement `colocated` (actor, rollout,
+    reference and critic share the processes) or `split` (the critic gets
+    `critic_workers` processes of its own). resume: null, `latest` or a checkpoint
+    directory. Every remote call times out after `call_timeout_s`."""
+
+    project: str = "rl"
+    run_name: str = "run"
+    output_dir: str = "outputs/${trainer.run_name}"
+    seed: int = 0
+    total_steps: int = 100
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    progress_bar: bool = True
+    val_every: int = 0
+    val_before_train: bool = True
+    save_every: int = 0
+    max_checkpoints: int | None = 3
+    resume: str | None = None
+    critic_warmup: int = 0
+    call_timeout_s: float = 600.0
+    backend: Literal["ray", "local"] = "ray"
+    nnodes: int = 1
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    ray_num_cpus: int | None = None
+    placement: Literal["colocated", "split"] = "colocated"
+    critic_workers: int = 1
+
+    def __post_init__(self) -> None:
+        _positive(self, "total_steps", "nnodes", "num_workers", "critic_workers")
+        _optional_positive(self, "max_checkpoints", "ray_num_cpus")
+        for name in ("val_every", "save_every", "critic_warmup"):
+            value = getattr(self, name)
+            check_field(value >= 0, name, value, ">= 0 (0: never)" if "every" in name else ">= 0")
+        check_field(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "> 0 seconds")
+        check_field(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")
+        for i, name in enumerate(self.loggers):
+            check_field(name in LOGGERS, f"loggers[{i}]", name, f"one of {list(LOGGERS)}", LOGGERS)
+        check_field(
+            self.backend == "ray" or self.num_workers * self.nnodes == 1,
+            "num_workers",
+            self.num_workers,
+            "1 with backend 'local' (one in-process worker); use backend 'ray' for more",
+        )
+
+
+@dataclass
+class RLConfig:
+    """The whole experiment (see rl_algos.config.load_config)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @property
+    def uses_critic(self) -> bool:
+        """GAE needs a value model."""
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def uses_reference(self) -> bool:
+        """A KL term (in the loss or in the reward) needs the reference policy."""
+        return self.actor.loss.kl_loss_coef > 0 or self.algorithm.use_kl_in_reward
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dicts (for logging and saving next to the run)."""
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML; `load_config` reads it back to the same config."""
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_yaml(OmegaConf.create(self.to_dict()))

@@ -1,0 +1,203 @@
+"""Config loading: defaults, presets, YAML + overrides precedence, and error messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_algos.config import PRESETS, ConfigError, check_plugins, load_config
+from rl_algos.config.loader import AGENT_LOOPS
+from rl_core.engine import ENGINES
+from rl_core.engine.config import OptimizerConfig
+from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
+
+BASE = {
+    "model": {"path": "/models/tiny"},
+    "data": {"train_files": ["train.parquet"]},
+}
+
+
+def load(overrides=(), base=BASE):
+    return load_config(base, list(overrides))
+
+
+def test_defaults_are_typed_and_derived_fields_filled():
+    cfg = load()
+    assert cfg.model.path == "/models/tiny" and cfg.model.dtype == "float32"
+    assert isinstance(cfg.actor.optim, OptimizerConfig) and cfg.actor.optim.betas == (0.9, 0.999)
+    assert cfg.critic.optim.lr == 1e-5
+    assert cfg.actor.loss.agg_norm_constant == cfg.data.max_response_length == 256
+    assert cfg.trainer.output_dir == "outputs/run"  # interpolated from trainer.run_name
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.rollout.n == 4
+    assert not cfg.uses_critic and not cfg.uses_reference
+    assert cfg.to_dict()["actor"]["loss"]["clip_ratio_high"] == 0.2
+
+
+def test_yaml_file_overrides_and_precedence(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "model: {path: /models/tiny}\n"
+        "data: {train_files: [a.parquet, b.jsonl], max_response_length: 64}\n"
+        "algorithm: {preset: dapo}\n"
+        "actor:\n  loss: {clip_ratio_high: 0.3}\n  optim: {lr: 2.0e-6}\n"
+        "trainer: {run_name: exp1}\n"
+    )
+    cfg = load_config(path, ["actor.optim.lr=1e-5", "rollout.n=8", "trainer.loggers=[console]"])
+    assert cfg.data.train_files == ["a.parquet", "b.jsonl"]
+    assert cfg.actor.loss.clip_ratio_high == 0.3  # YAML beats the preset's 0.28
+    assert cfg.actor.loss.clip_ratio_low == 0.2  # from the preset
+    assert cfg.actor.optim.lr == 1e-5  # the override beats the YAML
+    assert cfg.rollout.n == 8 and cfg.trainer.loggers == ["console"]
+    assert cfg.trainer.output_dir == "outputs/exp1"
+    assert cfg.algorithm.dynamic_sampling.enabled and cfg.algorithm.overlong.enabled
+    assert cfg.algorithm.overlong.buffer_length == 16  # a quarter of max_response_length
+    # a preset chosen on the command line replaces the YAML's
+    gspo = load_config(path, ["algorithm.preset=gspo"])
+    assert gspo.actor.loss.name == "gspo" and gspo.actor.loss.clip_ratio_high == 0.3
+    assert not gspo.algorithm.dynamic_sampling.enabled
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_loads_and_sets_only_its_fields(name):
+    cfg = load([f"algorithm.preset={name}"])
+    preset = PRESETS[name]
+    data = cfg.to_dict()
+
+    def walk(expected, actual, path):
+        for key, value in expected.items():
+            if isinstance(value, dict):
+                walk(value, actual[key], f"{path}.{key}")
+            else:
+                assert actual[key] == value, f"{path}.{key}"
+
+    walk(preset, data, name)
+    assert set(preset) <= {"algorithm", "rollout", "actor"}
+
+
+def test_preset_semantics():
+    ppo = load(["algorithm.preset=ppo"])
+    assert ppo.uses_critic and ppo.rollout.n == 1
+    grpo = load(["algorithm.preset=grpo"])
+    assert grpo.uses_reference and grpo.actor.loss.kl_loss_type == "k3"
+    dr = load(["algorithm.preset=dr_grpo"])
+    assert (
+        dr.actor.loss.agg_mode == "seq-mean-token-sum-norm"
+        and dr.actor.loss.agg_norm_constant == 256
+    )
+    rpp = load(["algorithm.preset=reinforce_pp"])
+    assert rpp.uses_reference and rpp.algorithm.use_kl_in_reward
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["actor.optim.lrr=1e-6"], "actor.optim.lrr: unknown key 'lrr'; did you mean 'lr'?"),
+        (["actorr.engine=fsdp"], "actorr: unknown key 'actorr'; did you mean 'actor'?"),
+        (["actor.optim.lr=abc"], "actor.optim.lr: invalid value 'abc'; expected a number"),
+        (
+            ["actor.optim.lr=-1"],
+            "actor.optim.lr: invalid value -1.0; expected a finite number >= 0",
+        ),
+        (
+            ["actor.optim.lr_schedule=cosin"],
+            "actor.optim.lr_schedule: invalid value 'cosin'; expected one of ['constant', 'cosine']; "
+            "did you mean 'cosine'?",
+        ),
+        (["actor.loss.agg_mode=token_mean"], "did you mean 'token-mean'?"),
+        (
+            ["actor.loss.clip_ratio_c=0.5"],
+            "actor.loss.clip_ratio_c: invalid value 0.5; expected > 1",
+        ),
+        (["actor.loss.name=gpso"], "actor.loss.name: invalid value 'gpso'; expected one of"),
+        (["algorithm.adv_estimator=gea"], "did you mean 'gae'?"),
+        (["algorithm.preset=dapoo"], "algorithm.preset: invalid value 'dapoo'; expected one of"),
+        (["algorithm.kl_penalty=k4"], "algorithm.kl_penalty: invalid value 'k4'"),
+        (["actor.parallel.fsdp_size=0"], "actor.parallel.fsdp_size: invalid value 0"),
+        (["actor.optim.betas=[1.5,0.9]"], "actor.optim.betas: invalid value (1.5, 0.9)"),
+        (
+            ["trainer.num_workers=two"],
+            "trainer.num_workers: invalid value 'two'; expected an integer",
+        ),
+        (["trainer.loggers=[console,wandbb]"], "trainer.loggers[1]: invalid value 'wandbb'"),
+        (
+            ["trainer.backend=local", "trainer.num_workers=2"],
+            "trainer.num_workers: invalid value 2",
+        ),
+        (["rollout.top_p=0"], "rollout.top_p: invalid value 0.0; expected in (0, 1]"),
+        (["rollout.n=1"], "rollout.n: invalid value 1; algorithm.adv_estimator='grpo'"),
+        (["rollout.n=0"], "rollout.n: invalid value 0; expected an integer >= 1"),
+        (["actor.mini_batch_size=3"], "expected a divisor of data.train_batch_size=8"),
+        (["model.dtype=fp32"], "model.dtype: invalid value 'fp32'; expected one of"),
+        (["model.dtype=null"], "model.dtype: invalid value None"),
+        (["actor=5"], "actor: expected a mapping of ActorConfig fields"),
+        (["data.train_files=[]"], "data.train_files: empty"),
+        (["model.path=null"], "model.path: missing"),
+        (
+            ["algorithm.overlong.enabled=true", "algorithm.overlong.buffer_length=1000"],
+            "algorithm.overlong.buffer_length: invalid value 1000",
+        ),
+        (
+            ["algorithm.adv_estimator=gae", "algorithm.dynamic_sampling.enabled=true"],
+            "algorithm.dynamic_sampling.enabled",
+        ),
+        (["lr"], "override 'lr': expected key=value"),
+    ],
+)
+def test_errors_name_the_key_value_and_what_is_allowed(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load(overrides)
+    assert message in str(info.value)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping of sections"):
+        load_config(bad)
+
+
+def test_to_yaml_round_trips(tmp_path):
+    cfg = load(
+        [
+            "algorithm.preset=dapo",
+            "actor.optim.betas=[0.8,0.95]",
+            "rollout.tools={calc: {timeout: 3}}",
+        ]
+    )
+    path = tmp_path / "resolved.yaml"
+    path.write_text(cfg.to_yaml())
+    again = load_config(path)
+    assert again == cfg
+    assert again.rollout.tools == {"calc": {"timeout": 3}}
+
+
+def test_plugin_names_are_checked_at_trainer_start():
+    cfg = load(["actor.engine=fsdpp"])
+    registries = [(ENGINES, "fsdp"), (ROLLOUTS, "hf"), (SEQUENCE_GENERATORS, "agent_loop")]
+    registries.append((AGENT_LOOPS, "single_turn"))
+    for registry, name in registries:
+        registry.register(name, object(), overwrite=True)
+    try:
+        with pytest.raises(ConfigError) as info:
+            check_plugins(cfg)
+        text = str(info.value)
+        assert text.startswith("actor.engine: invalid value 'fsdpp'")
+        assert "did you mean 'fsdp'?" in text and "pip install 'rl-engines[fsdp]'" in text
+        cfg.actor.engine = "fsdp"
+        check_plugins(cfg)  # every name resolves
+        cfg.rollout.backend = "vlm"
+        with pytest.raises(ConfigError, match=r"rollout\.backend: invalid value 'vlm'"):
+            check_plugins(cfg)
+        cfg.rollout.backend = "hf"
+        cfg.rollout.agent_loop = "no_such_loop"
+        with pytest.raises(ConfigError, match=r"rollout\.agent_loop: invalid value 'no_such_loop'"):
+            check_plugins(cfg)
+        cfg.rollout.agent_loop = "single_turn"
+        cfg.algorithm.adv_estimator = "gae"
+        cfg.critic.engine = "megatron"
+        with pytest.raises(ConfigError, match=r"critic\.engine: invalid value 'megatron'"):
+            check_plugins(cfg)
+    finally:
+        for registry, name in registries:
+            registry.unregister(name)
