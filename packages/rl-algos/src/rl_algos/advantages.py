@@ -12,9 +12,10 @@ Every estimator is registered in `ADVANTAGE_ESTIMATORS` (entry point group
         gamma=1.0, lam=1.0, epsilon=1e-6, norm_adv_by_std_in_grpo=True,
     )
 
-Each one takes what it needs and ignores the rest, so a third-party estimator with the
-same calling convention plugs in through its own package's entry point. Names and
-semantics follow verl: a group of one sample has baseline 0 (and std 1 for GRPO).
+Each one takes what it needs and ignores the rest. The built-in ones are published as
+entry points in rl-algos' pyproject.toml; a third-party estimator with the same calling
+convention plugs in through its own package's entry point. Names and semantics follow
+verl: a group of one sample has baseline 0 (and std 1 for GRPO).
 """
 
 from __future__ import annotations
