@@ -86,6 +86,9 @@ def test_worker_processes_survive_hangs_crashes_and_errors(tokenizer, user_fn):
         assert out.metrics["reward/timeouts"] == 1.0
         assert out.metrics["reward/errors"] == 3.0  # raise, bad return value, dead worker
         assert manager._pool.restarts == 2  # the hung worker and the dead one were replaced
+        idle = manager._pool._workers[0].process
+        idle.kill()  # a worker that dies between batches is replaced too
+        idle.wait()
         again = manager(make_batch(tokenizer, ["ok", "no"], ["ok", "ok"]))  # the run goes on
         assert again.token_level_scores.sum(-1).tolist() == [1.0, 0.0]
         assert again.metrics["reward/errors"] == 0.0

@@ -127,7 +127,9 @@ class ScoringPool:
         for fn, _ in calls:
             if not any(fn is known for known in self._warmup):
                 self._warmup.append(fn)
-        self._workers = [w for w in self._workers if w.alive()]
+        for worker in [w for w in self._workers if not w.alive()]:  # died while idle
+            worker.kill()
+            self._workers.remove(worker)
         while len(self._workers) < min(len(calls), self.num_workers):
             self._workers.append(_Worker(self._warmup))
         results: list[CallResult | None] = [None] * len(calls)
