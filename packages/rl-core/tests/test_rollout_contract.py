@@ -151,3 +151,11 @@ def test_abstract_methods_must_be_implemented():
 
     with pytest.raises(TypeError, match="abstract"):
         Incomplete()  # type: ignore[abstract]
+
+
+def test_check_stop_token_ids():
+    from rl_core.rollout import check_stop_token_ids
+
+    check_stop_token_ids((0, 9), vocab_size=10)
+    with pytest.raises(ValueError, match=r"stop_token_ids contains 10: expected ids in \[0, 10\)"):
+        check_stop_token_ids((2, 10), vocab_size=10)

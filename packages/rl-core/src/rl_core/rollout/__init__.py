@@ -14,6 +14,7 @@ from rl_core.rollout.base import (
     SamplingParams,
     build_rollout_engine,
     check_prompt,
+    check_stop_token_ids,
 )
 from rl_core.rollout.generator import (
     SEQUENCE_GENERATORS,
@@ -33,4 +34,5 @@ __all__ = [
     "build_rollout_engine",
     "build_sequence_generator",
     "check_prompt",
+    "check_stop_token_ids",
 ]

@@ -43,6 +43,7 @@ __all__ = [
     "SamplingParams",
     "build_rollout_engine",
     "check_prompt",
+    "check_stop_token_ids",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -209,6 +210,16 @@ def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int)
     return ids
 
 
+def check_stop_token_ids(stop_token_ids: Sequence[int], vocab_size: int) -> None:
+    """Raise ValueError when a stop token id lies outside ``[0, vocab_size)``."""
+    bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(
+            f"SamplingParams.stop_token_ids contains {bad[0]}: expected ids in "
+            f"[0, {vocab_size}) (the model's vocabulary size)"
+        )
+
+
 class RolloutEngine(ABC):
     """Async token-in/token-out generation engine (one replica, possibly tensor-parallel).
 
@@ -248,7 +259,8 @@ class RolloutEngine(ABC):
     async def sleep(self, level: int = 1) -> None:
         """Free memory while idle: level 1 offloads weights and drops the KV cache; level 2
         may also discard weights (then the next `update_weights` must bring all of them).
-        Engines that cannot free memory on this platform accept the call and do nothing."""
+        In-flight requests are aborted (they return with finish reason ``"abort"``).
+        Engines that cannot free memory on this platform accept the call and free nothing."""
 
     @abstractmethod
     async def wake_up(self) -> None:

@@ -80,7 +80,8 @@ class AsyncRunner:
 def save_tiny_causal_lm(
     path: str | Path, arch: str = "qwen2", seed: int = 0, max_position_embeddings: int = 512
 ) -> str:
-    """Save a tiny random causal LM (vocab 512, hidden 64, 2 layers) and return its path.
+    """Save a tiny random causal LM (vocab 512, hidden 64, 2 layers, 2 heads of 32) and
+    return its path.
 
     Weights are drawn with std 0.2 (instead of 0.02) so next-token distributions are
     peaked: greedy choices are not near-ties and samples differ visibly.
@@ -92,8 +93,8 @@ def save_tiny_causal_lm(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,  # head_dim 32: the smallest vLLM's CPU attention supports
+        num_key_value_heads=1,
         max_position_embeddings=max_position_embeddings,
         initializer_range=0.2,
         tie_word_embeddings=False,
@@ -285,7 +286,8 @@ class RolloutEngineConformance:
         free = self.greedy(engine, runner, prompt, "stop-free", max_tokens=16)
         stop = free.token_ids[3]
         first = free.token_ids.index(stop)
-        params = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[stop, 99999])
+        unused = next(t for t in range(3, TINY_VOCAB) if t not in free.token_ids)
+        params = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[unused, stop])
         (out,) = self.generate(engine, runner, prompt, params, "stop-1")
         assert out.finish_reason == "stop"
         assert out.token_ids == free.token_ids[: first + 1]
@@ -435,6 +437,11 @@ class RolloutEngineConformance:
     def test_token_id_outside_the_vocabulary_is_rejected(self, engine, runner):
         with pytest.raises(ValueError, match=f"token id {TINY_VOCAB}"):
             self.generate(engine, runner, [5, TINY_VOCAB], SamplingParams(max_tokens=2), "bad-id")
+
+    def test_stop_token_outside_the_vocabulary_is_rejected(self, engine, runner):
+        params = SamplingParams(max_tokens=2, stop_token_ids=[2, TINY_VOCAB + 7])
+        with pytest.raises(ValueError, match=f"stop_token_ids contains {TINY_VOCAB + 7}"):
+            self.generate(engine, runner, [5, 6], params, "bad-stop")
 
     @pytest.mark.parametrize(
         ("field", "value"), [("temperature", -1.0), ("top_p", 0.0), ("top_k", 0), ("n", 0)]

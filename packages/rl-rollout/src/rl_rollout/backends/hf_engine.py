@@ -8,9 +8,10 @@ ones. Requests arriving while a batch runs wait for the next batch. Sampling is 
 `torch.Generator` when the request carries a seed.
 
 Log-probs are those of the sampling distribution after temperature and before top-p/top-k
-truncation. There is no prefix cache (`reset_prefix_cache` is a no-op). `sleep` moves the
-weights to CPU when they live on an accelerator and frees the KV cache (it only lives
-during a batch); on CPU it frees nothing. Weights update in place by Hugging Face name.
+truncation. There is no prefix cache (`reset_prefix_cache` is a no-op). `sleep` aborts
+in-flight requests, moves the weights to CPU when they live on an accelerator and frees the
+KV cache (it only lives during a batch); on CPU it frees nothing. Weights update in place
+by Hugging Face name; an update waits for the running decode step, never interrupts it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
+from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
 __all__ = ["HFRolloutEngine"]
@@ -69,8 +71,7 @@ class HFRolloutEngine(RolloutEngine):
             from transformers import AutoModelForCausalLM
         except ImportError as exc:
             raise ImportError(
-                f"the 'hf' rollout engine needs transformers ({exc}): "
-                "pip install 'rl-rollout[hf]'"
+                f"the 'hf' rollout engine needs transformers ({exc}): pip install 'rl-rollout[hf]'"
             ) from exc
 
         config.validate()
@@ -136,11 +137,10 @@ class HFRolloutEngine(RolloutEngine):
         multi_modal_data: dict[str, Any] | None = None,
     ) -> list[GenerationOutput]:
         if multi_modal_data:
-            raise ValueError(
-                "the 'hf' rollout engine is text-only: multi_modal_data must be None"
-            )
+            raise ValueError("the 'hf' rollout engine is text-only: multi_modal_data must be None")
         params = sampling_params.validate()
         prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
+        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
         self._ensure_scheduler()
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
@@ -208,8 +208,9 @@ class HFRolloutEngine(RolloutEngine):
         if level not in (1, 2):
             raise ValueError(f"sleep level={level!r} is invalid: expected 1 or 2")
         self._ensure_scheduler()
-        self._awake.clear()  # batches wait for wake_up; the running step finishes first
-        async with self._model_lock:
+        await self.abort(list(self._requests))
+        self._awake.clear()  # later batches wait for wake_up
+        async with self._model_lock:  # the running step finishes first
             if self.device.type != "cpu":
                 await asyncio.to_thread(self.model.to, "cpu")
                 self._weights_device = torch.device("cpu")
@@ -275,23 +276,24 @@ class HFRolloutEngine(RolloutEngine):
         seqs = [seq for request in batch for seq in request.seqs]
         state = None
         while True:
-            await self._awake.wait()
-            async with self._model_lock:
-                state = await asyncio.to_thread(self._step, seqs, state)
+            # between two steps (no step runs now): settle aborts and wake finished requests
+            for seq in seqs:
+                if seq.aborted and seq.finish_reason is None:
+                    seq.finish_reason = "abort"
             for request in batch:
                 if not request.done.is_set() and all(s.finish_reason for s in request.seqs):
                     request.done.set()
-            if state is None:
+            if all(s.finish_reason for s in seqs):
                 return
+            await self._awake.wait()
+            async with self._model_lock:
+                state = await asyncio.to_thread(self._step, seqs, state)
 
     @torch.no_grad()
     def _step(self, seqs: list[_Sequence], state: dict | None) -> dict | None:
         """Prefill (state None) or decode one token for the live rows; None when all done."""
         if state is None:
-            live = [s for s in seqs if not s.aborted]
-            for s in seqs:
-                if s.aborted:
-                    s.finish_reason = "abort"
+            live = [s for s in seqs if s.finish_reason is None]
             if not live:
                 return None
             width = max(len(s.prompt) for s in live)
@@ -310,7 +312,12 @@ class HFRolloutEngine(RolloutEngine):
             )
             cache = None
         else:
-            live, mask, sampling, cache = state["live"], state["mask"], state["sampling"], state["cache"]
+            live, mask, sampling, cache = (
+                state["live"],
+                state["mask"],
+                state["sampling"],
+                state["cache"],
+            )
             ids = state["next"][:, None]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             positions = state["positions"][:, None] + 1
@@ -324,9 +331,9 @@ class HFRolloutEngine(RolloutEngine):
         )
         tokens, log_probs = sample_rows(out.logits[:, -1], sampling, self._shared_generator)
         keep = []
-        for row, (s, token, log_prob) in enumerate(
-            zip(live, tokens.tolist(), log_probs.tolist())
-        ):
+        for row, (s, token, log_prob) in enumerate(zip(live, tokens.tolist(), log_probs.tolist())):
+            if s.finish_reason is not None:  # aborted between steps: drop the row
+                continue
             s.tokens.append(token)
             s.log_probs.append(log_prob)
             if token in s.params.stop_token_ids:

@@ -1,0 +1,223 @@
+"""``sglang``: SGLang's `Engine` in-process, token-in/token-out (written for SGLang 0.5.23).
+
+SGLang's engine needs CUDA (or another accelerator SGLang supports); on a CPU-only machine
+this backend imports but cannot start. Requests go through the engine's tokenizer manager
+with ``input_ids`` (tokenizer skipped) and ``return_logprob``; each of the ``n`` samples is
+its own SGLang request (``<request_id>-<i>``, seed ``seed + i``) so that it can be aborted
+by id. Stops only at the caller's ``stop_token_ids`` (``ignore_eos``, ``no_stop_trim``).
+
+Log-probs: SGLang reports ``log_softmax(logits / temperature)`` before top-k/top-p
+truncation; with top_p=1 and top_k=-1 (the RL default) that equals the contract's value,
+with truncation active it differs from the ``vllm``/``hf`` backends (documented deviation).
+
+Weights update in place with ``update_weights_from_tensor`` in size-bounded buckets (the
+tensors travel by torch multiprocessing handles, CUDA IPC on GPUs); `sleep` releases the
+KV cache and weights (``release_memory_occupation``, needs ``enable_memory_saver``, set
+here), `wake_up` resumes them; `reset_prefix_cache` flushes the radix cache.
+
+Backend options (``RolloutConfig.engine_kwargs``): ``weight_bucket_bytes`` (default
+512 MiB), ``update_timeout_s`` (default 600); every other key goes to `sglang.Engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from torch import Tensor
+
+from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
+from rl_core.rollout import check_prompt as _check_prompt
+from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_rollout.backends.weight_files import DEFAULT_BUCKET_BYTES, iter_buckets
+
+__all__ = [
+    "SGLangRolloutEngine",
+    "sglang_engine_kwargs",
+    "sglang_output",
+    "sglang_sampling_params",
+]
+
+_OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s")
+_SEED_LIMIT = 2**63
+
+
+def sglang_engine_kwargs(config: RolloutConfig) -> dict[str, Any]:
+    """`sglang.Engine` keyword arguments for a `RolloutConfig` (a pure function)."""
+    kwargs: dict[str, Any] = {
+        "model_path": config.model_path,
+        "skip_tokenizer_init": True,
+        "tp_size": config.tensor_parallel_size,
+        "dtype": config.dtype,
+        "random_seed": config.seed,
+        "mem_fraction_static": config.gpu_memory_utilization,
+        "disable_cuda_graph": config.enforce_eager,
+        "disable_radix_cache": not config.enable_prefix_caching,
+        "max_running_requests": config.max_num_seqs,
+        "enable_memory_saver": True,  # release/resume_memory_occupation for sleep/wake_up
+        "log_level": "error",
+    }
+    if config.max_model_len is not None:
+        kwargs["context_length"] = config.max_model_len
+    kwargs.update({k: v for k, v in config.engine_kwargs.items() if k not in _OWN_OPTIONS})
+    return kwargs
+
+
+def sglang_sampling_params(params: SamplingParams, index: int, max_tokens: int) -> dict[str, Any]:
+    """SGLang sampling-parameter dict for sample `index` of a request (a pure function)."""
+    out: dict[str, Any] = {
+        "max_new_tokens": max_tokens,
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "stop_token_ids": list(params.stop_token_ids),
+        "ignore_eos": True,
+        "no_stop_trim": True,  # keep the stop token in the output ids
+        "skip_special_tokens": False,
+        "n": 1,
+    }
+    if params.top_k != -1:  # SGLang's own default means "all tokens"
+        out["top_k"] = int(params.top_k)
+    if params.seed is not None:
+        out["sampling_seed"] = (params.seed + index) % _SEED_LIMIT
+    return out
+
+
+def sglang_output(result: dict[str, Any]) -> GenerationOutput:
+    """Our `GenerationOutput` from one SGLang generate result dict (a pure function)."""
+    tokens = [int(t) for t in result.get("output_ids", [])]
+    meta = result.get("meta_info", {})
+    entries = meta.get("output_token_logprobs") or []
+    if len(entries) != len(tokens):
+        raise RuntimeError(
+            f"SGLang returned {len(entries)} log-prob entries for {len(tokens)} tokens; "
+            "expected one per token (was return_logprob set?)"
+        )
+    log_probs = []
+    for token, entry in zip(tokens, entries):
+        log_prob, token_id = entry[0], entry[1]
+        if int(token_id) != token:
+            raise RuntimeError(f"SGLang log-prob entry for token {token_id} at token {token}")
+        log_probs.append(float(log_prob))
+    reason = (meta.get("finish_reason") or {}).get("type")
+    finish = reason if reason in ("stop", "length") else "abort"
+    return GenerationOutput(tokens, log_probs, finish)
+
+
+class SGLangRolloutEngine(RolloutEngine):
+    """SGLang `Engine` behind the rollout-engine contract (see module docstring)."""
+
+    def __init__(self, config: RolloutConfig) -> None:
+        try:
+            import sglang
+        except ImportError as exc:
+            raise ImportError(
+                f"the 'sglang' rollout engine needs SGLang ({exc}): "
+                "pip install 'rl-rollout[sglang]' (needs a CUDA machine)"
+            ) from exc
+        config.validate()
+        self.config = config
+        options = config.engine_kwargs
+        self._bucket_bytes = int(options.get("weight_bucket_bytes", DEFAULT_BUCKET_BYTES))
+        self._update_timeout_s = float(options.get("update_timeout_s", 600.0))
+        self._engine = sglang.Engine(**sglang_engine_kwargs(config))
+        self._tm = self._engine.tokenizer_manager
+        model_config = self._tm.model_config
+        self._max_model_len = int(model_config.context_len)
+        self.vocab_size = int(model_config.vocab_size)
+        self._in_flight: dict[str, list[str]] = {}
+        self._closed = False
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
+    ) -> list[GenerationOutput]:
+        if self._closed:
+            raise RuntimeError("the 'sglang' rollout engine was shut down")
+        params = sampling_params.validate()
+        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
+        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
+        if request_id in self._in_flight:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        max_tokens = min(params.max_tokens, self._max_model_len - len(prompt))
+        rids = [f"{request_id}-{i}" for i in range(params.n)]
+        self._in_flight[request_id] = rids
+        mm = multi_modal_data or {}
+        try:
+            results = await asyncio.gather(
+                *(
+                    self._engine.async_generate(
+                        input_ids=prompt,
+                        sampling_params=sglang_sampling_params(params, i, max_tokens),
+                        return_logprob=True,
+                        rid=rid,
+                        image_data=mm.get("image"),
+                        video_data=mm.get("video"),
+                    )
+                    for i, rid in enumerate(rids)
+                )
+            )
+        finally:
+            self._in_flight.pop(request_id, None)
+        return [sglang_output(r) for r in results]
+
+    async def abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            for rid in self._in_flight.get(request_id, []):
+                self._tm.abort_request(rid=rid)
+
+    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        tp_size = self.config.tensor_parallel_size
+        for bucket in iter_buckets(weights, self._bucket_bytes):
+            named = [(name, t.detach()) for name, t in bucket]
+            payload = [MultiprocessingSerializer.serialize(named) for _ in range(tp_size)]
+            request = UpdateWeightsFromTensorReqInput(
+                serialized_named_tensors=payload, flush_cache=False
+            )
+            try:
+                ok, message = await asyncio.wait_for(
+                    self._tm.update_weights_from_tensor(request, None), self._update_timeout_s
+                )
+            except TimeoutError as exc:
+                raise TimeoutError(
+                    f"sglang rollout engine: update_weights_from_tensor timed out after "
+                    f"{self._update_timeout_s}s (tp_size={tp_size})"
+                ) from exc
+            if not ok:
+                raise ValueError(f"sglang rollout engine: update_weights failed: {message}")
+        await self.reset_prefix_cache()
+
+    async def sleep(self, level: int = 1) -> None:
+        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
+
+        if level not in (1, 2):
+            raise ValueError(f"sleep level={level!r} is invalid: expected 1 or 2")
+        await self.abort(list(self._in_flight))
+        await self._tm.release_memory_occupation(ReleaseMemoryOccupationReqInput(), None)
+
+    async def wake_up(self) -> None:
+        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
+
+        await self._tm.resume_memory_occupation(ResumeMemoryOccupationReqInput(), None)
+
+    async def reset_prefix_cache(self) -> None:
+        result = await self._tm.flush_cache()
+        if not getattr(result, "success", True):
+            raise RuntimeError(f"sglang rollout engine: flush_cache failed: {result}")
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.abort(list(self._in_flight))
+        await asyncio.to_thread(self._engine.shutdown)

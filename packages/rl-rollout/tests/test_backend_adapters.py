@@ -1,0 +1,158 @@
+"""The vLLM and SGLang adapters' translations (pure functions), without either installed."""
+
+import importlib.util
+
+import pytest
+
+from rl_core.registry import PluginLoadError
+from rl_core.rollout import ROLLOUTS, RolloutConfig, SamplingParams, build_rollout_engine
+from rl_rollout.backends.sglang_engine import (
+    sglang_engine_kwargs,
+    sglang_output,
+    sglang_sampling_params,
+)
+from rl_rollout.backends.vllm_engine import (
+    _sampled_log_probs,
+    vllm_engine_args,
+    vllm_sampling_kwargs,
+)
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+HAS_SGLANG = importlib.util.find_spec("sglang") is not None
+
+
+def test_the_three_backends_are_registered_by_name():
+    assert {"hf", "vllm", "sglang"} <= set(ROLLOUTS.names())
+
+
+# ---------------------------------------------------------------- vLLM
+def test_vllm_engine_args_from_rollout_config():
+    config = RolloutConfig(
+        model_path="/m",
+        backend="vllm",
+        tensor_parallel_size=2,
+        max_model_len=1024,
+        seed=7,
+        gpu_memory_utilization=0.6,
+        max_num_seqs=64,
+        engine_kwargs={"weight_bucket_bytes": 1 << 20, "kv_cache_dtype": "fp8"},
+    )
+    args = vllm_engine_args(config, sleep_mode_available=True)
+    assert args["model"] == "/m" and args["skip_tokenizer_init"] is True
+    assert args["tensor_parallel_size"] == 2 and args["max_model_len"] == 1024
+    assert args["seed"] == 7 and args["gpu_memory_utilization"] == 0.6
+    assert args["max_num_seqs"] == 64 and args["enforce_eager"] is True
+    assert args["logprobs_mode"] == "processed_logprobs"
+    assert args["generation_config"] == "vllm"
+    assert args["worker_extension_cls"] == "rl_rollout.backends.vllm_worker.RLWorkerExtension"
+    assert args["enable_sleep_mode"] is True
+    assert args["kv_cache_dtype"] == "fp8"  # other engine_kwargs pass through
+    assert "weight_bucket_bytes" not in args  # our own options do not
+    assert vllm_engine_args(config, sleep_mode_available=False)["enable_sleep_mode"] is False
+
+
+def test_vllm_sampling_kwargs():
+    params = SamplingParams(
+        n=3, temperature=0.7, top_p=0.9, top_k=20, max_tokens=99, stop_token_ids=(2, 5), seed=11
+    ).validate()
+    kw = vllm_sampling_kwargs(params, max_tokens=40)
+    assert kw == {
+        "n": 3,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_tokens": 40,
+        "stop_token_ids": [2, 5],
+        "seed": 11,
+        "logprobs": 0,
+        "ignore_eos": True,
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+
+
+class _Logprob:
+    def __init__(self, logprob):
+        self.logprob = logprob
+
+
+def test_vllm_sampled_log_probs_picks_the_sampled_token():
+    positions = [{4: _Logprob(-0.5)}, {9: _Logprob(-1.25), 3: _Logprob(-0.1)}]
+    assert _sampled_log_probs([4, 9], positions) == [-0.5, -1.25]
+    with pytest.raises(RuntimeError, match="1 log-prob entries for 2 tokens"):
+        _sampled_log_probs([4, 9], positions[:1])
+    with pytest.raises(RuntimeError, match="0 log-prob entries"):
+        _sampled_log_probs([4], None)
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="checks the error shown when vLLM is missing")
+def test_vllm_backend_without_vllm_names_the_extra():
+    with pytest.raises((ImportError, PluginLoadError), match=r"rl-rollout\[vllm\]"):
+        build_rollout_engine(RolloutConfig(model_path="/m", backend="vllm"))
+
+
+# ---------------------------------------------------------------- SGLang
+def test_sglang_engine_kwargs_from_rollout_config():
+    config = RolloutConfig(
+        model_path="/m",
+        backend="sglang",
+        tensor_parallel_size=4,
+        max_model_len=2048,
+        enable_prefix_caching=False,
+        enforce_eager=False,
+        engine_kwargs={"update_timeout_s": 5, "attention_backend": "fa3"},
+    )
+    kw = sglang_engine_kwargs(config)
+    assert kw["model_path"] == "/m" and kw["skip_tokenizer_init"] is True
+    assert kw["tp_size"] == 4 and kw["context_length"] == 2048
+    assert kw["disable_radix_cache"] is True and kw["disable_cuda_graph"] is False
+    assert kw["enable_memory_saver"] is True and kw["random_seed"] == 0
+    assert kw["attention_backend"] == "fa3" and "update_timeout_s" not in kw
+    assert "context_length" not in sglang_engine_kwargs(RolloutConfig(model_path="/m"))
+
+
+def test_sglang_sampling_params_per_sample():
+    params = SamplingParams(n=2, temperature=0.0, top_k=-1, stop_token_ids=[7], seed=5)
+    first = sglang_sampling_params(params.validate(), 0, max_tokens=12)
+    second = sglang_sampling_params(params, 1, max_tokens=12)
+    assert first == {
+        "max_new_tokens": 12,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "stop_token_ids": [7],
+        "ignore_eos": True,
+        "no_stop_trim": True,
+        "skip_special_tokens": False,
+        "n": 1,
+        "sampling_seed": 5,
+    }
+    assert second["sampling_seed"] == 6
+    assert "top_k" not in first  # -1 maps to SGLang's own "all tokens" default
+    assert sglang_sampling_params(SamplingParams(top_k=3), 0, 4)["top_k"] == 3
+    assert "sampling_seed" not in sglang_sampling_params(SamplingParams(), 0, 4)
+
+
+def test_sglang_output_translation():
+    result = {
+        "output_ids": [11, 12, 2],
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": 2},
+            "output_token_logprobs": [(-0.1, 11, None), (-0.2, 12, None), (-0.3, 2, None)],
+        },
+    }
+    out = sglang_output(result)
+    assert out.token_ids == [11, 12, 2] and out.log_probs == [-0.1, -0.2, -0.3]
+    assert out.finish_reason == "stop"
+    result["meta_info"]["finish_reason"] = {"type": "abort", "message": "aborted"}
+    assert sglang_output(result).finish_reason == "abort"
+    result["meta_info"]["finish_reason"] = {"type": "length", "length": 3}
+    assert sglang_output(result).finish_reason == "length"
+    result["meta_info"]["output_token_logprobs"] = result["meta_info"]["output_token_logprobs"][:2]
+    with pytest.raises(RuntimeError, match="2 log-prob entries for 3 tokens"):
+        sglang_output(result)
+
+
+@pytest.mark.skipif(HAS_SGLANG, reason="checks the error shown when SGLang is missing")
+def test_sglang_backend_without_sglang_names_the_extra():
+    with pytest.raises((ImportError, PluginLoadError), match=r"rl-rollout\[sglang\]"):
+        build_rollout_engine(RolloutConfig(model_path="/m", backend="sglang"))
