@@ -141,8 +141,26 @@ def _check_consistency(cfg: RLConfig) -> None:
             "missing; expected a Hugging Face model directory, gguf:<file or package>, or "
             "smollm2-135m-instruct",
         )
-    if not cfg.data.train_files:
-        raise ConfigError("data.train_files", "empty; expected a list of parquet/jsonl files")
+    generate = cfg.data.generate
+    if generate.task is not None:
+        from rl_algos.data.tasks import TASKS
+
+        if generate.task not in TASKS:
+            raise ConfigError(
+                "data.generate.task",
+                f"invalid value {generate.task!r}; expected one of {sorted(TASKS)}"
+                f"{suggest(generate.task, sorted(TASKS))}",
+            )
+        if cfg.data.train_files:
+            raise ConfigError(
+                "data.train_files",
+                "set together with data.generate.task: expected one source of prompts",
+            )
+    elif not cfg.data.train_files:
+        raise ConfigError(
+            "data.train_files",
+            "empty; expected a list of parquet/jsonl files (or data.generate.task)",
+        )
     if cfg.data.train_batch_size % cfg.actor.mini_batch_size:
         raise ConfigError(
             "actor.mini_batch_size",

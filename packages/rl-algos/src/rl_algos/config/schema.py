@@ -62,6 +62,24 @@ class ModelConfig:
 
 
 @dataclass
+class DataGenerateConfig:
+    """A built-in generated task written as files at trainer start (no download).
+
+    task: `arithmetic` or `countdown` (null: use `train_files`/`val_files` as given);
+    options: the task's fields (rl_algos.data.tasks), e.g. ``{max_value: 20}``. The files
+    go to ``<trainer.output_dir>/data`` and become `train_files` and `val_files`."""
+
+    task: str | None = None
+    train_size: int = 1000
+    test_size: int = 100
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _positive(self, "train_size", "test_size")
+
+
+@dataclass
 class DataConfig:
     """Prompts: verl-style parquet/jsonl files (see rl_algos.data).
 
@@ -80,6 +98,7 @@ class DataConfig:
     apply_chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     filter_overlong_prompts: bool = True
+    generate: DataGenerateConfig = field(default_factory=DataGenerateConfig)
 
     def __post_init__(self) -> None:
         _positive(self, "max_prompt_length", "max_response_length", "train_batch_size")

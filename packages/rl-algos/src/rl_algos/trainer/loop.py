@@ -57,6 +57,10 @@ class RLTrainer:
         self.output_dir = Path(cfg.trainer.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         _seed_everything(cfg.trainer.seed)
+        from rl_algos.config import check_plugins
+
+        check_plugins(cfg)  # engine/rollout/generator names, before any process starts
+        _materialize_generated_task(cfg, self.output_dir)
         self.model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
 
@@ -380,6 +384,23 @@ def _divisible(batch: DataProto, dp_size: int) -> DataProto:
         "dropping %d rows so %d rows split over %d ranks", len(batch) - usable, len(batch), dp_size
     )
     return batch[:usable]
+
+
+def _materialize_generated_task(cfg: Any, output_dir: Path) -> None:
+    """Write ``data.generate``'s task once and point the data files at it."""
+    gen = cfg.data.generate
+    if gen.task is None:
+        return
+    from rl_algos.data import write_task
+
+    out = output_dir / "data" / gen.task
+    train, test = out / "train.parquet", out / "test.parquet"
+    if not (train.exists() and test.exists()):
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(gen.options).items()}
+        write_task(gen.task, out, gen.train_size, gen.test_size, gen.seed, **options)
+    cfg.data.train_files = [str(train)]
+    if not cfg.data.val_files:
+        cfg.data.val_files = [str(test)]
 
 
 def _seed_everything(seed: int) -> None:

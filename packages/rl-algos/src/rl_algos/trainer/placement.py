@@ -108,6 +108,8 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
                 "dtype": cfg.model.dtype,
                 "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
                 "seed": cfg.trainer.seed,
+                "tensor_parallel_size": rollout.tensor_parallel_size,
+                "gpu_memory_utilization": rollout.gpu_memory_utilization,
                 "engine_kwargs": dict(rollout.engine_kwargs),
             },
             "mode": "local",
