@@ -2,6 +2,55 @@
 
 from importlib.metadata import version as _version
 
+from rl_rollout.agent_loop import (
+    AGENT_LOOPS,
+    TOOL_PARSERS,
+    AgentInput,
+    AgentLoop,
+    AgentLoopConfig,
+    AgentLoopOutput,
+    ToolParser,
+)
+from rl_rollout.manager import (
+    RolloutManager,
+    RolloutManagerConfig,
+    RolloutReplicaError,
+    RolloutTimeoutError,
+)
+from rl_rollout.tools import (
+    TOOLS,
+    FunctionTool,
+    PythonSandboxTool,
+    SandboxConfig,
+    SandboxResult,
+    Tool,
+    ToolResult,
+    ToolSchema,
+    run_python,
+)
+
 __version__ = _version("rl-rollout")
 
-__all__ = ["__version__"]
+__all__ = [
+    "AGENT_LOOPS",
+    "TOOLS",
+    "TOOL_PARSERS",
+    "AgentInput",
+    "AgentLoop",
+    "AgentLoopConfig",
+    "AgentLoopOutput",
+    "FunctionTool",
+    "PythonSandboxTool",
+    "RolloutManager",
+    "RolloutManagerConfig",
+    "RolloutReplicaError",
+    "RolloutTimeoutError",
+    "SandboxConfig",
+    "SandboxResult",
+    "Tool",
+    "ToolParser",
+    "ToolResult",
+    "ToolSchema",
+    "__version__",
+    "run_python",
+]

@@ -11,12 +11,14 @@ as ``prompt_ids`` + ``attention_mask`` tensors (left- or right-padded), or as ``
 chat messages (needs a tokenizer; the loop applies the chat template). A non-tensor
 ``agent_name`` picks the loop per row (default: ``config.agent_loop``). Sampling parameters
 come from ``config.sampling``, overridden by ``meta_info`` keys of the same names
-(``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop_token_ids``, ``seed``).
+(``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop_token_ids``, ``seed``); a
+non-tensor ``seed`` gives a row its own seed. ``meta_info["prompt_length"]`` fixes the prompt
+width P (at least the longest prompt) so outputs of several calls concatenate.
 
 Several samples per prompt: repeat the batch first (``batch.repeat(n, interleave=True)``);
 each row is one agent loop (one conversation), so ``n`` must be 1 here.
 
-Output (B rows, P = longest prompt in the batch, R = ``config.loop.response_length``):
+Output (B rows, P = longest prompt unless fixed as above, R = ``config.loop.response_length``):
 ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded, ``input_ids`` [B, P+R] =
 cat(prompts, responses), ``attention_mask`` [B, P+R] (1 on real tokens), ``position_ids`` =
 clamp(cumsum(attention_mask) - 1, min=0), ``response_mask`` [B, R] (1 on policy tokens, 0 on

@@ -11,7 +11,6 @@ id, so tests can check where every log-prob landed.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,10 +110,11 @@ class HashPolicy:
 class TurnScript:
     """Multi-turn script: turn k (k = how often `marker` occurs in the prompt, minus one)
     answers ``turns[k]``; the last entry repeats. Several scripts can share one engine:
-    the first whose ``key`` is a prefix of the prompt is used."""
+    the first whose ``key`` is a prefix of the prompt is used, else ``fallback``."""
 
     scripts: tuple[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], ...]
     marker: tuple[int, ...]
+    fallback: Callable[[list[int]], list[int]] | None = None
 
     @classmethod
     def single(cls, turns: Iterable[Sequence[int]], marker: Sequence[int]) -> TurnScript:
@@ -127,6 +127,8 @@ class TurnScript:
                 m = len(self.marker)
                 count = sum(prompt[i : i + m] == list(self.marker) for i in range(len(prompt)))
                 return list(turns[min(max(count - 1, 0), len(turns) - 1)])
+        if self.fallback is not None:
+            return self.fallback(prompt)
         raise ValueError(f"TurnScript: no script for a prompt starting with {prompt[:8]}")
 
 
@@ -195,8 +197,9 @@ class ScriptedRolloutEngine(RolloutEngine):
         finally:
             self.in_flight -= 1
 
-    def request_counts(self) -> Counter[str]:
-        return Counter(rid.rsplit("-", 1)[0] for rid, _ in self.requests)
+    def request_log(self) -> list[tuple[str, list[int]]]:
+        """(request id, prompt ids) of every request so far, in arrival order."""
+        return [(rid, list(prompt)) for rid, prompt in self.requests]
 
     async def abort(self, request_ids: list[str]) -> None:
         self._aborted.update(request_ids)
