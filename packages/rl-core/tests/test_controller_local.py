@@ -434,3 +434,15 @@ def test_padding_rows_repeat_from_the_start_on_ranks():
     out = g.seen(batch(4))
     assert out.batch["x"].tolist() == [0, 1, 2, 3]
     assert out.non_tensor_batch["seen_by"].tolist() == [0, 0, 1, 1]
+
+
+def test_import_rl_core_never_imports_ray_and_the_backend_names_the_extra():
+    import subprocess
+    import sys
+
+    code = "import sys, rl_core, rl_core.single_controller; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    code = "import sys; sys.modules['ray'] = None; import rl_core.single_controller.ray"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "pip install 'rl-core[ray]'" in out.stderr
