@@ -287,7 +287,8 @@ class RayWorkerGroup(WorkerGroup):
         return list(self._hosts)
 
     def _accepts_future(self, future: GroupFuture) -> bool:
-        return isinstance(future, _RayFuture)
+        # custom collect functions run on the driver: such futures are materialised there
+        return isinstance(future, _RayFuture) and future.collector.kind != "custom"
 
     def _submit(
         self,
