@@ -53,7 +53,11 @@ def _make_tests_session(key: str, directory: str, extras: tuple[str, ...], marke
     def tests(session: nox.Session) -> None:
         _sync_only(session, directory, extras)
         expr = f"({marker}) and {HARDWARE_MARKERS}" if marker else HARDWARE_MARKERS
-        env = {"RL_ISOLATED_SESSION": key, "RAY_AUTH_MODE": "disabled"}
+        env = {
+            "RL_ISOLATED_SESSION": key,
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        }
         session.run("pytest", f"{directory}/tests", "-m", expr, *session.posargs, env=env)
 
     tests.__doc__ = f"Run {key}'s tests in an environment with only that package installed."

@@ -91,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see rl_algos.trainer
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         config = _load(args.config, args.overrides)

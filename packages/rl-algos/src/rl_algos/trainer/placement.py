@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,7 +182,7 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         from rl_core.single_controller.ray import RayWorkerGroup
 
         if not ray.is_initialized():
-            ray.init(num_cpus=trainer.ray_num_cpus, include_dashboard=False)
+            _init_ray(trainer.ray_num_cpus)
             owned_ray = True
         pool = ResourcePool(
             [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker
@@ -210,6 +211,19 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         dp_size=groups["actor"].world_size,
         owned_ray=owned_ray,
     )
+
+
+def _init_ray(num_cpus: int | None) -> None:
+    """Join the cluster at ``RAY_ADDRESS``, else start an embedded one. Without
+    ``address="local"``, `ray.init()` would silently join whatever cluster was started last
+    on this machine (``/tmp/ray/ray_current_cluster``), e.g. another user's."""
+    import ray
+
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)  # the cluster's own resources apply
+    else:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
 
 
 def _local_groups(actor: ClassWithInitArgs, critic: ClassWithInitArgs | None) -> dict:
