@@ -7,6 +7,8 @@ so a test module pays the process start (and the torch/transformers import) once
     with SpawnRunner(2) as runner:
         results = runner.run(my_module.fn, arg)   # fn(arg) on both ranks, results by rank
 
+    runner = SpawnRunner.shared(2)                # or one per world size for the session
+
 ``fn`` must be importable by name (a module-level function of an importable module). A
 failure on any rank raises `RankError` with that rank's traceback; a run past
 ``timeout_s`` raises TimeoutError naming the ranks that did not answer. After either,
@@ -15,6 +17,7 @@ the processes are stopped and the next `run` starts fresh ones.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import queue
@@ -64,6 +67,18 @@ def _serve(rank: int, env: dict[str, str], tasks: Any, results: Any) -> None:
 
 class SpawnRunner:
     """``world_size`` spawned processes that run functions SPMD; see the module docstring."""
+
+    _shared: dict[int, SpawnRunner] = {}
+
+    @classmethod
+    def shared(cls, world_size: int) -> SpawnRunner:
+        """One runner per world size for the whole test session (closed at exit), so
+        test classes and modules share the process start-up."""
+        if world_size not in cls._shared:
+            runner = cls(world_size)
+            cls._shared[world_size] = runner
+            atexit.register(runner.close)
+        return cls._shared[world_size]
 
     def __init__(
         self, world_size: int, timeout_s: float = 600.0, env: dict[str, str] | None = None

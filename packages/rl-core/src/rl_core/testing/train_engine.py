@@ -273,13 +273,20 @@ def check_micro_batching(spec: dict[str, Any]) -> None:
     batch = make_rl_batch(num_seqs=12)
     lengths = batch.batch["attention_mask"].sum(-1)
     results = []
+    # a large Adam eps keeps the update ~linear in the gradient: with the default eps,
+    # g / (|g| + eps) turns float rounding of a ~1e-8 gradient into a visible change
+    optim = {"eps": 1e-3}
     for micro in (
         {},
         {"micro_batch_size": 2},
         {"max_tokens_per_micro_batch": int(lengths.max()) + 4},
     ):
         cfg = engine_config(
-            spec["model_dir"], spec["options"], micro_batch=micro, infer_micro_batch=micro
+            spec["model_dir"],
+            spec["options"],
+            micro_batch=micro,
+            infer_micro_batch=micro,
+            optim=optim,
         )
         engine = build_engine(spec["engine"], cfg)
         local = _shard(batch, engine)
@@ -298,8 +305,7 @@ def check_micro_batching(spec: dict[str, Any]) -> None:
             base_m,
         )
         for name in base_w:
-            # Adam's first update is ~lr * sign(grad): tiny gradients amplify rounding
-            torch.testing.assert_close(w[name], base_w[name], atol=1e-5, rtol=0)
+            torch.testing.assert_close(w[name], base_w[name], atol=2e-6, rtol=0)
         torch.testing.assert_close(infer, base_infer, atol=1e-4, rtol=1e-4)
 
 
@@ -324,8 +330,7 @@ def check_save_load(spec: dict[str, Any]) -> None:
     got_w = _weights(second)
     for m1, m2 in zip(expected, got):
         for key in m1:
-            if key != "step_time_s":
-                assert m1[key] == m2[key], (key, m1[key], m2[key])
+            assert m1[key] == m2[key], (key, m1[key], m2[key])
     for name in expected_w:
         assert torch.equal(expected_w[name], got_w[name]), name
 
@@ -440,23 +445,26 @@ class TrainEngineConformance:
 
     engine_name: ClassVar[str] = ""
     engine_options: ClassVar[dict[str, Any]] = {}
-    timeout_s: ClassVar[float] = 600.0
 
     @pytest.fixture(scope="class", params=[1, 2], ids=lambda n: f"world{n}")
-    def world_size(self, request) -> int:
+    @classmethod
+    def world_size(cls, request) -> int:
         return request.param
 
     @pytest.fixture(scope="class")
-    def runner(self, world_size):
-        with SpawnRunner(world_size, timeout_s=self.timeout_s) as runner:
-            yield runner
+    @classmethod
+    def runner(cls, world_size) -> SpawnRunner:
+        """Processes shared with every other user of `SpawnRunner.shared` in the session."""
+        return SpawnRunner.shared(world_size)
 
     @pytest.fixture(scope="class", params=["qwen2", "llama"])
-    def model_type(self, request) -> str:
+    @classmethod
+    def model_type(cls, request) -> str:
         return request.param
 
     @pytest.fixture(scope="class")
-    def model_dirs(self, model_type, tmp_path_factory) -> dict[str, str]:
+    @classmethod
+    def model_dirs(cls, model_type, tmp_path_factory) -> dict[str, str]:
         root = tmp_path_factory.mktemp(model_type)
         return {
             "lm": save_tiny_model(str(root / "lm"), model_type),

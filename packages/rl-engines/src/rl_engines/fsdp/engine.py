@@ -1,0 +1,419 @@
+"""`FSDPEngine`: the rl-core `TrainEngine` on PyTorch FSDP2 (``fully_shard``).
+
+One instance per rank of an SPMD group; every public method is collective. Parameters,
+gradients and AdamW state are sharded over the ``dp_shard`` mesh dimension and replicated
+over ``dp_replicate`` (HSDP). Forward/backward run in ``compute_dtype`` (bf16 on
+accelerators), gradients are reduced in ``reduce_dtype`` and the master weights and
+optimizer stay in ``dtype``.
+
+Not implemented here: Ulysses sequence parallelism and LoRA (use full fine-tuning; both
+are planned), tensor/pipeline parallelism (the megatron engine).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from rl_core.engine import (
+    INFER_KEYS,
+    TRAIN_KEYS,
+    EngineConfig,
+    LossContext,
+    LossFn,
+    TrainEngine,
+    check_batch,
+    check_outputs,
+    local_micro_batch_count,
+    split_micro_batches,
+)
+from rl_core.protocol import DataProto
+from rl_engines.distributed import (
+    all_reduce,
+    device_and_backend,
+    ensure_process_group,
+    local_device,
+)
+from rl_engines.fsdp.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from rl_engines.fsdp.forward import forward_micro_batch, varlen_attention_available
+from rl_engines.fsdp.model import (
+    build_device_mesh,
+    build_hf_model,
+    resolve_compute_dtype,
+    shard_model,
+)
+
+__all__ = ["FSDPEngine"]
+
+RESERVED_METRICS = (
+    "loss",
+    "grad_norm",
+    "lr",
+    "num_tokens",
+    "num_seqs",
+    "num_micro_batches",
+    "skipped",
+)
+
+
+def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0).
+
+    Sharded checkpointing needs the state to exist; creating it here (a zero-lr step, then
+    zeroing every state tensor) keeps the first real step identical to a fresh optimizer.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, Tensor):
+                value.zero_()
+
+
+class FSDPEngine(TrainEngine):
+    """FSDP2 training engine for Hugging Face causal LMs and value models."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config.validate()
+        path = config.model.path
+        if path is not None and not os.path.isdir(path):
+            raise FileNotFoundError(
+                f"ModelConfig.path={path!r} does not exist or is not a directory: expected a "
+                "local Hugging Face model directory (config.json + weights)"
+            )
+        self.device_type, backend = device_and_backend()
+        ensure_process_group(backend, config.timeout_s)
+        self.device = local_device(self.device_type)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.mesh = build_device_mesh(config.parallel, self.device_type, self.world_size)
+        mcfg = config.model
+        self.value_model = mcfg.value_head
+        self.compute_dtype = resolve_compute_dtype(mcfg, self.device_type)
+        if config.parallel.cpu_offload and self.device_type == "cpu":
+            raise ValueError(
+                "ParallelConfig.cpu_offload=True on a CPU device: expected an accelerator "
+                "(parameters already live in host memory)"
+            )
+        self.packed = (
+            mcfg.use_remove_padding
+            if mcfg.use_remove_padding is not None
+            else varlen_attention_available(mcfg.attn_implementation)
+        )
+        model = build_hf_model(mcfg, config.seed)
+        self.hf_config = model.config
+        self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.model = shard_model(
+            model,
+            self.mesh,
+            compute_dtype=self.compute_dtype,
+            reduce_dtype=getattr(torch, mcfg.reduce_dtype),
+            cpu_offload=config.parallel.cpu_offload,
+            activation_checkpointing=config.parallel.activation_checkpointing,
+            device=self.device,
+        )
+        opt = config.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+        _init_optimizer_state(self.optimizer)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
+        self._step = 0
+        self._offloaded = False
+        torch.manual_seed(config.seed + self.rank)
+
+    # ---- layout -------------------------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size
+
+    @property
+    def is_collect_rank(self) -> bool:
+        return True
+
+    @property
+    def global_step(self) -> int:
+        return self._step
+
+    # ---- helpers ------------------------------------------------------------------
+    def _tensors(self, micro_batch: DataProto) -> dict[str, Tensor]:
+        keys = ("input_ids", "attention_mask", "position_ids", "responses")
+        return {k: micro_batch.batch[k].to(self.device) for k in keys}
+
+    def _num_micro_batches(self, batch: DataProto, train: bool) -> int:
+        cfg = self.config.micro_batch if train else self.config.infer_micro_batch_config
+        count = torch.tensor([local_micro_batch_count(batch, cfg)], device=self.device)
+        return int(all_reduce(count, dist.ReduceOp.MAX, "the micro-batch count").item())
+
+    def _require_onloaded(self, what: str) -> None:
+        if self._offloaded:
+            raise RuntimeError(f"{what} called while the engine is offloaded: call onload() first")
+
+    def _temperature(self, batch: DataProto, temperature: float | None) -> float:
+        if temperature is None:
+            temperature = batch.meta_info.get("temperature", 1.0)
+        if not isinstance(temperature, (int, float)) or not (
+            math.isfinite(temperature) and temperature > 0
+        ):
+            raise ValueError(f"temperature={temperature!r} is invalid: expected a number > 0")
+        return float(temperature)
+
+    # ---- training -----------------------------------------------------------------
+    def train_batch(
+        self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
+    ) -> dict[str, float]:
+        self._require_onloaded("train_batch")
+        check_batch(batch, TRAIN_KEYS)
+        default = ("values",) if self.value_model else ("log_probs",)
+        outputs = check_outputs(outputs or default, self.value_model)
+        temperature = self._temperature(batch, None)
+        counts = torch.tensor(
+            [float(batch.batch["response_mask"].sum()), float(len(batch))],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        all_reduce(counts, dist.ReduceOp.SUM, "the global token/sequence counts")
+        num_tokens, num_seqs = int(counts[0].item()), int(counts[1].item())
+        num_micro = self._num_micro_batches(batch, train=True)
+        micro_batches = split_micro_batches(batch, self.config.micro_batch, num_micro)
+
+        self.model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        nonfinite = torch.zeros((), dtype=torch.float64, device=self.device)
+        metric_sums: dict[str, float] = {}
+        for index, (micro_batch, _) in enumerate(micro_batches):
+            ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
+            out = forward_micro_batch(
+                self.model,
+                self._tensors(micro_batch),
+                outputs,
+                temperature,
+                self.packed,
+                self.value_model,
+            )
+            loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
+            loss.backward()
+            loss_sum += loss.detach().double()
+            nonfinite += (~torch.isfinite(loss.detach())).double()
+            for key, value in metrics.items():
+                metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+
+        keys = sorted(metric_sums)
+        reduced = torch.tensor(
+            [loss_sum.item(), nonfinite.item(), *(metric_sums[k] for k in keys)],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
+        grad_norm = self._grad_norm()
+        finite = reduced[1].item() == 0 and math.isfinite(grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        if finite:
+            self._clip(grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self._step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if not finite and self.config.on_nan == "raise":
+            raise FloatingPointError(
+                f"rank {self.rank}: non-finite {'loss' if reduced[1].item() else 'gradient norm'} "
+                f"at step {self._step} (loss={reduced[0].item()}, grad_norm={grad_norm}); the "
+                "optimizer step was not taken (EngineConfig.on_nan='skip' drops such steps)"
+            )
+        result = {
+            "loss": reduced[0].item(),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "num_tokens": float(num_tokens),
+            "num_seqs": float(num_seqs),
+            "num_micro_batches": float(num_micro),
+            "skipped": 0.0 if finite else 1.0,
+        }
+        result.update({k: reduced[2 + i].item() for i, k in enumerate(keys)})
+        return result
+
+    def _call_loss(
+        self, loss_fn: LossFn, out: dict[str, Tensor], micro_batch: DataProto, ctx: LossContext
+    ) -> tuple[Tensor, dict[str, float]]:
+        result = loss_fn(out, micro_batch, ctx)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError(
+                f"loss_fn returned {type(result).__name__}: expected a tuple (loss tensor, "
+                "metrics dict)"
+            )
+        loss, metrics = result
+        if not isinstance(loss, Tensor) or loss.dim() != 0 or not loss.requires_grad:
+            raise TypeError(
+                f"loss_fn returned loss {loss!r}: expected a scalar tensor that requires grad"
+            )
+        clash = sorted(set(metrics) & set(RESERVED_METRICS))
+        if clash:
+            raise ValueError(f"loss_fn metrics {clash} clash with the engine's own metrics")
+        return loss, metrics
+
+    def _grad_norm(self) -> float:
+        """Global L2 norm of the sharded gradients: local shards' squares summed over the
+        ``dp_shard`` ranks (replicas along ``dp_replicate`` hold the same shards)."""
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            if p.grad is None:
+                continue
+            grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            squares += grad.detach().double().pow(2).sum().to(self.device)
+        if self.mesh.size() > 1:
+            group = self.mesh["dp_shard"].get_group()
+            try:
+                dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=group)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"rank {self.rank}: all-reduce of the gradient norm failed: {exc}"
+                ) from exc
+        return float(squares.sqrt().item())
+
+    def _clip(self, grad_norm: float) -> None:
+        max_norm = self.config.optim.grad_clip
+        if max_norm:
+            total = torch.tensor(grad_norm, dtype=torch.float32, device=self.device)
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+
+    # ---- inference ----------------------------------------------------------------
+    @torch.no_grad()
+    def infer_batch(
+        self,
+        batch: DataProto,
+        outputs: Sequence[str] = ("log_probs",),
+        temperature: float | None = None,
+    ) -> DataProto:
+        self._require_onloaded("infer_batch")
+        check_batch(batch, INFER_KEYS)
+        outputs = check_outputs(outputs, self.value_model)
+        temperature = self._temperature(batch, temperature)
+        cfg = self.config.infer_micro_batch_config
+        num_micro = self._num_micro_batches(batch, train=False)
+        self.model.eval()
+        pieces: dict[str, list[Tensor]] = {k: [] for k in outputs}
+        order: list[int] = []
+        for micro_batch, indices in split_micro_batches(batch, cfg, num_micro):
+            out = forward_micro_batch(
+                self.model,
+                self._tensors(micro_batch),
+                outputs,
+                temperature,
+                self.packed,
+                self.value_model,
+            )
+            for key in outputs:
+                pieces[key].append(out[key].cpu())
+            order.extend(indices)
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        tensors = {k: torch.cat(v)[inverse] for k, v in pieces.items()}
+        return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
+
+    # ---- weights ------------------------------------------------------------------
+    def export_weights(
+        self, bucket_bytes: int = 512 * 1024 * 1024, dtype: Any = None
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        self._require_onloaded("export_weights")
+        if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected an integer >= 1")
+        seen: set[int] = set()
+        bucket: list[tuple[str, Tensor]] = []
+        size = 0
+        for name, value in self.model.state_dict().items():
+            if id(value) in seen or (self.tied_embeddings and name == "lm_head.weight"):
+                continue  # tied weights are exported once, under the input embedding's name
+            seen.add(id(value))
+            if isinstance(value, DTensor):
+                full = value.to(self.device).full_tensor()  # CPU-offloaded shards too
+            else:
+                full = value
+            full = full.detach().to(dtype) if dtype is not None else full.detach()
+            nbytes = full.numel() * full.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, full))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    # ---- checkpoints --------------------------------------------------------------
+    def save(self, path: str) -> None:
+        self._require_onloaded("save")
+        bad = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            bad += (~torch.isfinite(local)).sum().double()
+        if all_reduce(bad, dist.ReduceOp.SUM, "the parameter finiteness check").item():
+            raise FloatingPointError(
+                f"rank {self.rank}: refusing to save {path!r}: parameters hold non-finite values"
+            )
+        extra = {
+            "step": self._step,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(self.device_type),
+        }
+        meta = {"engine": "fsdp", "step": self._step, "value_model": self.value_model}
+        save_checkpoint(path, self.model, self.optimizer, extra, meta)
+
+    def load(self, path: str) -> None:
+        self._require_onloaded("load")
+        extra, meta = load_checkpoint(path, self.model, self.optimizer)
+        if bool(meta.get("value_model")) != self.value_model:
+            raise ValueError(
+                f"checkpoint {path!r} has value_model={meta.get('value_model')}, this engine "
+                f"value_model={self.value_model}"
+            )
+        self._step = int(extra["step"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        if "rng" in extra:
+            set_rng_state(extra["rng"], self.device_type)
+
+    # ---- memory -------------------------------------------------------------------
+    def offload(self) -> None:
+        if self._offloaded:
+            return
+        self._move("cpu")
+        self._offloaded = True
+
+    def onload(self) -> None:
+        if not self._offloaded:
+            return
+        self._move(self.device)
+        self._offloaded = False
+
+    def _move(self, device: torch.device | str) -> None:
+        if self.device_type == "cpu" or self.config.parallel.cpu_offload:
+            return  # already in host memory
+        self.model.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, Tensor) and key != "step":
+                    state[key] = value.to(device, non_blocking=True)
+        torch.get_device_module(self.device_type).synchronize()
+        if str(device) == "cpu":
+            torch.get_device_module(self.device_type).empty_cache()

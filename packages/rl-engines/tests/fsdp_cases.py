@@ -1,0 +1,129 @@
+"""Rank-side functions for the FSDP engine tests (run on every rank by a SpawnRunner) and
+the plain single-process PyTorch reference loop they are compared with."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from rl_core.engine import build_engine
+from rl_core.testing.train_engine import engine_config, make_rl_batch, pg_loss
+
+LR, CLIP, WARMUP, TOTAL, MIN_RATIO = 1e-3, 0.05, 1, 6, 0.2
+OPTIM = {
+    "lr": LR,
+    "weight_decay": 0.01,
+    "betas": (0.9, 0.99),
+    "eps": 1e-3,  # keeps Adam's update ~linear in tiny gradients: a well-conditioned comparison
+    "grad_clip": CLIP,
+    "lr_schedule": "cosine",
+    "warmup_steps": WARMUP,
+    "total_steps": TOTAL,
+    "min_lr_ratio": MIN_RATIO,
+}
+
+
+def batch_for_step(step: int):
+    return make_rl_batch(num_seqs=8, prompt_len=10, response_len=8, seed=100 + step)
+
+
+def _weights(engine) -> dict[str, torch.Tensor]:
+    return {n: t.detach().cpu().clone() for b in engine.export_weights() for n, t in b}
+
+
+def train_steps(
+    model_dir: str,
+    options: dict[str, Any],
+    steps: range,
+    save_to: str | None = None,
+    load_from: str | None = None,
+) -> dict[str, Any]:
+    """Build the engine, optionally load, train ``steps`` (one batch per step index),
+    optionally save; return metrics per step and (rank 0) the exported weights."""
+    engine = build_engine("fsdp", engine_config(model_dir, options, optim=OPTIM))
+    if load_from is not None:
+        engine.load(load_from)
+    metrics = []
+    for step in steps:
+        batch = batch_for_step(step).chunk(engine.dp_size)[engine.dp_rank]
+        metrics.append(engine.train_batch(batch, pg_loss))
+    if save_to is not None:
+        engine.save(save_to)
+    weights = _weights(engine)
+    result = {
+        "metrics": metrics,
+        "global_step": engine.global_step,
+        "weights": weights if engine.dp_rank == 0 else None,
+        "pid": os.getpid(),
+    }
+    engine.close()
+    return result
+
+
+def reference_lr(step: int) -> float:
+    """The schedule written out by hand: linear warm-up, then cosine to MIN_RATIO * LR."""
+    if step < WARMUP:
+        return LR * (step + 1) / WARMUP
+    progress = (step - WARMUP) / (TOTAL - WARMUP)
+    return LR * (MIN_RATIO + (1 - MIN_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def plain_pytorch_loop(model_dir: str, steps: int) -> dict[str, Any]:
+    """The same training on one process with nothing but transformers + torch.optim."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.99), eps=1e-3, weight_decay=0.01)
+    metrics = []
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = reference_lr(step)
+        t = batch_for_step(step).batch
+        resp_len = t["responses"].shape[1]
+        logits = model(
+            input_ids=t["input_ids"],
+            attention_mask=t["attention_mask"],
+            position_ids=t["position_ids"],
+        ).logits[:, -resp_len - 1 : -1]
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, t["responses"].unsqueeze(-1))
+        mask = t["response_mask"].float()
+        loss = -(logp.squeeze(-1) * t["advantages"] * mask).sum() / mask.sum()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        opt.zero_grad()
+        metrics.append(
+            {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": reference_lr(step)}
+        )
+    weights = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    return {"metrics": metrics, "weights": weights}
+
+
+def worker_round_trip(model_dir: str, ckpt: str) -> dict[str, Any]:
+    """EngineWorker methods called directly on every rank (what the group dispatch calls)."""
+    from rl_engines.worker import EngineWorker
+
+    worker = EngineWorker("fsdp", engine_config(model_dir, {}, optim=OPTIM), loss_fn=pg_loss)
+    info = worker.init_engine()
+    mesh = worker.get_dispatch_mesh("dp")
+    assert (mesh.dp_rank, mesh.dp_size, mesh.is_collect) == (info["dp_rank"], 2, True)
+    metrics = []
+    for step in range(2):
+        chunk = batch_for_step(step).chunk(2)[info["dp_rank"]]
+        out = worker.train_batch(chunk)
+        assert len(out) == 0 and out.meta_info["step"] == step + 1
+        metrics.append(out.meta_info["metrics"])
+    worker.save(ckpt)
+    worker.offload()
+    worker.onload()
+    chunk = batch_for_step(0).chunk(2)[info["dp_rank"]]
+    chunk.meta_info["outputs"] = ["log_probs", "entropy"]
+    inferred = worker.infer_batch(chunk)
+    weights = worker.export_weights()
+    assert (weights is None) == (info["dp_rank"] != 0)
+    return {"metrics": metrics, "log_probs": inferred.batch["log_probs"], "weights": weights}

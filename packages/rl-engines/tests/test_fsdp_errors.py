@@ -1,0 +1,61 @@
+"""Bad input fails early with a clear message (the in-batch cases — missing
+response_mask, mismatched shapes, NaN loss — run in the conformance suite on every rank)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rl_core.engine import ENGINES, build_engine
+from rl_core.registry import UnknownPluginError
+
+
+def test_fsdp_is_registered_through_its_entry_point():
+    assert "fsdp" in ENGINES.names()
+    from rl_engines.fsdp import FSDPEngine
+
+    assert ENGINES.get("fsdp") is FSDPEngine
+
+
+def test_unknown_engine_name_lists_installed_engines():
+    with pytest.raises(
+        UnknownPluginError, match=r"unknown training engine 'fsdp2'.*installed: .*fsdp"
+    ):
+        build_engine("fsdp2", {"model": {"path": "/nowhere"}})
+
+
+def test_model_path_that_does_not_exist(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(
+        FileNotFoundError, match=r"ModelConfig.path='.*no-such-model' does not exist"
+    ):
+        build_engine("fsdp", {"model": {"path": missing}})
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"parallel": {"tensor_parallel_size": 2}}, "supports only 1"),
+        ({"parallel": {"fsdp_size": 3}}, "do not fit"),
+        ({"parallel": {"cpu_offload": True}}, "cpu_offload=True on a CPU device"),
+    ],
+)
+def test_unsupported_layouts(options, match, tmp_path):
+    from rl_core.testing.train_engine import save_tiny_model
+
+    model_dir = save_tiny_model(str(tmp_path / "m"), "llama")
+    with pytest.raises(ValueError, match=match):
+        build_engine("fsdp", {"model": {"path": model_dir}, **options})
+
+
+def test_missing_extra_names_it():
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "from rl_core.engine import build_engine\n"
+        "build_engine('fsdp', {'model': {'path': '/m'}})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "PluginLoadError" in out.stderr and "rl-engines[fsdp]" in out.stderr, out.stderr[-2000:]
