@@ -1,7 +1,7 @@
 """Process-group set-up shared by the engines: device, backend, init, collectives with names.
 
-`device_and_backend` is the one place that decides the device type and the
-torch.distributed backend.
+`device_and_backend` asks the `rl_core.platform` plugin for the device type and the
+torch.distributed backend (CPU/gloo built in; NVIDIA/NCCL with rl-nvidia, ...).
 """
 
 from __future__ import annotations
@@ -13,19 +13,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from rl_core.platform import get_platform
+
 __all__ = ["all_reduce", "device_and_backend", "ensure_process_group", "local_device"]
 
 
 def device_and_backend() -> tuple[str, str]:
     """(device type, torch.distributed backend) of this process's platform."""
-    try:
-        from rl_core.platform import get_platform
-    except ImportError:  # rl_core without the platform contract
-        get_platform = None
-    if get_platform is not None:
-        platform = get_platform()
-        return platform.device_type, platform.dist_backend
-    return "cpu", "gloo"
+    platform = get_platform()
+    return platform.device_type, platform.dist_backend
 
 
 def local_device(device_type: str) -> torch.device:

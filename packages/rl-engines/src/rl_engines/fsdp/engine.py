@@ -276,12 +276,20 @@ class FSDPEngine(TrainEngine):
     def _grad_norm(self) -> float:
         """Global L2 norm of the sharded gradients: local shards' squares summed over the
         ``dp_shard`` ranks (replicas along ``dp_replicate`` hold the same shards)."""
-        squares = torch.zeros((), dtype=torch.float64, device=self.device)
-        for p in self.model.parameters():
-            if p.grad is None:
-                continue
-            grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            squares += grad.detach().double().pow(2).sum().to(self.device)
+        norms = [
+            torch.linalg.vector_norm(
+                p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad, dtype=torch.float32
+            )
+            .double()
+            .to(self.device)
+            for p in self.model.parameters()
+            if p.grad is not None
+        ]
+        squares = (
+            torch.stack(norms).pow(2).sum()
+            if norms
+            else torch.zeros((), dtype=torch.float64, device=self.device)
+        )
         if self.mesh.size() > 1:
             group = self.mesh["dp_shard"].get_group()
             try:
