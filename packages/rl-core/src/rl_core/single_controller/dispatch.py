@@ -113,8 +113,9 @@ def register(
         the next call as an argument (the data then moves worker to worker) or call
         ``.result()``.
     pad: for DataProto modes, pad the batch to a multiple of the DP size by repeating rows
-        from the start and drop the padding from the output. With ``pad=False`` the chunks
-        may differ in size by one row, and a batch with fewer rows than DP ranks is an error.
+        from the start and drop the padding from the output (so the method must return one
+        row per input row). With ``pad=False`` the chunks may differ in size by one row,
+        and a batch with fewer rows than DP ranks is an error.
     """
     if isinstance(dispatch_mode, str) and not isinstance(dispatch_mode, Dispatch):
         dispatch_mode = _builtin_by_value(dispatch_mode) or dispatch_mode

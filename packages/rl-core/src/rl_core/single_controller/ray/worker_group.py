@@ -48,6 +48,8 @@ from rl_core.single_controller.worker_group import WorkerGroup, _GroupState
 __all__ = ["RayWorkerGroup"]
 
 _SHARED_PUT_TYPES = (DataProto, np.ndarray, torch.Tensor, bytes)
+POLL_S = 0.5
+"""How often a waiting driver checks for failed ranks while others still run."""
 _RemoteHost = ray.remote(RayWorkerHost)
 
 
@@ -82,27 +84,39 @@ class _Waiter:
         )
 
     def wait(self, refs: dict[Any, int], timeout_s: float | None) -> dict[int, Any]:
-        """ray.get every ref (rank-tagged); the first failure raises, pending past the time-out too."""
+        """ray.get every ref (rank-tagged) within the time-out; the lowest failing rank raises.
+
+        Waits in slices of `POLL_S`, so a rank that fails while others still run (e.g. stuck
+        in a collective waiting for it) is reported within `POLL_S`, not at the time-out.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = dict(refs)
         values: dict[int, Any] = {}
         while pending:
+            left = _remaining(deadline)
             ready, _ = ray.wait(
-                list(pending), num_returns=len(pending), timeout=0, fetch_local=False
+                list(pending),
+                num_returns=len(pending),
+                timeout=POLL_S if left is None else min(POLL_S, left),
+                fetch_local=False,
             )
             if not ready:
-                ready, _ = ray.wait(
-                    list(pending), num_returns=1, timeout=_remaining(deadline), fetch_local=False
-                )
-            if not ready:
-                ranks = sorted(pending.values())
-                raise WorkerTimeoutError(self.role, self.method, ranks, float(timeout_s or 0))
-            for ref in sorted(ready, key=pending.__getitem__):  # lowest failing rank first
-                rank = pending.pop(ref)
-                try:
-                    values[rank] = ray.get(ref)
-                except Exception as exc:
-                    raise self.error(exc, rank) from None
+                if left is not None and left <= 0:
+                    ranks = sorted(pending.values())
+                    raise WorkerTimeoutError(self.role, self.method, ranks, float(timeout_s or 0))
+                continue
+            ready.sort(key=pending.__getitem__)
+            try:
+                fetched = ray.get(ready)
+            except Exception:
+                for ref in ready:  # find the lowest failing rank
+                    try:
+                        ray.get(ref)
+                    except Exception as exc:
+                        raise self.error(exc, pending[ref]) from None
+                raise
+            for ref, value in zip(ready, fetched):
+                values[pending.pop(ref)] = value
         return values
 
 
@@ -146,8 +160,8 @@ class _RayFuture(GroupFuture):
             raise
         left = None if timeout_s is None else max(1.0, timeout_s - (time.monotonic() - start))
         ranks = self._collector.ranks
-        data = self._waiter.wait({self._refs[r][0]: r for r in ranks}, left)
-        return [data[r] for r in ranks], [metas[r] for r in ranks]
+        data = ray.get([self._refs[r][0] for r in ranks], timeout=left)  # done with the metas
+        return data, [metas[r] for r in ranks]
 
     def _mark_errors_seen(self) -> None:
         """Fetch the finished refs of a failed call so Ray does not log them as unhandled."""
