@@ -195,6 +195,7 @@ class RLTrainer:
             )
         metrics.update(batch_metrics(batch, cfg.data.max_response_length))
         update = _divisible(batch, groups.dp_size)
+        update.meta_info["global_step"] = self.global_step  # seeds the update's shuffle
         if groups.critic is not None:
             with timed(timing, "update_critic"):
                 metrics.update(groups.critic.update_critic(update).meta_info["metrics"])

@@ -69,7 +69,45 @@ def _train_epochs(
     return out
 
 
-class ActorRolloutWorker(Worker):
+class _TrainedRole(Worker):
+    """A role that trains one engine: PPO-style updates and checkpoints.
+
+    The shuffle of each update is seeded with ``config["seed"]`` and the trainer's step
+    (``batch.meta_info["global_step"]``), so a resumed run shuffles exactly as the
+    uninterrupted one did.
+    """
+
+    prefix = "engine"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = config
+        self.engine: TrainEngine | None = None
+
+    def _update(self, batch: DataProto, loss_fn: Any) -> DataProto:
+        cfg = self.config
+        step = int(batch.meta_info.get("global_step", 0))
+        metrics = _train_epochs(
+            self.engine,
+            batch,
+            loss_fn,
+            cfg["mini_batch_size"],
+            cfg["epochs"],
+            self.prefix,
+            seed=int(cfg.get("seed", 0)) * 1_000_003 + step,
+        )
+        return _metrics_proto(metrics, self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load(path)
+
+
+class ActorRolloutWorker(_TrainedRole):
     """Actor + rollout (+ reference) colocated in one process: the hybrid engine.
 
     ``config`` keys: ``engine`` (name), ``engine_config`` (EngineConfig dict), ``ref``
@@ -79,10 +117,10 @@ class ActorRolloutWorker(Worker):
     ``weight_bucket_bytes``.
     """
 
+    prefix = "actor"
+
     def __init__(self, config: dict[str, Any]) -> None:
-        super().__init__()
-        self.config = config
-        self.engine: TrainEngine | None = None
+        super().__init__(config)
         self.ref: TrainEngine | None = None
         self.generator: Any = None
 
@@ -102,7 +140,6 @@ class ActorRolloutWorker(Worker):
             cfg["generator"], cfg["rollout"], tokenizer=tokenizer, engine=engine
         )
         self.loss_fn = make_actor_loss_fn(PolicyLossConfig(**cfg["loss"]))
-        self._updates = 0
         self.sync_weights()  # the rollout starts from exactly the actor's weights
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -135,18 +172,7 @@ class ActorRolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, batch: DataProto) -> DataProto:
-        cfg = self.config
-        metrics = _train_epochs(
-            self.engine,
-            batch,
-            self.loss_fn,
-            cfg["mini_batch_size"],
-            cfg["epochs"],
-            "actor",
-            seed=int(cfg.get("seed", 0)) + self._updates,
-        )
-        self._updates += 1
-        return _metrics_proto(metrics, self.rank)
+        return self._update(batch, self.loss_fn)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> float:
@@ -158,13 +184,8 @@ class ActorRolloutWorker(Worker):
         return time.perf_counter() - start
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.engine.save(path)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         self.engine.load(path)
-        self._updates = self.engine.global_step
         self.sync_weights()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -174,24 +195,20 @@ class ActorRolloutWorker(Worker):
             self.generator = None
 
 
-class CriticWorker(Worker):
+class CriticWorker(_TrainedRole):
     """PPO's critic: a value model trained on the returns.
 
     ``config`` keys: ``engine``, ``engine_config`` (with ``model.value_head`` true),
     ``loss`` (ValueLossConfig dict), ``mini_batch_size``, ``epochs``, ``seed``.
     """
 
-    def __init__(self, config: dict[str, Any]) -> None:
-        super().__init__()
-        self.config = config
-        self.engine: TrainEngine | None = None
+    prefix = "critic"
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
         self.loss_fn = make_critic_loss_fn(ValueLossConfig(**cfg["loss"]))
-        self._updates = 0
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, batch: DataProto) -> DataProto:
@@ -200,27 +217,7 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, batch: DataProto) -> DataProto:
-        cfg = self.config
-        metrics = _train_epochs(
-            self.engine,
-            batch,
-            self.loss_fn,
-            cfg["mini_batch_size"],
-            cfg["epochs"],
-            "critic",
-            seed=int(cfg.get("seed", 0)) + self._updates,
-        )
-        self._updates += 1
-        return _metrics_proto(metrics, self.rank)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.engine.save(path)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.engine.load(path)
-        self._updates = self.engine.global_step
+        return self._update(batch, self.loss_fn)
 
 
 class RewardModelWorker(Worker):
