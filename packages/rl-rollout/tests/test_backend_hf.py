@@ -1,0 +1,123 @@
+"""hf engine specifics: batching, left padding, sleep aborts, event loops, config errors."""
+
+import asyncio
+
+import pytest
+import torch
+
+from rl_core.rollout import RolloutConfig, SamplingParams
+from rl_rollout.backends.hf_engine import HFRolloutEngine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path):
+    return HFRolloutEngine(RolloutConfig(model_path=tiny_model_path, max_model_len=256))
+
+
+class _ForwardCounter:
+    """Wraps the engine's model to record the batch shape of every forward."""
+
+    def __init__(self, engine):
+        self.engine, self.shapes = engine, []
+        self.model = engine.model
+
+    def __enter__(self):
+        model, shapes = self.model, self.shapes
+
+        def counted(*args, **kwargs):
+            shapes.append(tuple(kwargs["input_ids"].shape))
+            return model(*args, **kwargs)
+
+        self.engine.model = counted
+        return self
+
+    def __exit__(self, *exc):
+        self.engine.model = self.model
+
+
+def test_concurrent_requests_share_one_batch_and_match_solo_runs(engine):
+    prompts = [[5, 6, 7], [8] * 11, [9, 10, 11, 12, 13, 14]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+
+    async def together():
+        return await asyncio.gather(
+            *(engine.generate(p, greedy, f"t{i}") for i, p in enumerate(prompts))
+        )
+
+    with _ForwardCounter(engine) as counter:
+        batched = asyncio.run(together())
+    assert counter.shapes[0] == (3, 11)  # one prefill: 3 rows left-padded to the longest
+    assert len(counter.shapes) == 6  # then one decode step per token for the whole batch
+    for i, prompt in enumerate(prompts):
+        (solo,) = asyncio.run(engine.generate(prompt, greedy, f"s{i}"))
+        assert batched[i][0].token_ids == solo.token_ids  # left padding changes nothing
+        torch.testing.assert_close(batched[i][0].log_probs, solo.log_probs, atol=1e-5, rtol=0)
+
+
+def test_finished_rows_leave_the_batch(engine):
+    async def run():
+        return await asyncio.gather(
+            engine.generate([5, 6], SamplingParams(max_tokens=2, seed=0), "short"),
+            engine.generate([5, 6], SamplingParams(max_tokens=8, seed=1), "long"),
+        )
+
+    with _ForwardCounter(engine) as counter:
+        short, long = asyncio.run(run())
+    assert len(short[0].token_ids) == 2 and len(long[0].token_ids) == 8
+    assert [s[0] for s in counter.shapes] == [2, 2, 1, 1, 1, 1, 1, 1]
+
+
+def test_sleep_aborts_in_flight_requests_and_wake_up_resumes(engine):
+    async def run():
+        task = asyncio.create_task(
+            engine.generate([5, 6, 7], SamplingParams(max_tokens=240, seed=0), "sleepy")
+        )
+        await asyncio.sleep(0.05)
+        await engine.sleep(level=1)
+        (aborted,) = await asyncio.wait_for(task, 30)
+        await engine.wake_up()
+        (after,) = await engine.generate([5, 6, 7], SamplingParams(max_tokens=3), "awake")
+        return aborted, after
+
+    aborted, after = asyncio.run(run())
+    assert aborted.finish_reason == "abort" and len(aborted.token_ids) < 240
+    assert len(after.token_ids) == 3 and after.finish_reason == "length"
+    with pytest.raises(ValueError, match="sleep level=3"):
+        asyncio.run(engine.sleep(level=3))
+
+
+def test_abort_of_a_queued_request_returns_no_tokens(engine):
+    async def run():
+        # the batch window is 5 ms: abort before the scheduler picks the request up
+        task = asyncio.create_task(engine.generate([5], SamplingParams(n=2, max_tokens=4), "q"))
+        await asyncio.sleep(0)
+        await engine.abort(["q"])
+        return await task
+
+    outs = asyncio.run(run())
+    assert [(o.token_ids, o.finish_reason) for o in outs] == [([], "abort"), ([], "abort")]
+
+
+def test_multi_modal_data_is_refused(engine):
+    with pytest.raises(ValueError, match="text-only"):
+        asyncio.run(engine.generate([5], SamplingParams(), "mm", multi_modal_data={"image": [1]}))
+
+
+def test_config_errors_name_the_field(tiny_model_path):
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is invalid for the 'hf'"):
+        HFRolloutEngine(RolloutConfig(model_path=tiny_model_path, tensor_parallel_size=2))
+    with pytest.raises(ValueError, match=r"unknown keys \['gpu'\]"):
+        HFRolloutEngine(RolloutConfig(model_path=tiny_model_path, engine_kwargs={"gpu": 1}))
+
+
+def test_shutdown_is_idempotent_and_final(tiny_model_path):
+    engine = HFRolloutEngine(RolloutConfig(model_path=tiny_model_path))
+
+    async def run():
+        await engine.generate([5], SamplingParams(max_tokens=1), "x")
+        await engine.shutdown()
+        await engine.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            await engine.generate([5], SamplingParams(max_tokens=1), "y")
+
+    asyncio.run(run())
