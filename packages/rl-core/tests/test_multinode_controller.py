@@ -116,3 +116,18 @@ def test_custom_resource_pins_a_pool_to_one_node(cluster):
     pool = ResourcePool([2], cpus_per_process=0.5, resources_per_process={"node_b": 0.1})
     with RayWorkerGroup(pool, Where) as group:
         assert [p["node_id"] for p in group.where()] == [node_b, node_b]
+
+
+def test_a_group_joins_the_cluster_named_by_ray_address(cluster, monkeypatch):
+    """Library code calls plain ray.init() when Ray is not initialised: RAY_ADDRESS wins."""
+    import ray
+
+    from rl_core.single_controller.ray import RayWorkerGroup
+
+    ray.shutdown()
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    with RayWorkerGroup(ResourcePool([1], cpus_per_process=0.5), Where) as group:
+        assert ray.is_initialized()
+        cluster_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        assert len(cluster_nodes) == 2  # the simulated cluster, not a fresh local Ray
+        assert group.where()[0]["node_id"] in cluster_nodes
