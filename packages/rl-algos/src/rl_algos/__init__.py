@@ -1,7 +1,39 @@
-"""RL algorithms (PPO, GRPO, DAPO, GSPO), rewards, the single-controller trainer and the `rl` CLI."""
+"""RL algorithms (PPO, GRPO, DAPO, GSPO), rewards, the single-controller trainer and the `rl` CLI.
 
+Attributes load on first use: reward worker processes import this package and must not
+pay for torch, Ray or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import version as _version
+from typing import Any
 
 __version__ = _version("rl-algos")
 
-__all__ = ["__version__"]
+_EXPORTS = {
+    "ADVANTAGE_ESTIMATORS": "rl_algos.advantages",
+    "POLICY_LOSSES": "rl_algos.losses",
+    "PolicyLossConfig": "rl_algos.losses",
+    "RLConfig": "rl_algos.config",
+    "RLTrainer": "rl_algos.trainer.loop",
+    "RewardManager": "rl_algos.rewards",
+    "ValueLossConfig": "rl_algos.losses",
+    "compute_advantage": "rl_algos.advantages",
+    "load_config": "rl_algos.config",
+    "make_actor_loss_fn": "rl_algos.losses",
+    "make_critic_loss_fn": "rl_algos.losses",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rl_algos' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
