@@ -38,7 +38,13 @@ from rl_core.rollout import (
     build_rollout_engine,
 )
 
-__all__ = ["AsyncRunner", "RolloutEngineConformance", "reference_log_probs", "save_tiny_causal_lm"]
+__all__ = [
+    "AsyncRunner",
+    "RolloutEngineConformance",
+    "reference_log_probs",
+    "save_tiny_causal_lm",
+    "truncated_log_probs",
+]
 
 T = TypeVar("T")
 TINY_VOCAB = 512
@@ -111,7 +117,7 @@ def save_tiny_causal_lm(
     return str(path)
 
 
-def _truncated_log_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+def truncated_log_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """log_softmax over the top-k, then top-p set (float64 reference, written independently)."""
     out = torch.full_like(logits, float("-inf"))
     for row in range(logits.shape[0]):
@@ -135,7 +141,7 @@ def reference_log_probs(
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 :].double()
     scaled = logits / temperature if temperature > 0 else logits
     if temperature > 0 and (top_k > 0 or top_p < 1):
-        rows = _truncated_log_probs(scaled, top_k, top_p)
+        rows = truncated_log_probs(scaled, top_k, top_p)
     else:
         rows = scaled.log_softmax(-1)
     return rows.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1), rows
