@@ -14,7 +14,11 @@ pytestmark = [pytest.mark.sglang, pytest.mark.gpu, pytest.mark.slow]
 
 class TestSGLang(RolloutEngineConformance):
     backend = "sglang"
-    config_overrides = {"dtype": "float32", "gpu_memory_utilization": 0.3}
+    config_overrides = {
+        "dtype": "float32",
+        "gpu_memory_utilization": 0.3,
+        "engine_kwargs": {"enable_deterministic_inference": True},  # honours request seeds
+    }
     logprob_atol = 5e-3
 
     def test_truncated_sampling_reports_the_truncated_distribution(self):

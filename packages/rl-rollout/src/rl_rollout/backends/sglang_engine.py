@@ -15,6 +15,10 @@ tensors travel by torch multiprocessing handles, CUDA IPC on GPUs); `sleep` rele
 KV cache and weights (``release_memory_occupation``, needs ``enable_memory_saver``, set
 here), `wake_up` resumes them; `reset_prefix_cache` flushes the radix cache.
 
+Seeds: SGLang applies per-request ``sampling_seed`` only with
+``enable_deterministic_inference=True`` (pass it in ``engine_kwargs``); otherwise seeds are
+ignored and a warning says so once.
+
 Backend options (``RolloutConfig.engine_kwargs``): ``weight_bucket_bytes`` (default
 512 MiB), ``update_timeout_s`` (default 600); every other key goes to `sglang.Engine`.
 """
@@ -22,6 +26,7 @@ Backend options (``RolloutConfig.engine_kwargs``): ``weight_bucket_bytes`` (defa
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +44,7 @@ __all__ = [
     "sglang_sampling_params",
 ]
 
+log = logging.getLogger(__name__)
 _OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s")
 _SEED_LIMIT = 2**63
 
@@ -120,7 +126,10 @@ class SGLangRolloutEngine(RolloutEngine):
         options = config.engine_kwargs
         self._bucket_bytes = int(options.get("weight_bucket_bytes", DEFAULT_BUCKET_BYTES))
         self._update_timeout_s = float(options.get("update_timeout_s", 600.0))
-        self._engine = sglang.Engine(**sglang_engine_kwargs(config))
+        kwargs = sglang_engine_kwargs(config)
+        self._seeds_honoured = bool(kwargs.get("enable_deterministic_inference", False))
+        self._warned_seed = False
+        self._engine = sglang.Engine(**kwargs)
         self._tm = self._engine.tokenizer_manager
         model_config = self._tm.model_config
         self._max_model_len = int(model_config.context_len)
@@ -146,6 +155,12 @@ class SGLangRolloutEngine(RolloutEngine):
         _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
         if request_id in self._in_flight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
+        if params.seed is not None and not self._seeds_honoured and not self._warned_seed:
+            self._warned_seed = True
+            log.warning(
+                "sglang rollout engine: per-request seeds are ignored unless the engine runs "
+                "with engine_kwargs={'enable_deterministic_inference': True}"
+            )
         max_tokens = min(params.max_tokens, self._max_model_len - len(prompt))
         rids = [f"{request_id}-{i}" for i in range(params.n)]
         self._in_flight[request_id] = rids
