@@ -195,9 +195,23 @@ class RewardConfig:
     num_workers: int = 4
     timeout_s: float = 30.0
     error_score: float = 0.0
+    model_path: str | None = None
+    """A reward model (scalar head, RLHF-style) run by `model_engine` on the actor's
+    workers: its score of each response is added to the rule-based score, times
+    `model_weight` (null: no reward model)."""
+    model_engine: str = "fsdp"
+    model_weight: float = 1.0
+    rule_based: bool = True
+    """False: the reward model alone scores (no rule-based functions run)."""
 
     def __post_init__(self) -> None:
         check_field(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0 (0: in-process)")
+        check_field(
+            self.rule_based or self.model_path is not None,
+            "rule_based",
+            self.rule_based,
+            "true unless reward.model_path is set (something must score the responses)",
+        )
         check_field(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
 
 

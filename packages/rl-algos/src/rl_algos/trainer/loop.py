@@ -62,6 +62,8 @@ class RLTrainer:
         check_plugins(cfg)  # engine/rollout/generator names, before any process starts
         _materialize_generated_task(cfg, self.output_dir)
         self.model_path = resolve_model_path(cfg.model.path)
+        if cfg.reward.model_path is not None:
+            cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
 
         data = cfg.data
@@ -116,15 +118,26 @@ class RLTrainer:
             temperature=cfg.rollout.temperature, prompt_length=cfg.data.max_prompt_length
         )
         out = self.groups.actor.generate_sequences(batch)
-        scored = self.reward(out)
-        out.batch["token_level_scores"] = scored.token_level_scores
-        for key, values in scored.extra.items():
-            out.non_tensor_batch[f"reward_{key}"] = values
-        out.meta_info.setdefault("reward_metrics", {})
-        for key, value in scored.metrics.items():
-            total = out.meta_info["reward_metrics"].get(key, 0.0)
-            out.meta_info["reward_metrics"][key] = total + value
+        out.batch["token_level_scores"], metrics = self._score(out)
+        out.meta_info["reward_metrics"] = metrics
         return out
+
+    def _score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        """Token-level scores: rule-based functions and/or the reward model."""
+        cfg = self.config.reward
+        scores = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
+        metrics: dict[str, float] = {}
+        if cfg.rule_based:
+            scored = self.reward(batch)
+            scores += scored.token_level_scores
+            metrics.update(scored.metrics)
+            for key, values in scored.extra.items():
+                batch.non_tensor_batch[f"reward_{key}"] = values
+        if self.groups.reward_model is not None:
+            rm = self.groups.reward_model.compute_rm_score(batch).batch["rm_scores"]
+            scores += cfg.model_weight * rm
+            metrics["reward/model_score_mean"] = float(rm.sum(-1).mean())
+        return scores, metrics
 
     def _rollout(self, timing: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
         """Generate and score one step's batch (DAPO: until enough informative groups)."""
@@ -237,7 +250,7 @@ class RLTrainer:
         )
         start = time.perf_counter()
         out = self.groups.actor.generate_sequences(prompts)
-        scores = self.reward(out).token_level_scores.sum(-1)
+        scores = self._score(out)[0].sum(-1)
         resp_len = out.batch["response_mask"].sum(-1).float()
         return {
             "val/accuracy": float((scores >= 1.0).float().mean()),

@@ -59,6 +59,11 @@ def _gguf_file(reference: str) -> Path:
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(
+            f"model.path: reading the GGUF file {gguf} needs the 'gguf' package, which is not "
+            "installed: pip install gguf (the workspace's `bench` group has it)"
+        )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -98,16 +103,26 @@ _CHATML = (
 )
 
 
+# GPT-2's byte-level symbols: printable ASCII stands for itself, space and newline do not.
+_BYTE_SYMBOLS = {" ": "\u0120", "\n": "\u010a"}
+
+
 def _char_tokenizer() -> Any:
-    """Printable ASCII, one token per character, plus ChatML specials (ids 0-3)."""
-    from tokenizers import Tokenizer, decoders, models
+    """Printable ASCII and newline, one token per character, plus ChatML specials (ids 0-3).
+
+    Byte-level (GPT-2 symbols, no merges): transformers' AutoTokenizer loads some model
+    types (qwen2) with their own tokenizer class, which rebuilds a byte-level pipeline from
+    the vocabulary; a plain character vocabulary would then silently drop spaces and
+    newlines."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
     chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    vocab = {tok: i for i, tok in enumerate(specials + [_BYTE_SYMBOLS.get(c, c) for c in chars])}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    core.decoder = decoders.Fuse()
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token="<|im_start|>",
@@ -156,7 +171,7 @@ def resolve_model_path(reference: str) -> str:
     reference = _ALIASES.get(reference.lower(), reference)
     if reference.startswith(TINY_RANDOM):
         arch = reference.removeprefix(TINY_RANDOM)
-        out = cache_dir() / f"tiny-random-{arch}-v1"
+        out = cache_dir() / f"tiny-random-{arch}-v2"
         if not (out / "config.json").is_file():
             out.parent.mkdir(parents=True, exist_ok=True)
             _build_tiny_random(arch, out)

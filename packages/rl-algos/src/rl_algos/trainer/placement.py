@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker
+from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
 from rl_core.single_controller import (
     ClassWithInitArgs,
     LocalWorkerGroup,
@@ -38,6 +38,7 @@ class RoleGroups:
 
     actor: WorkerGroup
     critic: WorkerGroup | None
+    reward_model: WorkerGroup | None
     uses_reference: bool
     dp_size: int
     owned_ray: bool = False
@@ -47,7 +48,7 @@ class RoleGroups:
             self.actor.shutdown_rollout()
         except Exception as exc:  # the group may already be gone
             log.warning("rollout shutdown failed: %s", exc)
-        for group in (self.actor, self.critic):
+        for group in (self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
         if self.owned_ray:
@@ -159,6 +160,20 @@ def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
     }
 
 
+def reward_model_worker_config(cfg: Any) -> dict[str, Any]:
+    """The plain-dict config a `RewardModelWorker` is built from (never trained)."""
+    model = {"path": cfg.reward.model_path, "dtype": cfg.model.dtype, "value_head": True}
+    return {
+        "engine": cfg.reward.model_engine,
+        "engine_config": {
+            "model": model,
+            "optim": {"lr": 0.0},
+            "seed": cfg.trainer.seed,
+            "timeout_s": cfg.trainer.call_timeout_s,
+        },
+    }
+
+
 def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None) -> RoleGroups:
     """Start the worker groups the config asks for and initialise their models."""
     needs_critic = cfg.algorithm.adv_estimator == "gae"
@@ -166,6 +181,13 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         ActorRolloutWorker, actor_worker_config(cfg, model_path, pad_token_id)
     )
     critic = ClassWithInitArgs(CriticWorker, critic_worker_config(cfg, model_path))
+    roles: dict[str, ClassWithInitArgs] = {"actor": actor}
+    if needs_critic:
+        roles["critic"] = critic
+    if cfg.reward.model_path is not None:
+        roles["reward_model"] = ClassWithInitArgs(
+            RewardModelWorker, reward_model_worker_config(cfg)
+        )
     uses_reference = actor.args[0]["ref"] is not None
     trainer = cfg.trainer
     owned_ray = False
@@ -175,7 +197,7 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
                 f"trainer.num_workers={trainer.num_workers}: the local backend runs exactly one "
                 "worker in this process; use trainer.backend=ray for more"
             )
-        groups = _local_groups(actor, critic if needs_critic else None)
+        groups = _local_groups(roles)
     else:
         import ray
 
@@ -188,25 +210,26 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
             [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker
         )
         kwargs = {"call_timeout_s": trainer.call_timeout_s}
-        if needs_critic and trainer.placement == "colocated":
-            fused = RayWorkerGroup(
-                pool, create_colocated_worker_cls({"actor": actor, "critic": critic}), **kwargs
-            )
-            groups = fused.spawn()
+        if trainer.placement == "split":
+            # The critic gets its own pool; the reward model stays with the actor.
+            colocated = {k: v for k, v in roles.items() if k != "critic"}
+        else:
+            colocated = roles
+        if len(colocated) > 1:
+            groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
         else:
             groups = {"actor": RayWorkerGroup(pool, actor, name_prefix="actor", **kwargs)}
-            if needs_critic:
-                critic_pool = ResourcePool(
-                    [trainer.critic_workers], cpus_per_process=trainer.cpus_per_worker
-                )
-                groups["critic"] = RayWorkerGroup(
-                    critic_pool, critic, name_prefix="critic", **kwargs
-                )
+        if needs_critic and trainer.placement == "split":
+            critic_pool = ResourcePool(
+                [trainer.critic_workers], cpus_per_process=trainer.cpus_per_worker
+            )
+            groups["critic"] = RayWorkerGroup(critic_pool, critic, name_prefix="critic", **kwargs)
     for group in groups.values():
         group.init_model()
     return RoleGroups(
         actor=groups["actor"],
         critic=groups.get("critic"),
+        reward_model=groups.get("reward_model"),
         uses_reference=uses_reference,
         dp_size=groups["actor"].world_size,
         owned_ray=owned_ray,
@@ -226,9 +249,8 @@ def _init_ray(num_cpus: int | None) -> None:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
 
 
-def _local_groups(actor: ClassWithInitArgs, critic: ClassWithInitArgs | None) -> dict:
+def _local_groups(roles: dict[str, ClassWithInitArgs]) -> dict[str, WorkerGroup]:
     pool = ResourcePool([1])
-    if critic is None:
-        return {"actor": LocalWorkerGroup(pool, actor, name_prefix="actor")}
-    fused = LocalWorkerGroup(pool, create_colocated_worker_cls({"actor": actor, "critic": critic}))
-    return fused.spawn()
+    if len(roles) == 1:
+        return {"actor": LocalWorkerGroup(pool, roles["actor"], name_prefix="actor")}
+    return LocalWorkerGroup(pool, create_colocated_worker_cls(roles)).spawn()

@@ -212,7 +212,7 @@ class CriticWorker(_TrainedRole):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, batch: DataProto) -> DataProto:
-        out = self.engine.infer_batch(batch, outputs=("values",))
+        out = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0)
         return DataProto.from_dict({"values": out.batch["values"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -239,7 +239,9 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, batch: DataProto) -> DataProto:
-        values = self.engine.infer_batch(batch, outputs=("values",)).batch["values"]
+        values = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0).batch[
+            "values"
+        ]
         mask = batch.batch["response_mask"]
         last = (mask.sum(-1) - 1).clamp(min=0).long()
         scores = torch.zeros_like(values)
