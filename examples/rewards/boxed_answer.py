@@ -1,13 +1,19 @@
 """A user reward function in the verl signature, loaded with reward.function_path.
 
-Full credit for the right answer in \\boxed{}; a small credit for a boxed answer that is
-wrong, so a model that has not yet learned the answer format gets a gradient toward it.
+1.0 for the right answer in \\boxed{} (the format the prompt asks for); 0.5 for the right
+answer given any other way (as the last number of the reply); 0 otherwise. A boxed but
+wrong answer earns nothing, so copying the prompt's example ("e.g. \\boxed{7}") does not
+pay: a first version that gave format credit was gamed exactly that way within 5 steps.
 """
 
 from rl_algos.rewards.math_answer import compute_score as math_score
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return math_score(
-        data_source, solution_str, ground_truth, extra_info, methods=("boxed",), format_score=0.1
+    boxed = math_score(data_source, solution_str, ground_truth, extra_info, methods=("boxed",))
+    if boxed["acc"]:
+        return {"score": 1.0, "acc": 1.0}
+    anywhere = math_score(
+        data_source, solution_str, ground_truth, extra_info, methods=(), last_number_fallback=True
     )
+    return {"score": 0.5 if anywhere["acc"] else 0.0, "acc": 0.0}
