@@ -22,9 +22,11 @@ __all__ = ["main"]
 
 
 def _load(config_path: str, overrides: Sequence[str]):
-    from rl_algos.config import load_config
+    from rl_algos.config import check_plugins, load_config
 
-    return load_config(config_path, list(overrides))
+    config = load_config(config_path, list(overrides))
+    check_plugins(config)  # engine/rollout names: a config error before Ray or a worker starts
+    return config
 
 
 def _train(config) -> int:

@@ -1,0 +1,157 @@
+"""Driver-side batch operations of the trainer: padding trims, group ids and seeds, metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
+from rl_core.protocol import DataProto
+
+PAD = 0
+
+
+def _rollout_batch() -> DataProto:
+    """3 rows, prompt width 5 (left-padded; real lengths 2, 3, 1), response width 4
+    (right-padded; real lengths 1, 2, 0), laid out by hand."""
+    prompts = torch.tensor(
+        [
+            [PAD, PAD, PAD, 11, 12],
+            [PAD, PAD, 21, 22, 23],
+            [PAD, PAD, PAD, PAD, 31],
+        ]
+    )
+    responses = torch.tensor(
+        [
+            [13, PAD, PAD, PAD],
+            [24, 25, PAD, PAD],
+            [PAD, PAD, PAD, PAD],
+        ]
+    )
+    prompt_mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]])
+    response_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    log_probs = torch.tensor([[-0.5, 0.0, 0.0, 0.0], [-1.0, -2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    scores = torch.zeros(3, 4)
+    scores[0, 0], scores[1, 1] = 1.0, 0.25
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs,
+            "token_level_scores": scores,
+            "row_scalar": torch.tensor([7.0, 8.0, 9.0]),
+        },
+        non_tensors={"uid": ["a", "b", "c"]},
+        meta_info={"temperature": 0.7},
+    )
+
+
+def test_trim_padding_cuts_exactly_the_all_padding_columns():
+    batch = _rollout_batch()
+    out = trim_padding(batch)
+    t, ref = out.batch, batch.batch
+    # longest real prompt: 3 -> keep the last 3 prompt columns; longest response: 2
+    assert torch.equal(t["prompts"], ref["prompts"][:, 2:])
+    assert torch.equal(t["responses"], torch.tensor([[13, PAD], [24, 25], [PAD, PAD]]))
+    kept = [2, 3, 4, 5, 6]  # prompt columns 2..4, response columns 0..1 of the 9 columns
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        assert torch.equal(t[key], ref[key][:, kept]), key
+    for key in ("response_mask", "rollout_log_probs", "token_level_scores"):
+        assert torch.equal(t[key], ref[key][:, :2]), key
+    assert torch.equal(t["row_scalar"], ref["row_scalar"])
+    # nothing real was cut: every kept mask sums to the original
+    assert torch.equal(t["attention_mask"].sum(-1), ref["attention_mask"].sum(-1))
+    assert torch.equal(t["response_mask"].sum(-1), ref["response_mask"].sum(-1))
+    # the layout invariants still hold after the cut
+    width = t["prompts"].shape[1]
+    assert torch.equal(t["input_ids"], torch.cat([t["prompts"], t["responses"]], dim=1))
+    assert torch.equal(t["position_ids"], (t["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+    assert torch.equal(t["attention_mask"][:, width:], t["response_mask"])
+    assert list(out.non_tensor_batch["uid"]) == ["a", "b", "c"]
+    assert out.meta_info == {"temperature": 0.7}
+    assert all(t[k].is_contiguous() for k in t.keys())  # noqa: SIM118
+
+
+def test_trim_padding_keeps_one_response_column_when_every_response_is_empty():
+    batch = _rollout_batch()[2:3]  # the row with an empty response
+    out = trim_padding(batch)
+    assert out.batch["responses"].shape == (1, 1)
+    assert out.batch["prompts"].shape == (1, 1)
+    assert out.batch["input_ids"].tolist() == [[31, PAD]]
+    assert out.batch["attention_mask"].tolist() == [[1, 0]]
+
+
+def _prompts(size: int) -> DataProto:
+    ids = torch.arange(size * 3).reshape(size, 3)
+    return DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        non_tensors={"index": list(range(size))},
+    )
+
+
+def test_group_ids_and_seeds_layout():
+    out = add_group_ids_and_seeds(_prompts(3), n=4, step=5, seed=1)
+    assert len(out) == 12
+    uids = list(out.non_tensor_batch["uid"])
+    # interleaved: the n samples of a prompt are adjacent and share its uid
+    assert [uids[i] for i in range(0, 12, 4)] == list(dict.fromkeys(uids))
+    for p in range(3):
+        assert len(set(uids[4 * p : 4 * p + 4])) == 1
+        assert out.non_tensor_batch["index"][4 * p] == p
+        assert torch.equal(out.batch["input_ids"][4 * p + 3], torch.arange(3) + 3 * p)
+    seeds = [int(s) for s in out.non_tensor_batch["seed"]]
+    assert len(set(seeds)) == 12 and seeds == list(range(seeds[0], seeds[0] + 12))
+
+
+def test_group_ids_and_seeds_depend_only_on_seed_step_and_row():
+    first = add_group_ids_and_seeds(_prompts(4), n=2, step=3, seed=7)
+    # global RNG state must not matter (a resumed process has a different history)
+    np.random.seed(123)
+    torch.manual_seed(456)
+    np.random.rand(10)
+    again = add_group_ids_and_seeds(_prompts(4), n=2, step=3, seed=7)
+    for key in ("uid", "seed"):
+        assert list(first.non_tensor_batch[key]) == list(again.non_tensor_batch[key])
+    for other in (
+        add_group_ids_and_seeds(_prompts(4), n=2, step=4, seed=7),
+        add_group_ids_and_seeds(_prompts(4), n=2, step=3, seed=8),
+    ):
+        assert not set(other.non_tensor_batch["seed"]) & set(first.non_tensor_batch["seed"])
+        assert not set(other.non_tensor_batch["uid"]) & set(first.non_tensor_batch["uid"])
+
+
+def test_batch_metrics_against_hand_computation():
+    batch = _rollout_batch()
+    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"] - 0.5
+    batch.batch["advantages"] = torch.tensor(
+        [[2.0, 99.0, 99.0, 99.0], [-1.0, 1.0, 99.0, 99.0], [99.0, 99.0, 99.0, 99.0]]
+    )
+    m = batch_metrics(batch, max_response_length=2)
+    # scores per row: 1.0, 0.25, 0.0
+    assert m["critic/score/mean"] == pytest.approx(1.25 / 3)
+    assert m["critic/score/max"] == 1.0 and m["critic/score/min"] == 0.0
+    assert m["critic/rewards/mean"] == pytest.approx((1.25 - 6.0) / 3)
+    # advantages only where the response mask is 1 (the 99s are padding)
+    assert m["critic/advantages/mean"] == pytest.approx(2.0 / 3)
+    assert m["critic/advantages/max"] == 2.0 and m["critic/advantages/min"] == -1.0
+    assert m["response_length/mean"] == pytest.approx(1.0)
+    assert m["response_length/clip_ratio"] == pytest.approx(1 / 3)  # one row reached 2
+    assert m["prompt_length/mean"] == pytest.approx(2.0)
+    assert "critic/values/mean" not in m and "critic/returns/mean" not in m
+
+
+def test_timed_accumulates_wall_time():
+    timing: dict[str, float] = {}
+    for _ in range(2):
+        with timed(timing, "phase"):
+            pass
+    assert set(timing) == {"phase"} and 0 <= timing["phase"] < 1
+    with pytest.raises(RuntimeError), timed(timing, "failing"):
+        raise RuntimeError("boom")
+    assert "failing" in timing  # recorded even when the block raises
