@@ -26,7 +26,9 @@ def ray_session():
     # Under `uv run`, Ray would build a fresh venv for its workers; use this interpreter.
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=1, include_dashboard=False)
+    # "local": start a fresh instance; without it ray.init() joins any Ray instance already
+    # running on this machine (another test session's, for example).
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
     yield ray
     ray.shutdown()
     for key, value in saved.items():
