@@ -405,6 +405,24 @@ class RolloutEngineConformance:
         assert restored.token_ids == base.token_ids
         torch.testing.assert_close(restored.log_probs, base.log_probs, atol=1e-5, rtol=0)
 
+    def test_update_weights_during_generation(self, engine, runner, hf_model):
+        # requests in flight survive an update; with the same weights they are unaffected
+        prompt = self.prompt(95, 6)
+        max_tokens = self.max_model_len - 8
+        base = self.greedy(engine, runner, prompt, "wg-base", max_tokens=max_tokens)
+        same = [(k, v.detach().float().clone()) for k, v in hf_model.named_parameters()]
+
+        async def update_midway():
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+            task = asyncio.create_task(engine.generate(prompt, params, "wg-live"))
+            await asyncio.sleep(0.05)
+            await engine.update_weights(iter(same))
+            return await asyncio.wait_for(task, self.request_timeout)
+
+        (out,) = runner.run(update_midway(), self.request_timeout)
+        assert out.finish_reason == "length" and out.token_ids == base.token_ids
+        torch.testing.assert_close(out.log_probs, base.log_probs, atol=1e-4, rtol=0)
+
     def test_update_weights_rejects_unknown_names(self, engine, runner):
         with pytest.raises((KeyError, ValueError), match=r"no\.such\.weight"):
             runner.run(engine.update_weights(iter([("no.such.weight", torch.zeros(2))])), 300)

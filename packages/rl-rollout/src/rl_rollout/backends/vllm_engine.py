@@ -9,9 +9,12 @@ is not applied). Tensor parallelism comes from `RolloutConfig.tensor_parallel_si
 
 Weights update in place through a vLLM worker extension
 (`rl_rollout.backends.vllm_worker.RLWorkerExtension`): the engine writes them as
-size-bounded safetensors buckets to shared memory and each worker loads them with the
-model's own ``load_weights`` (raw tensors do not travel through ``collective_rpc`` on every
-platform; files do). The prefix cache is reset after every update. Sleep mode is enabled
+size-bounded safetensors buckets to shared memory and each worker loads them inside one
+layerwise-reload session, vLLM's own ``reload_weights`` mechanism (raw tensors do not travel
+through ``collective_rpc`` on every platform; files do). An update must bring every tensor of
+each layer it touches. Requests in flight are paused during an update (vLLM's ``keep``
+mode), then continue with the new weights: their tokens so far are kept and their KV cache
+is recomputed; the prefix cache is reset. Sleep mode is enabled
 where vLLM supports it (CUDA, ROCm, XPU); on CPU `sleep`/`wake_up` are accepted and free
 nothing.
 
@@ -127,6 +130,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._max_model_len = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
         self._in_flight: set[str] = set()
+        self._update_lock = asyncio.Lock()
         self._closed = False
 
     @property
@@ -184,14 +188,26 @@ class VLLMRolloutEngine(RolloutEngine):
     async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         start = time.perf_counter()
         loaded = 0
-        for bucket in iter_buckets(weights, self._bucket_bytes):
-            path = await asyncio.to_thread(write_bucket, bucket)
+        async with self._update_lock:  # one update session at a time
+            # in-flight requests are frozen (not aborted) while layers are rebuilt ...
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                names = await self._rpc("rl_load_weight_files", [path])
+                await self._rpc("rl_begin_weight_update")
+                try:
+                    for bucket in iter_buckets(weights, self._bucket_bytes):
+                        path = await asyncio.to_thread(write_bucket, bucket)
+                        try:
+                            names = await self._rpc("rl_load_weight_files", [path])
+                        finally:
+                            os.unlink(path)
+                        loaded += len(names[0]) if names else 0
+                finally:
+                    # always close the session: layers that got nothing keep their weights
+                    await self._rpc("rl_finish_weight_update")
+                # ... and recompute their KV cache with the new weights when they resume
+                await self._llm.reset_prefix_cache(reset_running_requests=True)
             finally:
-                os.unlink(path)
-            loaded += len(names[0]) if names else 0
-        await self._llm.reset_prefix_cache()
+                await self._llm.resume_generation()
         log.info(
             "vllm rollout engine: loaded %d tensors in %.2fs", loaded, time.perf_counter() - start
         )
