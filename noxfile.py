@@ -153,5 +153,6 @@ nox.options.sessions = [
     "lock",
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
+    "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "build",
 ]
