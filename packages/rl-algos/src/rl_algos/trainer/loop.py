@@ -252,12 +252,21 @@ class RLTrainer:
         out = self.groups.actor.generate_sequences(prompts)
         scores = self._score(out)[0].sum(-1)
         resp_len = out.batch["response_mask"].sum(-1).float()
-        return {
+        metrics = {
             "val/accuracy": float((scores >= 1.0).float().mean()),
             "val/score": float(scores.mean()),
             "val/response_length": float(resp_len.mean()),
-            "timing/validate_s": time.perf_counter() - start,
         }
+        # A reward function that returns a dict defines its own per-sample numbers
+        # (e.g. "acc"): they are averaged, and "acc" is the accuracy when present.
+        for key, values in out.non_tensor_batch.items():
+            if key.startswith("reward_") and key not in ("reward_pred", "reward_score"):
+                numbers = [float(v) for v in values if isinstance(v, int | float)]
+                if len(numbers) == len(values):
+                    name = "accuracy" if key == "reward_acc" else key.removeprefix("reward_")
+                    metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
+        metrics["timing/validate_s"] = time.perf_counter() - start
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
 
