@@ -49,6 +49,19 @@ def test_vllm_engine_args_from_rollout_config():
     assert args["kv_cache_dtype"] == "fp8"  # other engine_kwargs pass through
     assert "weight_bucket_bytes" not in args  # our own options do not
     assert vllm_engine_args(config, sleep_mode_available=False)["enable_sleep_mode"] is False
+    assert "enable_chunked_prefill" not in args
+
+
+def test_vllm_engine_args_on_cpu_turn_chunked_prefill_off(tmp_path):
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 16384}')
+    config = RolloutConfig(model_path=str(tmp_path), backend="vllm")
+    args = vllm_engine_args(config, sleep_mode_available=False, cpu=True)
+    assert args["enable_chunked_prefill"] is False
+    assert args["max_num_batched_tokens"] == 16384  # the whole context fits one step
+    config.max_model_len = 512
+    assert vllm_engine_args(config, False, cpu=True)["max_num_batched_tokens"] == 8192
+    config.engine_kwargs = {"enable_chunked_prefill": True}  # the user decides
+    assert vllm_engine_args(config, False, cpu=True)["enable_chunked_prefill"] is True
 
 
 def test_vllm_sampling_kwargs():

@@ -335,6 +335,17 @@ class RolloutEngineConformance:
                 self.check_output(out, sp.max_tokens)
                 assert len(out.token_ids) == sp.max_tokens and out.finish_reason == "length"
 
+    def test_many_long_seeded_prompts_at_once(self, engine, runner):
+        # more prompt tokens than one engine step usually takes: prompts get batched/split
+        specs = [(self.prompt(200 + i, 180 + i), SamplingParams(max_tokens=6, seed=i))
+                 for i in range(24)]  # fmt: skip
+        outs = self.gather(
+            runner, [engine.generate(p, sp, f"long-{i}") for i, (p, sp) in enumerate(specs)]
+        )
+        assert [len(o[0].token_ids) for o in outs] == [6] * 24
+        (again,) = self.generate(engine, runner, *specs[5], "long-again")
+        assert again.token_ids == outs[5][0].token_ids  # seeds hold whatever the batching
+
     def test_duplicate_in_flight_request_id_is_rejected(self, engine, runner):
         long = SamplingParams(max_tokens=self.max_model_len - 8, seed=0)
 

