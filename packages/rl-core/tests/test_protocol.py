@@ -632,3 +632,17 @@ def test_repr_lists_fields():
         and "input_ids: (2, 5) torch.int64" in text
         and "uid: (2,) object (non-tensor)" in text
     )
+
+
+def test_batch_without_tensor_fields_keeps_its_length():
+    dp, ref = make(4)
+    keyless = dp.select(batch_keys=[])
+    assert len(keyless) == 4 and list(keyless.batch.keys()) == []
+    assert len(keyless.repeat(2)) == 8 and len(keyless[[0, 1]]) == 2
+    assert len(keyless.pad_to_divisor(3)[0]) == 6 and len(DataProto.concat([keyless] * 2)) == 8
+    keyless.reorder([3, 2, 1, 0])
+    assert keyless.non_tensor_batch["uid"].tolist() == [
+        ref.non_tensors["uid"][i] for i in [3, 2, 1, 0]
+    ]
+    merged = dp.select(batch_keys=[]).union(dp.select(non_tensor_batch_keys=[]))
+    assert_rows(merged, ref, np.arange(4))
