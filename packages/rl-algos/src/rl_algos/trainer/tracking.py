@@ -197,6 +197,7 @@ def plot_metrics(
     keys: Iterable[str] = (
         "critic/score/mean",
         "val/accuracy",
+        "val/score",
         "actor/entropy",
         "response_length/mean",
     ),
