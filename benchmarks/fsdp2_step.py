@@ -13,7 +13,7 @@ Reported: seconds per step (median of the timed steps after one warm-up step), t
 peak resident memory per process during the steps (VmHWM after resetting it) and the
 engine's overhead against the plain loop. Run with (needs ~10 GB RAM, minutes of CPU)::
 
-    flock /tmp/rl-heavy.lock uv run python benchmarks/fsdp2_step.py [--steps 3]
+    flock /tmp/rl-heavy.lock uv run python benchmarks/fsdp2_step.py [--steps 3 --rounds 2]
 
 On an accelerator machine, ``--mfu`` instead measures model-FLOPs utilisation of a
 ~0.5B Qwen2 (random weights) in bf16 with world size 1.
@@ -125,31 +125,39 @@ def run_engine(model_dir: str, steps: int, threads: int) -> dict[str, Any]:
     return _timed(lambda: engine.train_batch(batch, pg_loss), steps)
 
 
-def cpu_table(steps: int) -> str:
+def cpu_table(steps: int, rounds: int) -> str:
     from rl_core.testing.spawn import SpawnRunner
 
     model_dir = smollm2_dir()
     cores = os.cpu_count() or 1
-    rows = []
-    for name, fn, world in (
+    configs = (
         ("plain PyTorch loop", run_plain, 1),
         ("FSDP2 engine, ws=1", run_engine, 1),
         ("FSDP2 engine, ws=2", run_engine, 2),
-    ):
-        with SpawnRunner(world, timeout_s=3600) as runner:
-            results = runner.run(fn, model_dir, steps, max(1, cores // world))
-        step_s = max(statistics.median(r["times"]) for r in results)
-        rows.append((name, world, step_s, [r["peak_rss_gb"] for r in results]))
-    base = rows[0][2]
+    )
+    # Rounds interleave the configurations so a load spike from other processes on the
+    # machine hits one round, not one configuration; each keeps its fastest round.
+    best: dict[str, tuple[float, list[float]]] = {}
+    for round_index in range(rounds):
+        for name, fn, world in configs:
+            with SpawnRunner(world, timeout_s=3600) as runner:
+                results = runner.run(fn, model_dir, steps, max(1, cores // world))
+            step_s = max(statistics.median(r["times"]) for r in results)
+            rss = [r["peak_rss_gb"] for r in results]
+            print(f"round {round_index}: {name}: {step_s:.2f} s/step", flush=True)
+            if name not in best or step_s < best[name][0]:
+                best[name] = (step_s, rss)
+    base = best[configs[0][0]][0]
     tokens = NUM_SEQS * (PROMPT_LEN + RESPONSE_LEN)
     lines = [
         f"SmolLM2-135M fp32, batch {NUM_SEQS} x {PROMPT_LEN + RESPONSE_LEN}, {cores} CPU cores, "
-        f"median of {steps} steps after 1 warm-up",
+        f"median of {steps} steps after 1 warm-up, best of {rounds} interleaved rounds",
         "",
         "| configuration | s/step | tokens/s | peak RSS per process (GB) | vs plain |",
         "|---|---|---|---|---|",
     ]
-    for name, _, step_s, rss in rows:
+    for name, _, _ in configs:
+        step_s, rss = best[name]
         rss_text = ", ".join(f"{x:.2f}" for x in rss)
         lines.append(
             f"| {name} | {step_s:.2f} | {tokens / step_s:.0f} | {rss_text} | "
@@ -207,9 +215,10 @@ def mfu(steps: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (best kept)")
     parser.add_argument("--mfu", action="store_true", help="accelerator MFU of a ~0.5B model")
     args = parser.parse_args()
-    print(mfu(args.steps) if args.mfu else cpu_table(args.steps), flush=True)
+    print(mfu(args.steps) if args.mfu else cpu_table(args.steps, args.rounds), flush=True)
 
 
 if __name__ == "__main__":
