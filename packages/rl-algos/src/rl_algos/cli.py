@@ -37,6 +37,13 @@ def _train(config) -> int:
         history = trainer.fit()
     finally:
         trainer.close()
+    if not history:  # resumed from a checkpoint at (or past) trainer.total_steps
+        print(
+            f"rl train: nothing to train: the run is at step {trainer.global_step} and "
+            f"trainer.total_steps={config.trainer.total_steps} (raise it to train further)",
+            file=sys.stderr,
+        )
+        return 0
     summary = {k: v for k, v in history[-1].items() if k.startswith(("val/", "critic/score"))}
     first_val = next((h["val/accuracy"] for h in history if "val/accuracy" in h), None)
     if first_val is not None:
