@@ -237,6 +237,7 @@ def test_every_dispatch_mode(echo):
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 def test_dp_compute_proto_padding_and_unpadding(echo, n):
     out = echo.tag_rows(batch(n))
+    assert not out.is_readonly  # received mapped for the concatenation, which copied
     assert torch.equal(out.batch["x"], torch.arange(n, dtype=torch.float32))
     assert list(out.non_tensor_batch["uid"]) == [f"u{i}" for i in range(n)]
     assert out.meta_info == {"temperature": 0.7}

@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from rl_core import DataProto
+from rl_core.protocol_transport import receive_mapped
 
 
 def make_batch(n: int = 6) -> DataProto:
@@ -209,6 +210,25 @@ def test_zero_copy_receive_maps_read_only_buffers_until_materialize():
     assert back.materialize() is back and not back.is_readonly
     assert not {t.data_ptr() for t in back.batch.values()} & shared_ptrs
     assert_same(dp, back)
+
+
+def test_receive_mapped_maps_without_the_sender_opting_in():
+    dp = make_batch()
+    data, buffers = dumps_out_of_band(dp)
+    shared = readonly_buffers(buffers)
+    shared_ptrs = {np.frombuffer(m, dtype=np.uint8).ctypes.data for m in shared}
+    with receive_mapped():
+        back = pickle.loads(data, buffers=shared)
+    assert back.is_readonly and not back.zero_copy_receive  # the sender's flag is kept
+    assert {t.data_ptr() for t in back.batch.values()} <= shared_ptrs
+    assert_same(dp, back)
+    merged = DataProto.concat(back.chunk(2))
+    assert not merged.is_readonly
+    assert not {t.data_ptr() for t in merged.batch.values()} & shared_ptrs
+    # outside the block the receive copies again
+    again = pickle.loads(data, buffers=shared)
+    assert not again.is_readonly
+    assert not {t.data_ptr() for t in again.batch.values()} & shared_ptrs
 
 
 def test_reorder_and_pop_clear_read_only_marks():

@@ -18,11 +18,18 @@ On loading, a tensor is rebuilt over the buffer it arrives in:
   the received DataProto reports `is_readonly` until `materialize()` copies it.
 
 Numeric numpy non-tensor arrays follow the same rule (copied unless `zero_copy_receive`).
+
+A receiver that copies the data anyway (the driver concatenating the DP outputs of a call)
+wraps its `ray.get` in `receive_mapped()`: tensors then map the buffers whatever the sender
+asked, so the bytes are copied once (by the concatenation), not twice.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -32,6 +39,24 @@ from tensordict import TensorDict
 from rl_core.protocol_checks import Key
 
 STATE_VERSION = 1
+
+_receive = threading.local()
+
+
+@contextmanager
+def receive_mapped() -> Iterator[None]:
+    """DataProtos unpickled in this thread inside the block map read-only buffers (no copy).
+
+    For a receiver that copies the tensors itself right away (e.g. concatenation); the
+    received DataProtos report `is_readonly` like a zero-copy receive and keep the sender's
+    `zero_copy_receive` flag.
+    """
+    previous = getattr(_receive, "mapped", False)
+    _receive.mapped = True
+    try:
+        yield
+    finally:
+        _receive.mapped = previous
 
 
 def tensor_to_carrier(tensor: torch.Tensor) -> tuple[Any, ...]:
@@ -118,18 +143,19 @@ def set_state(dp: Any, state: dict[str, Any]) -> None:
             f"this rl-core reads version {STATE_VERSION}"
         )
     zero_copy = bool(state["zero_copy_receive"])
+    mapped = zero_copy or getattr(_receive, "mapped", False)
     readonly: set[Key] = set()
     batch = None
     if state["batch_size"] is not None:
         batch = TensorDict({}, batch_size=state["batch_size"], device=state["batch_device"])
         for key, carrier in state["tensors"]:
-            tensor, is_readonly = carrier_to_tensor(*carrier, zero_copy_receive=zero_copy)
+            tensor, is_readonly = carrier_to_tensor(*carrier, zero_copy_receive=mapped)
             batch.set(key, tensor)
             if is_readonly:
                 readonly.add(key)
     dp.batch = batch
     dp.non_tensor_batch = {
-        key: non_tensor_on_receive(value, zero_copy)
+        key: non_tensor_on_receive(value, mapped)
         for key, value in state["non_tensor_batch"].items()
     }
     dp.meta_info = state["meta_info"]

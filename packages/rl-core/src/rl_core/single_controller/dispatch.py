@@ -255,6 +255,8 @@ class Collector:
                     )
             pad = int(metas[0].get("pad") or 0) if metas else 0
             merged = DataProto.concat(outputs) if len(outputs) > 1 else outputs[0]
+            if merged.is_readonly and not merged.zero_copy_receive:
+                merged.materialize()  # received mapped (`receive_mapped`) but not copied
             return merged.unpad(pad) if pad else merged
         if self.kind == "custom":
             assert self.fn is not None and self.ctx is not None

@@ -1,18 +1,21 @@
 """The worker host inside a Ray actor, and worker-side resolution of future arguments.
 
-A call reaches the actor as ``run(envelope, *slots)``. Every argument value travels as a
-top-level *slot*, so Ray resolves `ObjectRef`s among them before the method runs (a chunk
-put once and shared by a DP group, the output of a previous call passed through). Future
-arguments that need slicing travel as `DeferredSlice` / `DeferredWhole`: the metadata
-(lengths, padding) of the producing call's outputs are slots, so the call starts only once
-its inputs exist; the data stays nested and this host fetches only the outputs that hold
-its rows.
+A call reaches the actor as ``run(envelope, *slots)``. The envelope (role, method, argument
+specs, call info) is plain data, pickled by the driver (cheaper for Ray to ship than a
+Python object). Every argument value travels as a top-level *slot*, so Ray resolves
+`ObjectRef`s among them before the method runs (a chunk put once and shared by a DP group,
+the output of a previous call passed through). Future arguments that need slicing travel
+as `DeferredSlice` / `DeferredWhole`: the metadata (lengths, padding) of the producing
+call's outputs are slots, so the call starts only once its inputs exist; the data refs
+travel as one tuple slot, which Ray does not resolve, and this host fetches only the
+outputs that hold its rows.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+import pickle
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,8 +40,9 @@ class Slot:
 class DeferredSlice:
     """This rank's DP chunk of a DataProto future."""
 
-    parts: tuple[ray.ObjectRef, ...]
-    """Data of the producing call's collected outputs, in collect order (not resolved)."""
+    parts_slot: int
+    """Slot holding the refs of the producing call's collected outputs, in collect order
+    (a tuple: not resolved by Ray)."""
     meta_slots: tuple[int, ...]
     """Slots holding those outputs' metas (resolved: lengths, padding, meta_info)."""
     dp_rank: int
@@ -50,13 +54,16 @@ class DeferredSlice:
 class DeferredWhole:
     """The full collected value of a future (each receiving rank fetches every output)."""
 
-    parts: tuple[ray.ObjectRef, ...]
+    parts_slot: int
     meta_slots: tuple[int, ...]
     collector: Collector
 
 
 def _slice_future(
-    deferred: DeferredSlice, metas: list[dict[str, Any]], timeout_s: float | None
+    deferred: DeferredSlice,
+    parts: tuple[ray.ObjectRef, ...],
+    metas: list[dict[str, Any]],
+    timeout_s: float | None,
 ) -> tuple[DataProto, int, int]:
     """(this rank's chunk, pad size, logical rows) of a DataProto future."""
     lengths = [m["len"] for m in metas]
@@ -75,7 +82,7 @@ def _slice_future(
             pieces.append((part, a - offsets[part], end - offsets[part]))
             a = end
     needed = sorted({part for part, _, _ in pieces})
-    fetched = dict(zip(needed, ray.get([deferred.parts[p] for p in needed], timeout=timeout_s)))
+    fetched = dict(zip(needed, ray.get([parts[p] for p in needed], timeout=timeout_s)))
     if len(pieces) == 1 and pieces[0] == (needed[0], 0, lengths[needed[0]]):
         data = fetched[needed[0]]  # the whole output of one producer rank: no copy
     else:
@@ -100,8 +107,8 @@ class RayWorkerHost(WorkerHost):
         return os.getpid()
 
     @ray.method(num_returns=2)
-    def run(self, envelope: tuple, *slots: Any) -> tuple[Any, dict[str, Any]]:
-        role, method, arg_specs, kwarg_specs, call = envelope
+    def run(self, envelope: bytes, *slots: Any) -> tuple[Any, dict[str, Any]]:
+        role, method, arg_specs, kwarg_specs, call = pickle.loads(envelope)
         try:
             args, kwargs, call = self._resolve(arg_specs, kwarg_specs, slots, call)
         except WorkerGroupError as exc:
@@ -124,11 +131,12 @@ class RayWorkerHost(WorkerHost):
                 return slots[spec.index]
             metas = [slots[i] for i in spec.meta_slots]
             if isinstance(spec, DeferredSlice):
-                data, pad_size, total = _slice_future(spec, metas, call.timeout_s)
+                parts = slots[spec.parts_slot]
+                data, pad_size, total = _slice_future(spec, parts, metas, call.timeout_s)
                 totals.add(total)
                 pads.add(pad_size)
                 return data
-            outputs = ray.get(list(spec.parts), timeout=call.timeout_s)
+            outputs = ray.get(list(slots[spec.parts_slot]), timeout=call.timeout_s)
             return spec.collector.combine(outputs, metas)
 
         args = tuple(value(s) for s in arg_specs)

@@ -18,6 +18,7 @@ Ray itself: an existing connection is used as is; otherwise ``ray.init()`` conne
 from __future__ import annotations
 
 import contextlib
+import pickle
 import time
 import uuid
 from typing import Any
@@ -30,6 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rl_core.platform import Platform, get_platform
 from rl_core.protocol import DataProto
+from rl_core.protocol_transport import receive_mapped
 from rl_core.single_controller.dispatch import Collector, FromFuture
 from rl_core.single_controller.errors import (
     ResourcePoolError,
@@ -48,8 +50,6 @@ from rl_core.single_controller.worker_group import WorkerGroup, _GroupState
 __all__ = ["RayWorkerGroup"]
 
 _SHARED_PUT_TYPES = (DataProto, np.ndarray, torch.Tensor, bytes)
-POLL_S = 0.5
-"""How often a waiting driver checks for failed ranks while others still run."""
 _RemoteHost = ray.remote(RayWorkerHost)
 
 
@@ -86,38 +86,51 @@ class _Waiter:
     def wait(self, refs: dict[Any, int], timeout_s: float | None) -> dict[int, Any]:
         """ray.get every ref (rank-tagged) within the time-out; the lowest failing rank raises.
 
-        Waits in slices of `POLL_S`, so a rank that fails while others still run (e.g. stuck
-        in a collective waiting for it) is reported within `POLL_S`, not at the time-out.
+        `ray.get` of a list returns as soon as one object holds an error, so a rank that fails
+        while others still run (e.g. stuck in a collective waiting for it) is reported at
+        once, not at the time-out.
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        pending = dict(refs)
-        values: dict[int, Any] = {}
-        while pending:
-            left = _remaining(deadline)
-            ready, _ = ray.wait(
-                list(pending),
-                num_returns=len(pending),
-                timeout=POLL_S if left is None else min(POLL_S, left),
-                fetch_local=False,
-            )
-            if not ready:
-                if left is not None and left <= 0:
-                    ranks = sorted(pending.values())
-                    raise WorkerTimeoutError(self.role, self.method, ranks, float(timeout_s or 0))
-                continue
-            ready.sort(key=pending.__getitem__)
-            try:
-                fetched = ray.get(ready)
-            except Exception:
-                for ref in ready:  # find the lowest failing rank
-                    try:
-                        ray.get(ref)
-                    except Exception as exc:
-                        raise self.error(exc, pending[ref]) from None
-                raise
-            for ref, value in zip(ready, fetched):
-                values[pending.pop(ref)] = value
-        return values
+        return self.wait_then_fetch(refs, timeout_s, {})[0]
+
+    def wait_then_fetch(
+        self,
+        refs: dict[Any, int],
+        timeout_s: float | None,
+        extra: dict[Any, int],
+        mapped: bool = False,
+    ) -> tuple[dict[int, Any], list[Any]]:
+        """`wait`, also fetching `extra` refs (other returns of the same tasks, rank-tagged)
+        in the same `ray.get`. `mapped`: fetch under `receive_mapped()` (for a caller that
+        copies the received DataProtos right away).
+        """
+        order = [*refs, *extra]
+        try:
+            with receive_mapped() if mapped else contextlib.nullcontext():
+                fetched = ray.get(order, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ready, _ = ray.wait(order, num_returns=len(order), timeout=0, fetch_local=False)
+            waiting = {**refs, **extra}
+            ranks = sorted({rank for ref, rank in waiting.items() if ref not in ready})
+            raise WorkerTimeoutError(self.role, self.method, ranks, float(timeout_s or 0)) from None
+        except Exception as exc:
+            raise self._first_failure([refs, extra], exc) from None
+        return dict(zip(refs.values(), fetched)), fetched[len(refs) :]
+
+    def _first_failure(self, groups: list[dict[Any, int]], cause: Exception) -> WorkerGroupError:
+        """The error of the lowest rank whose ref holds one; else `cause`, named."""
+        for refs in groups:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)
+            for ref in sorted(ready, key=refs.__getitem__):
+                try:
+                    ray.get(ref, timeout=10)
+                except ray.exceptions.GetTimeoutError:
+                    continue
+                except Exception as exc:
+                    return self.error(exc, refs[ref])
+        return WorkerGroupError(
+            f"{self.role!r} {self.method}(): fetching the results failed: "
+            f"{type(cause).__name__}: {cause}"
+        )
 
 
 class _RayFuture(GroupFuture):
@@ -152,15 +165,19 @@ class _RayFuture(GroupFuture):
         return len(ready) == len(metas)
 
     def _gather(self, timeout_s: float | None) -> tuple[list[Any], list[dict[str, Any]]]:
-        start = time.monotonic()
+        ranks = self._collector.ranks
+        # the concatenation of DataProto chunks copies: the chunks need no copy on receive
+        mapped = self._collector.kind == "proto" and len(ranks) > 1
         try:
-            metas = self._waiter.wait({m: r for r, (_, m) in self._refs.items()}, timeout_s)
+            metas, data = self._waiter.wait_then_fetch(
+                {m: r for r, (_, m) in self._refs.items()},
+                timeout_s,
+                {self._refs[r][0]: r for r in ranks},
+                mapped,
+            )
         except WorkerGroupError:
             self._mark_errors_seen()
             raise
-        left = None if timeout_s is None else max(1.0, timeout_s - (time.monotonic() - start))
-        ranks = self._collector.ranks
-        data = ray.get([self._refs[r][0] for r in ranks], timeout=left)  # done with the metas
         return data, [metas[r] for r in ranks]
 
     def _mark_errors_seen(self) -> None:
@@ -317,7 +334,7 @@ class RayWorkerGroup(WorkerGroup):
             slots: list[Any] = []
             arg_specs = tuple(_to_spec(v, slots, shared) for v in args)
             kwarg_specs = {k: _to_spec(v, slots, shared) for k, v in kwargs.items()}
-            envelope = (self._role, method, arg_specs, kwarg_specs, call)
+            envelope = pickle.dumps((self._role, method, arg_specs, kwarg_specs, call), 5)
             refs[rank] = tuple(self._hosts[rank].run.remote(envelope, *slots))
         return _RayFuture(self, collector, refs, self._state.call_timeout_s)
 
@@ -370,9 +387,13 @@ def _to_spec(value: Any, slots: list[Any], shared: dict[int, Any]) -> Any:
     n_parts = len(future.collector.ranks)
     if value.kind == "dp_slice":
         return DeferredSlice(
-            future.part_refs(), tuple(indices[:n_parts]), value.dp_rank, value.dp_size, value.pad
+            slot(future.part_refs()),
+            tuple(indices[:n_parts]),
+            value.dp_rank,
+            value.dp_size,
+            value.pad,
         )
-    return DeferredWhole(future.part_refs(), tuple(indices[:n_parts]), future.collector)
+    return DeferredWhole(slot(future.part_refs()), tuple(indices[:n_parts]), future.collector)
 
 
 def _reserve(pool: ResourcePool, platform: Platform, accelerators: float) -> list[Any]:
