@@ -7,7 +7,12 @@ Each configuration runs in fresh processes, one after the other (never two at on
 
 * ``plain``: transformers + torch.optim in one process (all cores);
 * ``fsdp ws=1``: the engine in one process (all cores);
-* ``fsdp ws=2``: the engine on 2 processes (gloo), half the batch and half the cores each.
+* ``fsdp ws=2``: the engine on 2 processes (gloo), half the batch and half the cores each,
+  with the default ZeRO-3 layout (layers resharded after forward, gathered again in
+  backward) and with ``reshard_after_forward=False`` (one all-gather per step fewer, the
+  gathered layers kept from forward to backward).
+
+With one process the engine does not reshard after forward by default (nothing to save).
 
 Reported: seconds per step (median of the timed steps after one warm-up step), tokens/s,
 peak resident memory per process during the steps (VmHWM after resetting it) and the
@@ -114,12 +119,19 @@ def run_plain(model_dir: str, steps: int, threads: int) -> dict[str, Any]:
     return _timed(step, steps)
 
 
-def run_engine(model_dir: str, steps: int, threads: int) -> dict[str, Any]:
+def run_engine(
+    model_dir: str, steps: int, threads: int, parallel: dict[str, Any] | None = None
+) -> dict[str, Any]:
     from rl_core.engine import build_engine
     from rl_core.testing.train_engine import pg_loss
 
     torch.set_num_threads(threads)
-    config = {"model": {"path": model_dir}, "optim": OPTIM, "timeout_s": 1800.0}
+    config = {
+        "model": {"path": model_dir},
+        "optim": OPTIM,
+        "parallel": parallel or {},
+        "timeout_s": 1800.0,
+    }
     engine = build_engine("fsdp", config)
     batch = make_batch(engine.hf_config.vocab_size).chunk(engine.dp_size)[engine.dp_rank]
     return _timed(lambda: engine.train_batch(batch, pg_loss), steps)
@@ -130,18 +142,20 @@ def cpu_table(steps: int, rounds: int) -> str:
 
     model_dir = smollm2_dir()
     cores = os.cpu_count() or 1
+    no_reshard = {"reshard_after_forward": False}
     configs = (
-        ("plain PyTorch loop", run_plain, 1),
-        ("FSDP2 engine, ws=1", run_engine, 1),
-        ("FSDP2 engine, ws=2", run_engine, 2),
+        ("plain PyTorch loop", run_plain, 1, ()),
+        ("FSDP2 engine, ws=1", run_engine, 1, ()),
+        ("FSDP2 engine, ws=2", run_engine, 2, ()),
+        ("FSDP2 engine, ws=2, reshard_after_forward=False", run_engine, 2, (no_reshard,)),
     )
     # Rounds interleave the configurations so a load spike from other processes on the
     # machine hits one round, not one configuration; each keeps its fastest round.
     best: dict[str, tuple[float, list[float]]] = {}
     for round_index in range(rounds):
-        for name, fn, world in configs:
+        for name, fn, world, extra in configs:
             with SpawnRunner(world, timeout_s=3600) as runner:
-                results = runner.run(fn, model_dir, steps, max(1, cores // world))
+                results = runner.run(fn, model_dir, steps, max(1, cores // world), *extra)
             step_s = max(statistics.median(r["times"]) for r in results)
             rss = [r["peak_rss_gb"] for r in results]
             print(f"round {round_index}: {name}: {step_s:.2f} s/step", flush=True)
@@ -156,7 +170,7 @@ def cpu_table(steps: int, rounds: int) -> str:
         "| configuration | s/step | tokens/s | peak RSS per process (GB) | vs plain |",
         "|---|---|---|---|---|",
     ]
-    for name, _, _ in configs:
+    for name, *_ in configs:
         step_s, rss = best[name]
         rss_text = ", ".join(f"{x:.2f}" for x in rss)
         lines.append(

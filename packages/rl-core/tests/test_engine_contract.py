@@ -79,6 +79,10 @@ def test_engine_config_from_nested_dict():
         ({"model": {"path": "/m"}, "optim": {"lr_schedule": "linear"}}, "lr_schedule"),
         ({"model": {"path": "/m"}, "parallel": {"fsdp_size": 0}}, "fsdp_size=0"),
         (
+            {"model": {"path": "/m"}, "parallel": {"reshard_after_forward": 1}},
+            r"ParallelConfig.reshard_after_forward=1 is invalid: expected true, false or null",
+        ),
+        (
             {
                 "model": {"path": "/m"},
                 "micro_batch": {"micro_batch_size": 2, "max_tokens_per_micro_batch": 9},

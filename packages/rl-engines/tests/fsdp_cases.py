@@ -55,12 +55,24 @@ def train_steps(
     weights = _weights(engine)
     result = {
         "metrics": metrics,
+        "reshards_after_forward": reshards_after_forward(engine),
         "global_step": engine.global_step,
         "weights": weights if engine.dp_rank == 0 else None,
         "pid": os.getpid(),
     }
     engine.close()
     return result
+
+
+def reshards_after_forward(engine) -> list[bool]:
+    """Per FSDP-wrapped transformer layer: whether it frees its gathered parameters after
+    forward (FSDP2 keeps a post-forward mesh only when it does)."""
+    layers = [m for m in engine.model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    assert layers, "no decoder layers found"
+    return [
+        layer._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None
+        for layer in layers
+    ]
 
 
 def reference_lr(step: int) -> float:

@@ -43,7 +43,11 @@ CASES = {
         "model": {"use_remove_padding": True},
     },
     "checkpointing": {"parallel": {"activation_checkpointing": True}},
+    "no-reshard": {"parallel": {"reshard_after_forward": False}},
+    "reshard": {"parallel": {"reshard_after_forward": True}},
 }
+# engine default: reshard after forward only when parameters are sharded over > 1 rank
+RESHARDS = {"hsdp": False, "no-reshard": False, "reshard": True}
 
 
 def _compare(result, reference):
@@ -61,15 +65,20 @@ def _compare(result, reference):
         torch.testing.assert_close(tensor, reference["weights"][name], atol=2e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["fsdp", "hsdp", "micro", "tokens-packed", "checkpointing"])
+@pytest.mark.parametrize(
+    "case", ["fsdp", "hsdp", "micro", "tokens-packed", "checkpointing", "no-reshard"]
+)
 def test_world2_matches_plain_loop(case, runner2, model_dir, reference):
     results = runner2.run(fsdp_cases.train_steps, model_dir, CASES[case], range(3))
     assert results[0]["metrics"] == results[1]["metrics"]  # identical on every rank
+    assert set(results[0]["reshards_after_forward"]) == {RESHARDS.get(case, True)}
     _compare(results[0], reference)
 
 
-def test_world1_matches_plain_loop(runner1, model_dir, reference):
-    (result,) = runner1.run(fsdp_cases.train_steps, model_dir, {}, range(3))
+@pytest.mark.parametrize("case", ["fsdp", "reshard"])
+def test_world1_matches_plain_loop(case, runner1, model_dir, reference):
+    (result,) = runner1.run(fsdp_cases.train_steps, model_dir, CASES[case], range(3))
+    assert set(result["reshards_after_forward"]) == {RESHARDS.get(case, False)}
     _compare(result, reference)
 
 

@@ -177,6 +177,9 @@ class ParallelConfig:
     engines that implement them (an engine rejects sizes it does not support).
     ``activation_checkpointing`` recomputes layer activations in backward; ``cpu_offload``
     keeps sharded parameters, gradients and optimizer state in host memory (accelerators).
+    ``reshard_after_forward`` frees each layer's gathered parameters after its forward and
+    gathers them again in backward (less memory, more communication); None: an engine's
+    default (the fsdp engine: True when parameters are sharded over more than one rank).
     """
 
     fsdp_size: int = -1
@@ -186,6 +189,7 @@ class ParallelConfig:
     expert_parallel_size: int = 1
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    reshard_after_forward: bool | None = None
 
     def validate(self) -> ParallelConfig:
         for name in ("fsdp_size", "replicate_size"):
@@ -196,6 +200,8 @@ class ParallelConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise _bad(self, name, "an integer >= 1")
+        if not (self.reshard_after_forward is None or isinstance(self.reshard_after_forward, bool)):
+            raise _bad(self, "reshard_after_forward", "true, false or null (engine default)")
         return self
 
     def dp_layout(self, world_size: int) -> tuple[int, int]:

@@ -124,6 +124,7 @@ class FSDPEngine(TrainEngine):
             reduce_dtype=getattr(torch, mcfg.reduce_dtype),
             cpu_offload=config.parallel.cpu_offload,
             activation_checkpointing=config.parallel.activation_checkpointing,
+            reshard_after_forward=config.parallel.reshard_after_forward,
             device=self.device,
         )
         opt = config.optim

@@ -126,9 +126,18 @@ def shard_model(
     reduce_dtype: torch.dtype,
     cpu_offload: bool,
     activation_checkpointing: bool,
+    reshard_after_forward: bool | None,
     device: torch.device,
 ) -> nn.Module:
-    """Apply FSDP2 per transformer layer and at the root; gradients are *summed* over ranks."""
+    """Apply FSDP2 per transformer layer and at the root; gradients are *summed* over ranks.
+
+    `reshard_after_forward` applies to the layers (None: only when the ``dp_shard`` mesh
+    dimension has more than one rank; with one rank resharding saves no communication and
+    costs a copy per layer in backward). The root keeps FSDP's default (not resharded: it
+    is needed first in backward).
+    """
+    if reshard_after_forward is None:
+        reshard_after_forward = mesh["dp_shard"].size() > 1
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     param_dtype = None if compute_dtype == next(model.parameters()).dtype else compute_dtype
@@ -137,7 +146,13 @@ def shard_model(
     layer_classes = _layer_classes(model)
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
+        fully_shard(
+            layer,
+            mesh=mesh,
+            mp_policy=mp_policy,
+            offload_policy=offload,
+            reshard_after_forward=reshard_after_forward,
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
     if not cpu_offload and device.type != "cpu":
         model.to(device)
