@@ -134,3 +134,9 @@ def test_rl_train_then_rl_eval_of_its_checkpoint(tmp_path, raw_config):
     keys = ("val/accuracy", "val/score", "val/response_length")
     assert {k: metrics[k] for k in keys} == {k: final[k] for k in keys}
     assert {k: first[k] for k in keys} != {k: final[k] for k in keys}
+
+    # the same command again, resuming: the run is complete, nothing to train or overwrite
+    again = rl("train", str(config_file), "trainer.resume=latest", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "nothing to train: the run is at step 6 and trainer.total_steps=6" in again.stderr
+    assert read_jsonl(out / "metrics.jsonl") == history

@@ -32,6 +32,8 @@ RESPONSE_KEYS = (
     "response_mask",
     "rollout_log_probs",
     "old_log_probs",
+    "ref_log_prob",
+    "values",
     "token_level_scores",
     "token_level_rewards",
     "advantages",
