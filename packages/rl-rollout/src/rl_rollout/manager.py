@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import threading
 import time
 import uuid
@@ -219,8 +220,13 @@ class RolloutManager:
             import ray
 
             if not ray.is_initialized():
-                log.info("starting an embedded Ray runtime for the rollout replicas")
-                ray.init(include_dashboard=False)
+                # RAY_ADDRESS: that cluster; else a new local instance, never a stray one
+                address = os.environ.get("RAY_ADDRESS")
+                log.info("starting Ray for the rollout replicas (%s)", address or "local")
+                if address:
+                    ray.init(address=address)
+                else:
+                    ray.init(address="local", include_dashboard=False)
             self.replicas = [
                 RayReplica(
                     i,

@@ -12,12 +12,14 @@ from the node each actor actually landed on. Then every actor sets its environme
 builds its role object(s).
 
 Ray itself: an existing connection is used as is; otherwise ``ray.init()`` connects to
-``RAY_ADDRESS`` when set (a cluster) or starts Ray on this machine.
+``RAY_ADDRESS`` when set (a cluster) or starts a new Ray instance on this machine (never
+silently joining one that happens to run here: pass its address to use it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import time
 import uuid
@@ -215,7 +217,7 @@ class RayWorkerGroup(WorkerGroup):
             raise TypeError(f"resource_pool must be a ResourcePool, got {resource_pool!r}")
         name, roles = roles_of(worker, name_prefix)
         if not ray.is_initialized():
-            ray.init()
+            ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
         self._pool = resource_pool
         self._platform = get_platform(resource_pool.platform)
         accelerators = resource_pool.accelerators_per_process
