@@ -113,6 +113,8 @@ class _Waiter:
             ready, _ = ray.wait(order, num_returns=len(order), timeout=0, fetch_local=False)
             waiting = {**refs, **extra}
             ranks = sorted({rank for ref, rank in waiting.items() if ref not in ready})
+            # every task finished but fetching its results did not: name all ranks
+            ranks = ranks or sorted(set(waiting.values()))
             raise WorkerTimeoutError(self.role, self.method, ranks, float(timeout_s or 0)) from None
         except Exception as exc:
             raise self._first_failure([refs, extra], exc) from None
