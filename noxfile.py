@@ -48,6 +48,17 @@ def _sync_only(session: nox.Session, directory: str, extras: tuple[str, ...]) ->
     )
 
 
+def _sync_all(session: nox.Session) -> None:
+    """Install the whole workspace with the default groups (the dev env) into the session's venv."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+    )
+
+
 def _make_tests_session(key: str, directory: str, extras: tuple[str, ...], marker: str) -> None:
     @nox.session(name=f"tests-{key}", python="3.11")
     def tests(session: nox.Session) -> None:
@@ -70,13 +81,7 @@ for _key, (_dir, _extras, _marker) in PACKAGES.items():
 @nox.session(name="tests-repo", python="3.11")
 def tests_repo(session: nox.Session) -> None:
     """Repository-level checks (dependency rule, versions, changelogs) in the full dev env."""
-    session.run_install(
-        "uv",
-        "sync",
-        "--locked",
-        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
-        external=True,
-    )
+    _sync_all(session)
     session.run("pytest", "tests", "--ignore=tests/integration", *session.posargs)
 
 
@@ -84,13 +89,7 @@ def tests_repo(session: nox.Session) -> None:
 def tests_integration(session: nox.Session) -> None:
     """End-to-end runs of the trainer (engines, rollout and algorithms together: tiny
     random models, 2 FSDP workers on embedded Ray, the `rl` command) in the full dev env."""
-    session.run_install(
-        "uv",
-        "sync",
-        "--locked",
-        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
-        external=True,
-    )
+    _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     session.run("pytest", "tests/integration", "-m", HARDWARE_MARKERS, *session.posargs, env=env)
 
