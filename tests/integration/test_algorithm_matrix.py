@@ -152,7 +152,9 @@ def test_trains_grpo_tiny_for_two_steps(case, tmp_path):
         if case == "remax":
             assert "reward/baseline_mean" in history[0]
         else:
-            assert any(abs(a) > 0 for b in updates for a in b.batch["advantages"].flatten().tolist())
+            assert any(
+                abs(a) > 0 for b in updates for a in b.batch["advantages"].flatten().tolist()
+            )
     elif case.startswith("loss-"):
         assert cfg.actor.loss.name == case.removeprefix("loss-")
         if case == "loss-clip_cov":

@@ -103,7 +103,7 @@ def test_grpo_passk_by_hand():
 
 def test_grpo_passk_needs_two_samples_per_group():
     rewards, mask = outcome([1.0, 0.0, 1.0], [1, 1, 1])
-    with pytest.raises(ValueError, match="grpo_passk.*>= 2 samples.*'lonely'"):
+    with pytest.raises(ValueError, match=r"grpo_passk.*>= 2 samples.*'lonely'"):
         run("grpo_passk", rewards, mask, ["g", "g", "lonely"])
 
 

@@ -246,9 +246,13 @@ def test_new_loss_settings_live_under_verl_names_and_fail_with_the_key():
     assert (loss.clip_cov_ratio, loss.clip_cov_lb, loss.clip_cov_ub) == (0.01, 0.5, 2.0)
     assert (loss.kl_cov_ratio, loss.ppo_kl_coef, loss.dro_beta) == (0.02, 0.5, 0.3)
     assert (loss.tau_pos, loss.tau_neg) == (2.0, 3.0)
-    with pytest.raises(ConfigError, match=r"^actor\.loss\.dro_beta: invalid value -1\.0; expected > 0$"):
+    with pytest.raises(
+        ConfigError, match=r"^actor\.loss\.dro_beta: invalid value -1\.0; expected > 0$"
+    ):
         load(["actor.loss.dro_beta=-1"])
-    with pytest.raises(ConfigError, match=r"actor\.loss\.name: invalid value 'clip-cov'.*'clip_cov'"):
+    with pytest.raises(
+        ConfigError, match=r"actor\.loss\.name: invalid value 'clip-cov'.*'clip_cov'"
+    ):
         load(["actor.loss.name=clip-cov"])
 
 

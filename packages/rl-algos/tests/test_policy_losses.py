@@ -93,7 +93,12 @@ def test_geo_mean_by_hand():
     # seq 1 (A = -1): d = [-0.6, 0.2] -> [-0.4, 0.2] -> R = exp(-0.1)
     lp = [[0.5, -0.1], [-0.6, 0.2]]
     loss, metrics, grad = run(
-        "geo_mean", lp, [[0, 0], [0, 0]], [[1, 1], [-1, -1]], clip_ratio_low=0.4, clip_ratio_high=0.4
+        "geo_mean",
+        lp,
+        [[0, 0], [0, 0]],
+        [[1, 1], [-1, -1]],
+        clip_ratio_low=0.4,
+        clip_ratio_high=0.4,
     )
     assert loss == pytest.approx((-math.exp(0.15) + math.exp(-0.1)) / 2)
     # d/d log pi_t = -A R / |o| / num_seqs where the token is not clipped, else 0
@@ -203,9 +208,7 @@ def test_kl_cov_penalises_the_top_covariance_tokens_only():
     old = [x - 0.1 for x in lp]
     advs = [2.0, 0.0, 1.0, -1.0, 9.0]
     mask = [1, 1, 1, 1, 0]  # the masked token would have the largest covariance
-    loss, metrics, grad = run(
-        "kl_cov", lp, old, advs, mask, kl_cov_ratio=0.25, ppo_kl_coef=2.0
-    )
+    loss, metrics, grad = run("kl_cov", lp, old, advs, mask, kl_cov_ratio=0.25, ppo_kl_coef=2.0)
     # valid cov = [2.25, 0.25, 0, 1.5] -> k = floor(0.25 * 4) = 1 -> token 0
     r = math.exp(0.1)
     surrogate = [-a * r for a in advs[:4]]
@@ -279,9 +282,7 @@ def test_matches_a_float64_re_derivation(name, seed):
     lp0 = lp0.clamp(max=-1e-3)  # probabilities below 1
     adv = torch.randn(rows, width, generator=gen, dtype=torch.float64)
     mask = [[1, 1, 0, 1, 1], [1, 0, 0, 1, 0], [1, 1, 1, 1, 1]]  # mid-response zeros
-    config = dict(
-        clip_ratio_low=0.15, clip_ratio_high=0.25, clip_ratio_c=1.5, dro_beta=0.7
-    )
+    config = dict(clip_ratio_low=0.15, clip_ratio_high=0.25, clip_ratio_c=1.5, dro_beta=0.7)
     config.update(tau_pos=1.3, tau_neg=0.8)
     cfg = PolicyLossConfig(name=name, **config)
     loss, _, grad = run(name, lp0.tolist(), old.tolist(), adv.tolist(), mask, **config)
@@ -308,7 +309,7 @@ def test_masked_tokens_are_ignored(name):
     torch.manual_seed(0)
     a = run(name, lp, old, advs, mask)
     torch.manual_seed(0)
-    b = run(name, [-0.4, -1.2, -5.0, -0.3], old[:2] + [-0.01, -0.6], advs[:2] + [-40.0, 0.7], mask)
+    b = run(name, [-0.4, -1.2, -5.0, -0.3], [*old[:2], -0.01, -0.6], [*advs[:2], -40.0, 0.7], mask)
     assert a[0] == pytest.approx(b[0], rel=1e-12)
     assert a[2][2] == 0.0 and b[2][2] == 0.0
     assert [a[2][k] for k in (0, 1, 3)] == pytest.approx([b[2][k] for k in (0, 1, 3)])

@@ -347,7 +347,9 @@ def compute_dppo_tv_policy_loss(
     pushes: ``pi - pi_old > eps_high`` for A > 0, ``pi - pi_old < -eps_low`` for A <= 0
     (thresholds on the probability difference, not on the ratio)."""
     diff = log_prob.exp() - old_log_prob.exp()
-    inside = torch.where(advantages > 0, diff <= config.clip_ratio_high, diff >= -config.clip_ratio_low)
+    inside = torch.where(
+        advantages > 0, diff <= config.clip_ratio_high, diff >= -config.clip_ratio_low
+    )
     return _dppo(
         log_prob, old_log_prob, advantages, response_mask, config, scale, rollout_log_probs, inside
     )

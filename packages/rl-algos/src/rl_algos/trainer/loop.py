@@ -125,7 +125,9 @@ class RLTrainer:
         out.meta_info["reward_metrics"] = metrics
         return out
 
-    def _greedy_baselines(self, prompts: DataProto, out: DataProto, round_index: int) -> torch.Tensor:
+    def _greedy_baselines(
+        self, prompts: DataProto, out: DataProto, round_index: int
+    ) -> torch.Tensor:
         """ReMax's baseline: one greedy response per prompt, scored with the same reward;
         returns each sampled row's baseline (by its prompt's `uid`), shape [rows]."""
         cfg = self.config
