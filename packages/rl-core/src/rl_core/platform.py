@@ -128,6 +128,60 @@ class Platform(ABC):
     def current_device(self) -> int:
         return int(self.torch_module().current_device())
 
+    def local_device_index(self, local_rank: int, local_world_size: int) -> int:
+        """Which of the devices this process sees belongs to local rank ``local_rank``.
+
+        A worker picks its device from what it can see, never from the node's numbering:
+        a process that sees exactly as many devices as it needs (a Ray actor whose
+        visible-devices variable was narrowed to its own GPU) uses index 0; a process that
+        sees every device of the node (torchrun, or one actor per node) uses
+        ``local_rank``. Anything else is an error naming the counts.
+        """
+        if not isinstance(local_rank, int) or not isinstance(local_world_size, int):
+            raise TypeError(
+                f"local_rank={local_rank!r}, local_world_size={local_world_size!r}: "
+                "expected integers"
+            )
+        if not 0 <= local_rank < max(local_world_size, 1):
+            raise ValueError(
+                f"local_rank={local_rank} is out of range for local_world_size="
+                f"{local_world_size}: expected 0 <= local_rank < local_world_size"
+            )
+        count = self.device_count()
+        if count < 1:
+            raise PlatformUnavailableError(
+                f"platform {self.name!r}: this process sees no device "
+                f"({self.visible_devices_env}="
+                f"{os.environ.get(self.visible_devices_env or '', '<unset>')})"
+            )
+        if count == 1:
+            return 0
+        if local_world_size <= count:
+            return local_rank
+        raise ValueError(
+            f"platform {self.name!r}: local rank {local_rank} of {local_world_size} processes "
+            f"on this node sees {count} devices: expected 1 device (narrowed by "
+            f"{self.visible_devices_env}) or at least {local_world_size}"
+        )
+
+    def select_device(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
+        """This process's device (made current): see `local_device_index`."""
+        index = self.local_device_index(local_rank, local_world_size)
+        self.set_device(index)
+        return self.device(index)
+
+    @property
+    def auto_dtype(self) -> torch.dtype:
+        """The compute/rollout dtype that "auto" means here: bfloat16 on accelerators."""
+        return torch.float32 if self.device_type == "cpu" else torch.bfloat16
+
+    def get_rng_state(self) -> torch.Tensor | None:
+        """The device RNG state of the current device (None on CPU: torch's own covers it)."""
+        return self.torch_module().get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.torch_module().set_rng_state(state)
+
     def set_device(self, index: int) -> None:
         """Make device `index` current for this process (call once, before any allocation)."""
         self.device(index)  # validates
@@ -244,6 +298,12 @@ class CpuPlatform(Platform):
 
     def set_device(self, index: int) -> None:
         self.device(index)
+
+    def get_rng_state(self) -> torch.Tensor | None:
+        return None
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        return None
 
     def synchronize(self) -> None:
         return None

@@ -24,13 +24,12 @@ def device_and_backend() -> tuple[str, str]:
     return platform.device_type, platform.dist_backend
 
 
-def local_device(device_type: str) -> torch.device:
-    """This rank's device: ``cpu``, or accelerator number LOCAL_RANK (made current)."""
-    if device_type == "cpu":
-        return torch.device("cpu")
-    index = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.get_device_module(device_type).set_device(index)
-    return torch.device(device_type, index)
+def local_device() -> torch.device:
+    """This rank's device, chosen by the platform from the devices this process sees
+    (`Platform.select_device` with LOCAL_RANK / LOCAL_WORLD_SIZE) and made current."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return get_platform().select_device(local_rank, local_world_size)
 
 
 def _free_port() -> int:
