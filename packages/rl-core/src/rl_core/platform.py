@@ -37,6 +37,7 @@ __all__ = [
     "Platform",
     "PlatformUnavailableError",
     "get_platform",
+    "platform_for_cluster",
 ]
 
 PLATFORM_ENV = "RL_PLATFORM"
@@ -169,6 +170,13 @@ class Platform(ABC):
         index = self.local_device_index(local_rank, local_world_size)
         self.set_device(index)
         return self.device(index)
+
+    def process_device(self) -> torch.device:
+        """`select_device` for this process, from ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (set
+        by the worker group or torchrun; unset: rank 0 of 1)."""
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return self.select_device(local_rank, local_world_size)
 
     @property
     def auto_dtype(self) -> torch.dtype:
@@ -388,3 +396,33 @@ def get_platform(name: str | None = None) -> Platform:
                 f"platform {platform.name!r}: is_available() raised {exc!r}", stacklevel=2
             )
     return _instance("cpu")
+
+
+def platform_for_cluster(resources: Mapping[str, float], name: str | None = None) -> str:
+    """The platform worker groups should use on a cluster with these Ray ``resources``.
+
+    The workers' nodes decide, not the driver's hardware: ``name`` (a config's explicit
+    choice, e.g. ``trainer.platform``) wins; else the one installed platform whose Ray
+    resource the cluster offers (``GPU`` -> cuda or rocm, ``NPU`` -> npu); else CPU. Two
+    installed platforms claiming the same offered resource need an explicit ``name``.
+    """
+    if name is not None:
+        PLATFORMS.get(name)  # an unknown name fails here, listing the installed ones
+        return name
+    offered: dict[str, list[str]] = {}
+    for candidate in PLATFORMS.names():
+        try:
+            resource = PLATFORMS.get(candidate).ray_resource
+        except Exception as exc:
+            warnings.warn(f"platform {candidate!r} could not be loaded: {exc}", stacklevel=2)
+            continue
+        if resource and float(resources.get(resource, 0) or 0) > 0:
+            offered.setdefault(resource, []).append(candidate)
+    if not offered:
+        return "cpu"
+    if len(offered) > 1 or any(len(names) > 1 for names in offered.values()):
+        raise ValueError(
+            f"the cluster offers {sorted(offered)} and several installed platforms match "
+            f"({offered}): name one explicitly (trainer.platform / RL_PLATFORM)"
+        )
+    return next(iter(offered.values()))[0]

@@ -147,7 +147,9 @@ def set_state(dp: Any, state: dict[str, Any]) -> None:
     readonly: set[Key] = set()
     batch = None
     if state["batch_size"] is not None:
-        batch = TensorDict({}, batch_size=state["batch_size"], device=state["batch_device"])
+        # host memory whatever the sender's device was (see `tensor_to_carrier`)
+        device = None if state["batch_device"] is None else "cpu"
+        batch = TensorDict({}, batch_size=state["batch_size"], device=device)
         for key, carrier in state["tensors"]:
             tensor, is_readonly = carrier_to_tensor(*carrier, zero_copy_receive=mapped)
             batch.set(key, tensor)

@@ -26,10 +26,8 @@ def device_and_backend() -> tuple[str, str]:
 
 def local_device() -> torch.device:
     """This rank's device, chosen by the platform from the devices this process sees
-    (`Platform.select_device` with LOCAL_RANK / LOCAL_WORLD_SIZE) and made current."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return get_platform().select_device(local_rank, local_world_size)
+    (`Platform.process_device`) and made current."""
+    return get_platform().process_device()
 
 
 def _free_port() -> int:

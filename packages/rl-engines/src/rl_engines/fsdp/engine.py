@@ -61,6 +61,7 @@ from rl_engines.fsdp.forward import (
 from rl_engines.fsdp.model import (
     build_device_mesh,
     build_hf_model,
+    resolve_attn_implementation,
     resolve_compute_dtype,
     shard_model,
 )
@@ -96,6 +97,7 @@ class FSDPOptions:
                 "expected an integer >= 0 (0: no chunking)"
             )
         return options
+
 
 RESERVED_METRICS = (
     "loss",
@@ -149,7 +151,7 @@ class FSDPEngine(TrainEngine):
         self.mesh = build_device_mesh(config.parallel, self.device_type, self.world_size)
         mcfg = config.model
         self.value_model = mcfg.value_head
-        self.compute_dtype = resolve_compute_dtype(mcfg, self.device_type)
+        self.compute_dtype = resolve_compute_dtype(mcfg)
         if config.parallel.cpu_offload and self.device_type == "cpu":
             raise ValueError(
                 "ParallelConfig.cpu_offload=True on a CPU device: expected an accelerator "
@@ -158,7 +160,7 @@ class FSDPEngine(TrainEngine):
         self.packed = (
             mcfg.use_remove_padding
             if mcfg.use_remove_padding is not None
-            else varlen_attention_available(mcfg.attn_implementation)
+            else varlen_attention_available(resolve_attn_implementation(mcfg))
         )
         model = build_hf_model(mcfg, config.seed)
         if config.inference_only:
