@@ -72,8 +72,12 @@ def run_two_steps(overrides: list[str], output_dir: Path):
     group = trainer.groups.actor
     update_actor = group.update_actor
 
+    before: list[torch.Tensor] = []
+
     def recording_update_actor(batch: DataProto) -> DataProto:
         updates.append(batch)
+        if not before:  # the policy's log-probs of the first batch before any update
+            before.append(group.compute_log_prob(batch).batch["old_log_probs"])
         return update_actor(batch)
 
     group.update_actor = recording_update_actor
@@ -83,7 +87,7 @@ def run_two_steps(overrides: list[str], output_dir: Path):
         first = updates[0]
         now = group.compute_log_prob(first).batch["old_log_probs"]
         mask = first.batch["response_mask"].bool()
-        moved = float((now - first.batch["old_log_probs"])[mask].abs().max())
+        moved = float((now - before[0])[mask].abs().max())
     finally:
         trainer.close()
     return cfg, history, updates, moved
