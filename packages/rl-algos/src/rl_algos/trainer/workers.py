@@ -14,6 +14,7 @@ process boundaries); `rl_algos.trainer.config` builds them.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -102,6 +103,14 @@ class _TrainedRole(Worker):
             outputs=outputs,
         )
         return _metrics_proto(metrics, self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def peak_memory(self) -> dict[str, float]:
+        """This process's peak device memory (host RSS on CPU) in bytes, and its pid."""
+        return {
+            "pid": float(os.getpid()),
+            "peak_bytes": float(self.platform.max_memory_allocated()),
+        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
