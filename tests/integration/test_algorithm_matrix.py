@@ -4,7 +4,8 @@ trains `examples/grpo_tiny.yaml` for 2 steps.
 The runs use the in-process `local` backend (one FSDP worker with its `hf` rollout, no Ray)
 and in-process rewards, so the whole matrix stays within a few minutes on 2 CPUs. The
 reward is `spread_reward.py` so that groups differ and advantages are not all zero. Each
-run checks the 2 steps' metrics, that the actor's weights moved, and what the name
+run (2 mini-batches per step, so the second one trains off the old policy) checks the
+2 steps' metrics, that the actor's weights moved, and what the name
 selects: the advantages of the recorded update batch against an independent computation
 for the estimators, and the loss's own metric or setting for the losses.
 """
@@ -65,6 +66,9 @@ def run_two_steps(overrides: list[str], output_dir: Path):
             "trainer.loggers=[jsonl]",
             "reward.num_workers=0",
             f"reward.function_path={REWARD}",
+            # two optimizer steps per step: the second mini-batch sees ratios != 1, so the
+            # clips, gates and trust regions act (and old log-probs are recomputed)
+            "actor.mini_batch_size=2",
         ],
     )
     trainer = RLTrainer(cfg)
@@ -144,6 +148,8 @@ def test_trains_grpo_tiny_for_two_steps(case, tmp_path):
         assert not bad, f"non-finite metrics: {bad}"
         assert "actor/pg_loss" in h
     assert len(updates) == 2
+    assert all("old_log_probs" in set(b.batch.keys()) for b in updates)
+    assert all(h["actor/num_updates"] == 2.0 for h in history)
     assert moved > 1e-6, "the actor's weights did not change"
 
     if case in ("opo", "gpg", "grpo_passk", "remax"):

@@ -210,3 +210,13 @@ def test_reinforce_plus_plus_with_tool_outputs_equals_the_compacted_response():
             expected.append(running)
         assert ret[i][mask[i] == 1].tolist() == pytest.approx(expected[::-1], rel=1e-12)
         assert (ret[i][mask[i] == 0] == 0).all()
+
+
+def test_opo_lengths_count_only_the_models_tokens():
+    # row 0 has a 2-token tool output inside its response: its length is 2, not 4
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 0, 1], [1, 1, 1, 1]], dtype=torch.float64)
+    adv, _ = run("opo", rewards, mask, ["g", "g"])
+    b = (2 * 1.0 + 4 * 0.0) / 6  # length-weighted with lengths 2 and 4
+    assert adv[0].tolist() == pytest.approx([1 - b, 0.0, 0.0, 1 - b])
+    assert adv[1].tolist() == pytest.approx([-b] * 4)
