@@ -13,6 +13,7 @@ for the estimators, and the loss's own metric or setting for the losses.
 from __future__ import annotations
 
 import math
+import runpy
 from collections import defaultdict
 from pathlib import Path
 
@@ -77,6 +78,16 @@ def run_two_steps(overrides: list[str], output_dir: Path):
     update_actor = group.update_actor
 
     before: list[torch.Tensor] = []
+    generate = group.generate_sequences
+    greedy: list[DataProto] = []
+
+    def recording_generate(batch: DataProto) -> DataProto:
+        out = generate(batch)
+        if batch.meta_info.get("temperature") == 0.0:
+            greedy.append(out)
+        return out
+
+    group.generate_sequences = recording_generate
 
     def recording_update_actor(batch: DataProto) -> DataProto:
         updates.append(batch)
@@ -92,9 +103,10 @@ def run_two_steps(overrides: list[str], output_dir: Path):
         now = group.compute_log_prob(first).batch["old_log_probs"]
         mask = first.batch["response_mask"].bool()
         moved = float((now - before[0])[mask].abs().max())
+        tokenizer = trainer.tokenizer
     finally:
         trainer.close()
-    return cfg, history, updates, moved
+    return cfg, history, updates, moved, greedy, tokenizer
 
 
 def per_sample(tensor: torch.Tensor, mask: torch.Tensor) -> list[float]:
@@ -139,9 +151,27 @@ def expected_advantages(name: str, batch: DataProto) -> list[float]:
     return out
 
 
+def check_remax_baselines(updates, greedy, tokenizer) -> None:
+    """One greedy rollout per step with one response per prompt, and each sampled row's
+    baseline is its prompt's greedy response scored by the reward, from the decoded text."""
+    reward = runpy.run_path(str(REWARD))["compute_score"]
+    assert len(greedy) == 2  # one per step (validation is off)
+    for batch, out in zip(updates, greedy):
+        uids = out.non_tensor_batch["uid"].tolist()
+        assert sorted(uids) == sorted(set(batch.non_tensor_batch["uid"].tolist()))
+        prompt_len = out.batch["prompts"].shape[-1]
+        lengths = out.batch["attention_mask"][:, prompt_len:].sum(-1).tolist()
+        score = {}
+        for uid, ids, n in zip(uids, out.batch["responses"], lengths):
+            text = tokenizer.decode(ids[: int(n)].tolist(), skip_special_tokens=True)
+            score[uid] = reward("arithmetic", text, "", {})
+        expected = [score[u] for u in batch.non_tensor_batch["uid"].tolist()]
+        assert batch.batch["reward_baselines"].tolist() == pytest.approx(expected)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_trains_grpo_tiny_for_two_steps(case, tmp_path):
-    cfg, history, updates, moved = run_two_steps(CASES[case], tmp_path / case)
+    cfg, history, updates, moved, greedy, tokenizer = run_two_steps(CASES[case], tmp_path / case)
     assert [h["step"] for h in history] == [1, 2]
     for h in history:
         bad = {k: v for k, v in h.items() if isinstance(v, float) and not math.isfinite(v)}
@@ -161,6 +191,7 @@ def test_trains_grpo_tiny_for_two_steps(case, tmp_path):
             assert (batch.batch["advantages"][mask == 0] == 0).all()
         if case == "remax":
             assert "reward/baseline_mean" in history[0]
+            check_remax_baselines(updates, greedy, tokenizer)
         else:
             assert any(
                 abs(a) > 0 for b in updates for a in b.batch["advantages"].flatten().tolist()
