@@ -14,7 +14,7 @@ Straight-through variants ``k1+``, ``k3+`` and ``low_var_kl+`` (verl's names): t
 k1 / k3 with the gradient of k2, i.e. ``k2 - sg(k2) + sg(k)``. k1 and k3 are unbiased
 estimates of the KL's value, but their expected gradients are not the KL's gradient; k2's
 is (Schulman's note above; Tang & Munos 2025, "On a few pitfalls in KL divergence gradient
-estimation for RL", arXiv:2506.09477). As a loss term, use these.
+estimation for RL"). As a loss term, use these.
 """
 
 from __future__ import annotations
