@@ -79,6 +79,16 @@ def test_gpg_by_hand():
     assert (adv[mask == 0] == 0).all()
 
 
+def test_gpg_advantages_sum_to_zero_in_each_group():
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randint(0, 3, (12,), generator=gen).double().tolist()  # some exactly 0
+    rewards, mask = outcome(scores, [3] * 12, width=3)
+    adv, _ = run("gpg", rewards, mask, [i // 4 for i in range(12)])
+    for g in range(3):
+        assert adv[4 * g : 4 * g + 4, 0].sum().item() == pytest.approx(0.0, abs=1e-12)
+    assert adv.abs().sum() > 0
+
+
 def test_gpg_all_zero_scores_give_zero_not_nan():
     rewards, mask = outcome([0, 0, 0, 0], [1, 2, 3, 4])
     adv, _ = run("gpg", rewards, mask, ["a", "a", "b", "b"])
