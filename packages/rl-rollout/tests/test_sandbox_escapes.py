@@ -305,9 +305,9 @@ def test_writes_through_proc_self_fd_symlinks_and_hard_links_fail(host_files):
         f"dfd = os.open({str(ro)!r}, os.O_RDONLY | os.O_DIRECTORY)\n"
         "attempt('proc-dirfd', lambda: open(f'/proc/self/fd/{dfd}/planted', 'w').write('x'))\n"
         f"attempt('symlink', lambda: os.symlink({str(host_files / 'victim.txt')!r}, 'v'))\n"
-        "attempt('symlink-write', lambda: open('v', 'w').write('owned'))\n"
+        "attempt('symlink-write', lambda: open('v', 'r+').write('owned'))\n"
         f"attempt('hardlink', lambda: os.link({str(data)!r}, 'h'))\n"
-        "attempt('hardlink-write', lambda: open('h', 'w').write('owned'))\n"
+        "attempt('hardlink-write', lambda: open('h', 'r+').write('owned'))\n"
         "print('done', out)\n"
     )
     result = run_python(code, cfg(extra_read_paths=(str(ro),)))

@@ -132,8 +132,6 @@ def _bwrap_argv(
     ]
     if not config.allow_network:
         argv.append("--unshare-net")
-    for root in read_roots:
-        argv += ["--ro-bind", root, root]
     argv += [
         "--proc",
         "/proc",
@@ -147,6 +145,10 @@ def _bwrap_argv(
         work_dir,
         "--chdir",
         work_dir,
+    ]
+    for root in read_roots:  # after /tmp's tmpfs, which would hide binds below it
+        argv += ["--ro-bind", root, root]
+    argv += [
         "--remount-ro",
         "/",
         "--seccomp",
