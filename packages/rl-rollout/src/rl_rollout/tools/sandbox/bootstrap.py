@@ -102,9 +102,16 @@ def _limits(cfg):
     return limits
 
 
-def _install_guard(work_dir, read_roots):
+PROCESS_EVENTS = frozenset(e for e, why in BLOCKED_EVENTS.items() if why.startswith("creating"))
+
+
+def _install_guard(work_dir, read_roots, allow_subprocesses=False):
     """Install the audit hook. Its tables are frozen copies held in this closure only."""
-    blocked = dict(BLOCKED_EVENTS)
+    blocked = {
+        e: why
+        for e, why in BLOCKED_EVENTS.items()
+        if not (allow_subprocesses and e in PROCESS_EVENTS)
+    }
     path_events = dict(PATH_EVENTS)
     devices = frozenset(READABLE_DEVICES)
     write_flags = WRITE_FLAGS
@@ -240,7 +247,9 @@ def _worker(cfg, code):
         # Readable: the interpreter's own library directories, the extra import paths and
         # any extra read roots the parent allowed.
         read_roots = [os.path.realpath(p) for p in [*sys.path, *cfg["read_roots"]] if p]
-        _install_guard(os.path.realpath(cfg["work_dir"]), read_roots)
+        _install_guard(
+            os.path.realpath(cfg["work_dir"]), read_roots, cfg.get("allow_subprocesses", False)
+        )
         for name in [
             m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))
         ]:

@@ -188,6 +188,7 @@ def run(code: str, config: SandboxConfig) -> SandboxResult:
         # Counted per (user namespace, uid): the bwrap PID 1 reaper plus the code's tasks.
         "nproc_limit": config.max_processes + 1,
         "python_guards": config.python_guards,
+        "allow_subprocesses": config.allow_subprocesses,
         "extra_sys_path": extra_sys_path,
         "read_roots": [os.path.realpath(p) for p in config.extra_read_paths],
     }

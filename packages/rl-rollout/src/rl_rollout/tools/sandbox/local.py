@@ -88,6 +88,7 @@ def run(code: str, config: SandboxConfig) -> SandboxResult:
         "max_open_files": config.max_open_files,
         "nproc_limit": nproc_limit,
         "python_guards": config.python_guards,
+        "allow_subprocesses": config.allow_subprocesses,
         "extra_sys_path": list(site.getsitepackages()) if config.allow_site_packages else [],
         "read_roots": [str(Path(p).resolve()) for p in config.extra_read_paths],
     }
