@@ -14,11 +14,11 @@ import dataclasses
 import json
 import os
 import shutil
-import urllib.error
-import urllib.request
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -374,7 +374,9 @@ def test_remote_backend_runs_code_on_a_sandboxfusion_service(fusion_service, tmp
 
 def _post(url: str, body: dict) -> dict:
     req = urllib.request.Request(
-        url + "/run_code", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url + "/run_code",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())

@@ -311,15 +311,18 @@ def test_writes_through_proc_self_fd_symlinks_and_hard_links_fail(host_files):
         "print('done', out)\n"
     )
     result = run_python(code, cfg(extra_read_paths=(str(ro),)))
-    written = [n for n in ("proc-fd", "proc-dirfd", "symlink-write", "hardlink-write") if n in result.stdout]
+    written = [
+        n
+        for n in ("proc-fd", "proc-dirfd", "symlink-write", "hardlink-write")
+        if n in result.stdout
+    ]
     assert written == [], result.stdout + result.stderr
 
 
 def test_switching_off_the_audit_hook_via_main_gains_nothing(tmp_path):
     marker = tmp_path / "hook-marker"
     code = UNHOOK + (
-        f"open({str(marker)!r}, 'w').write(open('/etc/passwd').read())\n"
-        "print('escaped')\n"
+        f"open({str(marker)!r}, 'w').write(open('/etc/passwd').read())\nprint('escaped')\n"
     )
     result = run_python(code)
     assert not marker.exists()

@@ -171,7 +171,6 @@ def _install_guard(work_dir, read_roots, allow_subprocesses=False):
 def _run_user_code(code, memory_mb):
     import builtins
     import linecache
-
     import types
 
     filename = "<sandbox>"
@@ -261,19 +260,18 @@ def _worker(cfg, code):
 def _verified_isolation():
     """What the kernel reports about this process: the layers bubblewrap put in place."""
     fields = {}
-    with contextlib.suppress(OSError):
-        with open("/proc/self/status") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields[key] = value.split()
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.split()
     found = []
     if fields.get("NoNewPrivs") == ["1"]:
         found.append("no-new-privs")
     if fields.get("Seccomp") == ["2"]:
         found.append("seccomp")
-    if fields.get("CapEff") and int(fields["CapEff"][0], 16) == 0:
-        if int(fields.get("CapBnd", ["1"])[0], 16) == 0:
-            found.append("caps-dropped")
+    caps = [int(fields.get(k, ["1"])[0], 16) for k in ("CapEff", "CapPrm", "CapBnd")]
+    if caps == [0, 0, 0]:
+        found.append("caps-dropped")
     if fields.get("Uid", [None])[0] == "65534":
         found.append("uid-65534")
     return found

@@ -61,7 +61,9 @@ def run(code: str, config: SandboxConfig) -> SandboxResult:
             reply = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:500].decode("utf-8", "replace")
-        raise SandboxServiceError(f"sandbox service {url} answered HTTP {exc.code}: {detail}")
+        raise SandboxServiceError(
+            f"sandbox service {url} answered HTTP {exc.code}: {detail}"
+        ) from exc
     except (OSError, ValueError) as exc:  # URLError, time-out, bad JSON
         raise SandboxServiceError(
             f"sandbox service {url} failed within {timeout:g} s: {exc}"
