@@ -30,7 +30,8 @@ from rl_rollout.tools import (
     SandboxUnavailableError,
     run_python,
 )
-from rl_rollout.tools.sandbox import select_backend
+from rl_rollout.tools.sandbox import bubblewrap, sandbox_report, select_backend
+from rl_rollout.tools.sandbox.cgroups import CgroupSupport
 from rl_rollout.tools.sandbox.remote import SandboxServiceError
 from rl_rollout.tools.sandbox.service import handle_run_code, start_in_thread
 
@@ -143,8 +144,32 @@ def test_process_count_is_capped_by_the_kernel_when_subprocesses_are_allowed():
     assert_host_clean(result)
 
 
+def test_without_cgroups_the_process_cap_is_seccomp_or_rlimit_nproc(monkeypatch):
+    """Where no cgroup hierarchy is writable the run says so. Process creation stays denied
+    by seccomp; allowing it needs RLIMIT_NPROC, which (counted per user namespace) caps a
+    fork bomb for a non-root host uid, and which the kernel does not apply to host root, so
+    there the backend refuses allow_subprocesses."""
+    monkeypatch.setattr(
+        bubblewrap, "cgroup_support", lambda: CgroupSupport(None, {}, "cgroups switched off")
+    )
+    denied = run_python(FORK_CHILDREN, SandboxConfig(timeout_s=1, python_guards=False))
+    assert not any(m.startswith("cgroup-") for m in denied.isolation)
+    assert "refused 1\n" in denied.stdout and "children 0" in denied.stdout
+    config = SandboxConfig(
+        timeout_s=3, max_processes=6, python_guards=False, allow_subprocesses=True
+    )
+    if os.geteuid() == 0:
+        with pytest.raises(SandboxUnavailableError, match="no writable cgroup hierarchy"):
+            run_python(FORK_CHILDREN, config)
+        return
+    result = run_python(FORK_CHILDREN, config)
+    assert "rlimit-nproc-userns" in result.isolation
+    assert "refused 11" in result.stdout and "children 5" in result.stdout, result.stdout
+    assert_host_clean(result)
+
+
 def test_process_creation_is_refused_by_seccomp_without_python_guards():
-    result = run_python(FORK_CHILDREN, SandboxConfig(timeout_s=3, python_guards=False))
+    result = run_python(FORK_CHILDREN, SandboxConfig(timeout_s=1, python_guards=False))
     assert "refused 1\n" in result.stdout and "children 0" in result.stdout  # EPERM
 
 
@@ -301,6 +326,9 @@ def test_default_backend_is_bubblewrap_and_reports_verified_layers():
     assert verified <= set(result.isolation), result.isolation
     assert {"userns", "mountns", "pidns", "netns", "ipcns", "utsns"} <= set(result.isolation)
     assert "tmpfs-quota-64MiB" in result.isolation
+    report = sandbox_report()
+    assert report["backend"] == "bubblewrap"
+    assert report["cgroups"] in ("v1", "v2") or report["cgroups"].startswith("unavailable: ")
 
 
 def test_ordinary_code_threads_files_and_arithmetic():

@@ -90,9 +90,13 @@ def run_python(code: str, config: SandboxConfig | None = None) -> SandboxResult:
 
 def sandbox_report(config: SandboxConfig | None = None) -> dict[str, Any]:
     """Which backend and mechanisms a run would use on this machine (for logs and docs)."""
+    from rl_rollout.tools.sandbox.cgroups import cgroup_support
+
     result = run_python("pass", config)
+    support = cgroup_support()
     return {
         "backend": result.backend,
+        "cgroups": support.version or f"unavailable: {support.reason}",
         "isolation": list(result.isolation),
         "config": asdict(config or SandboxConfig()),
     }

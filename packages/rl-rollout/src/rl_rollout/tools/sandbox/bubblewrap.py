@@ -13,13 +13,16 @@ the Python audit hook off):
   of ``disk_quota_mb``;
 * the seccomp filter of `seccomp_filter` (``bwrap --seccomp FD``);
 * the run's cgroups (tasks and memory) when this host allows creating them, else
-  ``RLIMIT_NPROC``, which inside the new user namespace counts only the run's own tasks;
+  ``RLIMIT_NPROC``, which inside the new user namespace counts only the run's own tasks but
+  is not enforced when the sandbox's uid maps to host root: there, without cgroups,
+  ``allow_subprocesses`` is refused and seccomp's ban on process creation is the cap;
 * the rlimits (CPU, address space, file size, open files, core) and the output caps.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import site
@@ -36,6 +39,7 @@ from rl_rollout.tools.sandbox.config import SandboxConfig, SandboxResult
 from rl_rollout.tools.sandbox.process import run_process, signal_reason
 from rl_rollout.tools.sandbox.seccomp_filter import build_filter_fd, seccomp_available
 
+logger = logging.getLogger(__name__)
 BOOTSTRAP = Path(__file__).with_name("bootstrap.py")
 NAME = "bubblewrap"
 SANDBOX_UID = 65534
@@ -44,6 +48,16 @@ INSTALL_HINT = "install Debian's `bubblewrap` package (apt-get install bubblewra
 
 def find_bwrap(config: SandboxConfig) -> str | None:
     return shutil.which(config.bwrap_path or "bwrap")
+
+
+@lru_cache(maxsize=1)
+def _warn_no_cgroups(reason: str) -> None:
+    logger.warning(
+        "sandbox: no per-run cgroups here (%s); process creation is denied by seccomp, "
+        "RLIMIT_NPROC caps it where allowed (not for host root), memory is capped by "
+        "RLIMIT_AS only",
+        reason,
+    )
 
 
 @lru_cache(maxsize=8)
@@ -80,7 +94,19 @@ def unavailable_reason(config: SandboxConfig) -> str | None:
     if bwrap is None:
         return f"bubblewrap (`{config.bwrap_path or 'bwrap'}`) was not found: {INSTALL_HINT}"
     reason = _probe(bwrap) or seccomp_available()
+    support = cgroup_support()
+    if reason is None and config.allow_subprocesses and support.version is None and _root():
+        reason = (
+            "SandboxConfig.allow_subprocesses=True needs a kernel process cap, and there is "
+            f"none here: no writable cgroup hierarchy ({support.reason}) and RLIMIT_NPROC "
+            "does not apply to processes of host uid 0; delegate a cgroup or run as non-root"
+        )
     return reason
+
+
+def _root() -> bool:
+    """Whether the sandbox's uid maps to host root (where RLIMIT_NPROC is not enforced)."""
+    return os.geteuid() == 0
 
 
 def _interpreter() -> tuple[str, list[str]]:
@@ -230,7 +256,9 @@ def run(code: str, config: SandboxConfig) -> SandboxResult:
             cgroup.remove()
     isolation += outcome.status.get("applied", [])
     if support.version is None:
-        isolation.append("rlimit-nproc-userns")
+        _warn_no_cgroups(support.reason)
+        if not _root():
+            isolation.append("rlimit-nproc-userns")
     if config.python_guards:
         isolation.append("audit-hook")
     exit_code = outcome.returncode
