@@ -33,7 +33,7 @@ class SandboxConfig:
     allow_site_packages: bool = False
     extra_read_paths: tuple[str, ...] = ()
     python_guards: bool = True
-    work_dir_parent: str | None = None
+    work_dir_parent: str | None = None  # python-audit only; bubblewrap uses its own tmpfs
     backend: str = "auto"
     allow_weak_isolation: bool = False
     remote_url: str | None = None
