@@ -14,6 +14,7 @@ process boundaries); `rl_algos.trainer.config` builds them.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -47,6 +48,7 @@ def _train_epochs(
     epochs: int,
     prefix: str,
     seed: int,
+    outputs: tuple[str, ...] | None = None,
 ) -> dict[str, float]:
     """PPO-style updates: `epochs` passes over `batch` in mini-batches of this rank's share.
 
@@ -60,7 +62,8 @@ def _train_epochs(
     for _ in range(epochs):
         order = torch.randperm(len(batch), generator=generator)
         for start in range(0, len(batch), per_rank):
-            metrics = engine.train_batch(batch[order[start : start + per_rank]], loss_fn)
+            mini_batch = batch[order[start : start + per_rank]]
+            metrics = engine.train_batch(mini_batch, loss_fn, outputs=outputs)
             steps += 1
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
@@ -84,7 +87,9 @@ class _TrainedRole(Worker):
         self.config = config
         self.engine: TrainEngine | None = None
 
-    def _update(self, batch: DataProto, loss_fn: Any) -> DataProto:
+    def _update(
+        self, batch: DataProto, loss_fn: Any, outputs: tuple[str, ...] | None = None
+    ) -> DataProto:
         cfg = self.config
         step = int(batch.meta_info.get("global_step", 0))
         metrics = _train_epochs(
@@ -95,8 +100,17 @@ class _TrainedRole(Worker):
             cfg["epochs"],
             self.prefix,
             seed=int(cfg.get("seed", 0)) * 1_000_003 + step,
+            outputs=outputs,
         )
         return _metrics_proto(metrics, self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def peak_memory(self) -> dict[str, float]:
+        """This process's peak device memory (host RSS on CPU) in bytes, and its pid."""
+        return {
+            "pid": float(os.getpid()),
+            "peak_bytes": float(self.platform.max_memory_allocated()),
+        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -172,7 +186,13 @@ class ActorRolloutWorker(_TrainedRole):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, batch: DataProto) -> DataProto:
-        return self._update(batch, self.loss_fn)
+        """PPO-style update. Entropy is computed in the update's forward pass when the
+        loss uses it or when no separate old-log-prob pass reported it."""
+        entropy = self.config["loss"].get("entropy_coeff", 0) != 0 or batch.meta_info.get(
+            "old_log_probs_from_update", False
+        )
+        outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
+        return self._update(batch, self.loss_fn, outputs)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> float:
