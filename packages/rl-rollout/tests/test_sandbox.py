@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -39,13 +38,7 @@ REPO_FILE = Path(__file__).resolve()
 WEAK = SandboxConfig(backend="python-audit", allow_weak_isolation=True)
 
 
-@pytest.fixture(autouse=True)
-def require_bwrap():
-    if shutil.which("bwrap") is None:
-        message = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+pytestmark = pytest.mark.usefixtures("require_bwrap")
 
 
 def _session_members(session_id: int) -> list[str]:

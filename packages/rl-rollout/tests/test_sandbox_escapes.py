@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,14 +24,7 @@ import pytest
 
 from rl_rollout.tools import SandboxConfig, run_python
 
-
-@pytest.fixture(autouse=True)
-def require_bwrap():
-    if shutil.which("bwrap") is None:
-        message = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+pytestmark = pytest.mark.usefixtures("require_bwrap")
 
 
 def cfg(**kwargs) -> SandboxConfig:
