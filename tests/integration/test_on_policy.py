@@ -99,3 +99,27 @@ def test_entropy_bonus_trains_on_policy_and_logs_entropy(ray_cluster, make_confi
         entropy = metrics["actor/entropy"]
         assert 0 < entropy < torch.log(torch.tensor(512.0)).item(), entropy
         assert metrics["actor/grad_norm"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_hybrid_engine_cycle_sleeps_the_rollout_while_training(ray_cluster, make_config, tmp_path):
+    """With `rollout.sleep_while_training` (the accelerator default) the rollout sleeps
+    after generating and wakes at the weight sync; a missed wake-up would hang generation
+    (the HF engine holds new batches until `wake_up`), and validation generates too."""
+    config = make_config(
+        "grpo",
+        [
+            "rollout.sleep_while_training=true",
+            "trainer.total_steps=2",
+            "trainer.val_every=2",
+            "trainer.call_timeout_s=240",
+        ],
+        output_dir=tmp_path / "sleep",
+    )
+    trainer = RLTrainer(config)
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    assert len(history) == 2 and all(m["actor/grad_norm"] > 0 for m in history)

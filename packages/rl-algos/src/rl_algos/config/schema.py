@@ -171,6 +171,9 @@ class RolloutConfig:
     """Generation dtype ("auto": bfloat16 on accelerators, float32 on CPU)."""
     generator: str = "agent_loop"
     agent_loop: str = "single_turn"
+    sleep_while_training: bool | None = None
+    """Colocated hybrid engine: the rollout sleeps (frees its KV cache and device weights)
+    after generating and wakes at the next weight sync (null: on accelerators only)."""
     n: int = 4
     temperature: float = 1.0
     top_p: float = 1.0

@@ -179,6 +179,7 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         "mini_batch_size": cfg.actor.mini_batch_size * n,
         "epochs": cfg.actor.epochs,
         "offload_when_generating": cfg.actor.offload_when_generating,
+        "sleep_while_training": rollout.sleep_while_training,
         "seed": cfg.trainer.seed,
     }
 

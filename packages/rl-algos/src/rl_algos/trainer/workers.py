@@ -127,8 +127,12 @@ class ActorRolloutWorker(_TrainedRole):
     ``config`` keys: ``engine`` (name), ``engine_config`` (EngineConfig dict), ``ref``
     (EngineConfig dict or None), ``generator`` (name), ``rollout`` (the generator's config
     mapping; its ``rollout`` entry is the RolloutConfig), ``loss`` (PolicyLossConfig dict),
-    ``mini_batch_size``, ``epochs``, ``offload_when_generating`` and
-    ``weight_bucket_bytes``.
+    ``mini_batch_size``, ``epochs``, ``offload_when_generating``,
+    ``sleep_while_training`` (None: on accelerators) and ``weight_bucket_bytes``.
+
+    The hybrid cycle: generate -> the rollout sleeps (frees its KV cache and device
+    weights) -> reference/old log-probs and the update run on the training engine ->
+    `sync_weights` wakes the rollout and loads the new weights -> generate.
     """
 
     prefix = "actor"
@@ -137,6 +141,7 @@ class ActorRolloutWorker(_TrainedRole):
         super().__init__(config)
         self.ref: TrainEngine | None = None
         self.generator: Any = None
+        self._rollout_asleep = False
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -156,8 +161,18 @@ class ActorRolloutWorker(_TrainedRole):
         self.loss_fn = make_actor_loss_fn(PolicyLossConfig(**cfg["loss"]))
         self.sync_weights()  # the rollout starts from exactly the actor's weights
 
+    def _sleeps_while_training(self) -> bool:
+        choice = self.config.get("sleep_while_training")
+        return self.platform.device_type != "cpu" if choice is None else bool(choice)
+
+    def _wake_rollout(self) -> None:
+        if self._rollout_asleep:
+            self.generator.wake_up()
+            self._rollout_asleep = False
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, batch: DataProto) -> DataProto:
+        self._wake_rollout()
         if self.config.get("offload_when_generating"):
             self.engine.offload()
         try:
@@ -165,6 +180,9 @@ class ActorRolloutWorker(_TrainedRole):
         finally:
             if self.config.get("offload_when_generating"):
                 self.engine.onload()
+            if self._sleeps_while_training():
+                self.generator.sleep(1)
+                self._rollout_asleep = True
         # Timings differ per rank and would conflict when the chunks are merged; the
         # driver times the phase, and per-sample counts travel as non-tensor fields.
         out.meta_info.pop("rollout_metrics", None)
@@ -198,6 +216,7 @@ class ActorRolloutWorker(_TrainedRole):
     def sync_weights(self) -> float:
         """Full weights from the training engine into this process's rollout engine."""
         start = time.perf_counter()
+        self._wake_rollout()
         bucket_bytes = int(self.config.get("weight_bucket_bytes", 256 * 1024 * 1024))
         for bucket in self.engine.export_weights(bucket_bytes=bucket_bytes):
             self.generator.update_weights(bucket)
