@@ -143,13 +143,14 @@ def _check_consistency(cfg: RLConfig) -> None:
         )
     generate = cfg.data.generate
     if generate.task is not None:
-        from rl_algos.data.tasks import TASKS
+        from rl_algos.data.tasks import GENERATED_TASKS, TASKS
 
-        if generate.task not in TASKS:
+        tasks = sorted(TASKS) + GENERATED_TASKS.names()
+        if generate.task not in tasks:
             raise ConfigError(
                 "data.generate.task",
-                f"invalid value {generate.task!r}; expected one of {sorted(TASKS)}"
-                f"{suggest(generate.task, sorted(TASKS))}",
+                f"invalid value {generate.task!r}; expected one of {tasks}"
+                f"{suggest(generate.task, tasks)}",
             )
         if cfg.data.train_files:
             raise ConfigError(

@@ -55,10 +55,12 @@ class ModelConfig:
 
     path: a Hugging Face model directory, ``gguf:<file.gguf>`` / ``gguf:<package>``, or
     the alias ``smollm2-135m-instruct`` (see rl_algos.trainer.model_source).
-    dtype: weights and compute dtype of the engines (float32 on CPU)."""
+    dtype: weights and compute dtype of the engines (float32 on CPU).
+    freeze_vision_tower: a vision-language model's vision encoder is not trained."""
 
     path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    freeze_vision_tower: bool = False
 
 
 @dataclass
@@ -84,6 +86,8 @@ class DataConfig:
     """Prompts: verl-style parquet/jsonl files (see rl_algos.data).
 
     train_batch_size: prompts per step (each sampled `rollout.n` times).
+    dataset: the prompt dataset by name (``rl.datasets``): ``prompt``, or ``vlm`` (rows with
+    images, from rl-multimodal).
     max_prompt_length: longer prompts are dropped (counted) or rejected
     (`filter_overlong_prompts: false`); max_response_length: generation budget."""
 
@@ -98,6 +102,7 @@ class DataConfig:
     apply_chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     filter_overlong_prompts: bool = True
+    dataset: str = "prompt"
     generate: DataGenerateConfig = field(default_factory=DataGenerateConfig)
 
     def __post_init__(self) -> None:

@@ -89,7 +89,11 @@ def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: in
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The plain-dict config an `ActorRolloutWorker` is built from."""
     n = cfg.rollout.n
-    model = {"path": model_path, "dtype": cfg.model.dtype}
+    model = {
+        "path": model_path,
+        "dtype": cfg.model.dtype,
+        "freeze_vision_tower": cfg.model.freeze_vision_tower,
+    }
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     loss = _as_dict(cfg.actor.loss)
     uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward

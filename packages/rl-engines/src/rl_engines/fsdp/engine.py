@@ -43,6 +43,7 @@ from rl_engines.distributed import (
 )
 from rl_engines.fsdp.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_engines.fsdp.forward import forward_micro_batch, varlen_attention_available
+from rl_engines.fsdp.multimodal import multimodal_kwargs
 from rl_engines.fsdp.model import (
     build_device_mesh,
     build_hf_model,
@@ -160,6 +161,7 @@ class FSDPEngine(TrainEngine):
 
     # ---- helpers ------------------------------------------------------------------
     def _tensors(self, micro_batch: DataProto) -> dict[str, Tensor]:
+        """The micro-batch's model inputs on the engine's device (images: see multimodal)."""
         keys = ("input_ids", "attention_mask", "position_ids", "responses")
         return {k: micro_batch.batch[k].to(self.device) for k in keys}
 
@@ -206,13 +208,15 @@ class FSDPEngine(TrainEngine):
         metric_sums: dict[str, float] = {}
         for index, (micro_batch, _) in enumerate(micro_batches):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
+            tensors = self._tensors(micro_batch)
             out = forward_micro_batch(
                 self.model,
-                self._tensors(micro_batch),
+                tensors,
                 outputs,
                 temperature,
                 self.packed,
                 self.value_model,
+                multimodal_kwargs(self.model, micro_batch, tensors, self.device),
             )
             loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
             loss.backward()
@@ -326,13 +330,15 @@ class FSDPEngine(TrainEngine):
         pieces: dict[str, list[Tensor]] = {k: [] for k in outputs}
         order: list[int] = []
         for micro_batch, indices in split_micro_batches(batch, cfg, num_micro):
+            tensors = self._tensors(micro_batch)
             out = forward_micro_batch(
                 self.model,
-                self._tensors(micro_batch),
+                tensors,
                 outputs,
                 temperature,
                 self.packed,
                 self.value_model,
+                multimodal_kwargs(self.model, micro_batch, tensors, self.device),
             )
             for key in outputs:
                 pieces[key].append(out[key].cpu())

@@ -39,11 +39,21 @@ def forward_micro_batch(
     temperature: float,
     packed: bool,
     value_model: bool,
+    extra: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
-    """Run ``model`` on one micro-batch; return the requested [b, R] outputs."""
+    """Run ``model`` on one micro-batch; return the requested [b, R] outputs.
+
+    ``extra`` holds further model keyword arguments (a VLM's ``pixel_values``,
+    ``image_grid_thw`` and multimodal ``position_ids``, see `rl_engines.fsdp.multimodal`);
+    they need the padded layout."""
     if packed:
+        if extra:
+            raise ValueError(
+                f"model inputs {sorted(extra)} (a vision-language batch) need the padded layout: "
+                "set ModelConfig.use_remove_padding=False"
+            )
         return _forward_packed(model, tensors, outputs, temperature, value_model)
-    return _forward_padded(model, tensors, outputs, temperature, value_model)
+    return _forward_padded(model, tensors, outputs, temperature, value_model, extra or {})
 
 
 def _response_valid(tensors: dict[str, Tensor], resp_len: int) -> Tensor:
@@ -56,6 +66,7 @@ def _forward_padded(
     outputs: Sequence[str],
     temperature: float,
     value_model: bool,
+    extra: dict[str, Tensor],
 ) -> dict[str, Tensor]:
     responses = tensors["responses"]
     resp_len = responses.shape[1]
@@ -65,6 +76,7 @@ def _forward_padded(
         "attention_mask": tensors["attention_mask"],
         "position_ids": tensors["position_ids"],
         "use_cache": False,
+        **extra,
     }
     if value_model:
         scores = model(**kwargs).logits  # [b, S, 1]
