@@ -18,4 +18,3 @@ def vlm_dirs(tmp_path_factory) -> dict[str, str]:
 
     root = tmp_path_factory.mktemp("tiny-vlm")
     return {arch: str(build_tiny_vlm(arch, root / arch)) for arch in ("qwen2_5_vl", "qwen2_vl")}
-

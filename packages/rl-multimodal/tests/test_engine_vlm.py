@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from vlm_cases import vlm_rl_batch
+
 from rl_core.engine import EngineConfig, build_engine
 from rl_core.testing.train_engine import pg_loss
 
@@ -92,7 +92,9 @@ def test_vision_tower_trains_unless_frozen(vlm_dirs, arch, frozen):
     assert text, "the language model must train"
     if frozen:
         assert vision == []
-        assert not any(p.requires_grad for n, p in engine.model.named_parameters() if ".visual." in n)
+        assert not any(
+            p.requires_grad for n, p in engine.model.named_parameters() if ".visual." in n
+        )
     else:  # every vision parameter got a gradient (patch embedding included)
         assert set(vision) == {n for n in before if n.startswith("model.visual.")}
 

@@ -267,10 +267,12 @@ def load_config(
 def check_plugins(cfg: RLConfig) -> None:
     """Check the names that other packages provide (engines, rollout backends, sequence
     generators, agent loops) against what is installed; call when the trainer starts."""
+    from rl_algos.data.dataset import DATASETS
     from rl_core.engine import ENGINES
     from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
 
     checks = [
+        ("data.dataset", cfg.data.dataset, DATASETS, "rl-multimodal"),
         ("actor.engine", cfg.actor.engine, ENGINES, "rl-engines[fsdp]"),
         ("rollout.backend", cfg.rollout.backend, ROLLOUTS, "rl-rollout[hf]"),
         ("rollout.generator", cfg.rollout.generator, SEQUENCE_GENERATORS, "rl-rollout"),

@@ -25,8 +25,8 @@ import json
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rl_core.registry import Registry

@@ -217,7 +217,9 @@ class ImageRolloutEngineConformance:
         log_probs = []
         for seed in (1, 2):
             image = solid_image(seed, 56, 56)
-            (out,) = self.run(runner, engine.generate(prompt, params, f"img-{seed}", {"image": [image]}))
+            (out,) = self.run(
+                runner, engine.generate(prompt, params, f"img-{seed}", {"image": [image]})
+            )
             first = self.reference_log_probs(reference, prompt, [image], out.token_ids[:1], 1.0)
             log_probs.append(float(first[0]))
         assert abs(log_probs[0] - log_probs[1]) > 1e-6
@@ -256,5 +258,9 @@ class ImageRolloutEngineConformance:
         with pytest.raises(ValueError, match="image"):
             self.run(
                 runner,
-                engine.generate(prompt, SamplingParams(max_tokens=2), "img-bad", {"image": [image]}),
+                engine.generate(
+                    prompt, SamplingParams(max_tokens=2), "img-bad", {"image": [image]}
+                ),
             )
+        with pytest.raises(ValueError, match="multi_modal_data"):  # placeholders, no images
+            self.run(runner, engine.generate(prompt, SamplingParams(max_tokens=2), "img-none"))

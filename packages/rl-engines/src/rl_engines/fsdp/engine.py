@@ -43,13 +43,13 @@ from rl_engines.distributed import (
 )
 from rl_engines.fsdp.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_engines.fsdp.forward import forward_micro_batch, varlen_attention_available
-from rl_engines.fsdp.multimodal import multimodal_kwargs
 from rl_engines.fsdp.model import (
     build_device_mesh,
     build_hf_model,
     resolve_compute_dtype,
     shard_model,
 )
+from rl_engines.fsdp.multimodal import multimodal_kwargs
 
 __all__ = ["FSDPEngine"]
 

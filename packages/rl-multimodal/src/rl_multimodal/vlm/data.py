@@ -127,7 +127,10 @@ class VLMPromptDataset(PromptDataset):
         if self.num_filtered:
             log.warning(
                 "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
-                name, self.num_filtered, self.num_rows, max_prompt_length,
+                name,
+                self.num_filtered,
+                self.num_rows,
+                max_prompt_length,
             )
         if not self.items:
             raise ValueError(
@@ -150,6 +153,4 @@ class VLMPromptDataset(PromptDataset):
                 f"{self.name} row {index}: {len(values)} image(s) in {key!r} but {marks} "
                 f"{IMAGE_PLACEHOLDER!r} placeholder(s) in the prompt: expected one per image"
             )
-        return [
-            load_image(v, f"{self.name} row {index}, {key}[{j}]") for j, v in enumerate(values)
-        ]
+        return [load_image(v, f"{self.name} row {index}, {key}[{j}]") for j, v in enumerate(values)]

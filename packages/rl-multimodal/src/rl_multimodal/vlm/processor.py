@@ -63,4 +63,6 @@ def load_processor(path: str) -> Any:
         return AutoProcessor.from_pretrained(path)
     except ImportError as exc:  # the Qwen2-VL video processor needs torchvision
         log.info("AutoProcessor(%s) unavailable (%s): image processor + tokenizer", path, exc)
-    return ImageTextProcessor(AutoImageProcessor.from_pretrained(path), AutoTokenizer.from_pretrained(path))
+    return ImageTextProcessor(
+        AutoImageProcessor.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    )

@@ -68,11 +68,21 @@ class ShapesTask:
         letters = list(COLOURS)
         rng.shuffle(letters)
         side = rng.randint(int(self.min_big * size), int(self.max_big * size))
-        big = (letters[0], rng.choice(["square", "disc"]), rng.randint(0, size - side),
-               rng.randint(0, size - side), side)
+        big = (
+            letters[0],
+            rng.choice(["square", "disc"]),
+            rng.randint(0, size - side),
+            rng.randint(0, size - side),
+            side,
+        )
         small = [
-            (letter, rng.choice(["square", "disc"]), rng.randint(0, size - self.small_side),
-             rng.randint(0, size - self.small_side), self.small_side)
+            (
+                letter,
+                rng.choice(["square", "disc"]),
+                rng.randint(0, size - self.small_side),
+                rng.randint(0, size - self.small_side),
+                self.small_side,
+            )
             for letter in letters[1:]
         ]
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []

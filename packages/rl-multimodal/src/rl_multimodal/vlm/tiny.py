@@ -50,8 +50,13 @@ def _config(arch: str, tokenizer: Any) -> Any:
     )
     vision = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
     if arch == "qwen2_5_vl":
-        vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=64,
-                      window_size=56, fullatt_block_indexes=[1])
+        vision.update(
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        )
         cls = transformers.Qwen2_5_VLConfig
     else:
         vision.update(embed_dim=32, hidden_size=64, mlp_ratio=2)
@@ -81,8 +86,11 @@ def build_tiny_vlm(arch: str, out: str | Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     image_processor = Qwen2VLImageProcessor(
-        patch_size=14, merge_size=2, temporal_patch_size=2,
-        min_pixels=28 * 28, max_pixels=112 * 112,
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=28 * 28,
+        max_pixels=112 * 112,
     )
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
         model.save_pretrained(tmp)

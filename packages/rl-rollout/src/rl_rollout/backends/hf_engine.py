@@ -106,7 +106,10 @@ class HFRolloutEngine(RolloutEngine):
         self._image_processor: Any = None
         self._banned = [
             int(t)
-            for t in (getattr(hf_config, "image_token_id", None), getattr(hf_config, "video_token_id", None))
+            for t in (
+                getattr(hf_config, "image_token_id", None),
+                getattr(hf_config, "video_token_id", None),
+            )
             if self.vision and t is not None
         ]
         self.model.to(self.device).eval().requires_grad_(False)
@@ -157,6 +160,11 @@ class HFRolloutEngine(RolloutEngine):
         params = sampling_params.validate()
         prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
         vision = self._vision_inputs(prompt, multi_modal_data) if multi_modal_data else None
+        if vision is None and self._banned and any(t in self._banned for t in prompt):
+            raise ValueError(
+                "prompt_ids hold image/video placeholder tokens but multi_modal_data is empty: "
+                "expected the request's images as multi_modal_data={'image': [...]}"
+            )
         _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
         self._ensure_scheduler()
         if request_id in self._requests:
@@ -207,7 +215,9 @@ class HFRolloutEngine(RolloutEngine):
             from transformers import AutoImageProcessor
 
             self._image_processor = AutoImageProcessor.from_pretrained(self.config.model_path)
-        out = self._image_processor(images=[img.convert("RGB") for img in images], return_tensors="pt")
+        out = self._image_processor(
+            images=[img.convert("RGB") for img in images], return_tensors="pt"
+        )
         config = self.model.config
         merge = config.vision_config.spatial_merge_size
         needed = int((out["image_grid_thw"].prod(-1) // merge**2).sum())
@@ -342,7 +352,9 @@ class HFRolloutEngine(RolloutEngine):
             async with self._model_lock:
                 state = await asyncio.to_thread(self._step, seqs, state)
 
-    def _prefill_vision(self, live: list[_Sequence], ids: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    def _prefill_vision(
+        self, live: list[_Sequence], ids: Tensor, mask: Tensor
+    ) -> dict[str, Tensor]:
         """Images of the batch (rows in order) and the [3, B, W] multimodal positions."""
         rows = [s.vision for s in live if s.vision is not None]
         extra: dict[str, Tensor] = {}
