@@ -62,7 +62,8 @@ def load_processor(path: str) -> Any:
     try:
         return AutoProcessor.from_pretrained(path)
     except ImportError as exc:  # the Qwen2-VL video processor needs torchvision
-        log.info("AutoProcessor(%s) unavailable (%s): image processor + tokenizer", path, exc)
+        reason = (str(exc).strip().splitlines() or ["ImportError"])[0]
+        log.info("%s: AutoProcessor unavailable (%s): image processor + tokenizer", path, reason)
     return ImageTextProcessor(
         AutoImageProcessor.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     )
