@@ -130,6 +130,11 @@ class AgentInput:
     extra: dict[str, Any] = field(default_factory=dict)
     multi_modal_data: dict[str, Any] | None = None
 
+    def client_kwargs(self) -> dict[str, Any]:
+        """Extra `LLMClient.generate` arguments: the images, only when there are some (so
+        text-only clients written before images keep working)."""
+        return {"multi_modal_data": self.multi_modal_data} if self.multi_modal_data else {}
+
 
 @dataclass
 class AgentLoopOutput:

@@ -13,7 +13,7 @@ class SingleTurnAgentLoop(AgentLoop):
     async def run(self, sample: AgentInput) -> AgentLoopOutput:
         prompt_ids = self.prompt_ids(sample)
         out = await self.client.generate(
-            prompt_ids, self.turn_params(sample, 0), sample.session_id, sample.multi_modal_data
+            prompt_ids, self.turn_params(sample, 0), sample.session_id, **sample.client_kwargs()
         )
         return AgentLoopOutput(
             prompt_ids=prompt_ids,

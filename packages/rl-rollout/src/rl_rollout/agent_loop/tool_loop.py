@@ -62,7 +62,7 @@ class ToolAgentLoop(AgentLoop):
                 prompt_ids + ids,
                 self.turn_params(sample, len(ids)),
                 sample.session_id,
-                sample.multi_modal_data,
+                **sample.client_kwargs(),
             )
             turns += 1
             ids += out.token_ids
