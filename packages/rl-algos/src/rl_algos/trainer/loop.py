@@ -49,7 +49,8 @@ class RLTrainer:
     def __init__(self, config: Any) -> None:
         from transformers import AutoTokenizer
 
-        from rl_algos.data import PromptDataLoader, PromptDataset
+        from rl_algos.data import PromptDataLoader
+        from rl_algos.data.dataset import DATASETS
         from rl_algos.rewards import RewardManager
         from rl_algos.trainer.model_source import resolve_model_path
 
@@ -81,15 +82,14 @@ class RLTrainer:
             chat_template_kwargs=dict(data.chat_template_kwargs),
             filter_overlong_prompts=data.filter_overlong_prompts,
         )
+        dataset = DATASETS.get(data.dataset)
         with timed(setup, "datasets"):
-            self.train_set = PromptDataset(list(data.train_files), name="train", **common)
+            self.train_set = dataset(list(data.train_files), name="train", **common)
             self.train_loader = PromptDataLoader(
                 self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
             )
             self.val_set = (
-                PromptDataset(list(data.val_files), name="val", **common)
-                if data.val_files
-                else None
+                dataset(list(data.val_files), name="val", **common) if data.val_files else None
             )
         with timed(setup, "reward_workers"):
             self.reward = RewardManager(
