@@ -1,0 +1,215 @@
+"""A VLA policy: a Hugging Face VLM reads the image and the instruction and emits an action.
+
+Two action heads:
+
+* ``tokens`` (OpenVLA): the action is ``action_dim`` tokens appended to the prompt, one per
+  dimension, each drawn from the ``n_bins`` action tokens of an `ActionTokenizer` (the last
+  non-special ids of the vocabulary). The log-prob of an action is one value per dimension
+  (``[B, action_dim]``), from a single teacher-forced forward pass.
+* ``gaussian``: a small MLP over the VLM's last hidden state at the prompt's last token gives
+  the mean of a diagonal Gaussian (a learned state-independent log-std); the log-prob is that
+  of the sampled (unclipped) action, summed over dimensions (``[B, 1]``). The env receives
+  the action clipped to its bounds.
+
+A value head (linear, on the same hidden state) serves PPO. Prompts are left-padded, so the
+prompt's last token is at position -1 of every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from rl_core.env import ActionSpec, EnvObservation
+from torch import nn
+
+from rl_multimodal.vla.action_tokenizer import ActionTokenizer
+
+__all__ = ["PolicyInputs", "PolicyOutput", "VLAPolicy", "VLAPolicyConfig"]
+
+IMAGE_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
+HEADS = ("tokens", "gaussian")
+
+
+@dataclass(frozen=True)
+class VLAPolicyConfig:
+    head: str = "tokens"
+    n_bins: int = 3
+    hidden_mlp: int = 64
+    init_log_std: float = -0.5
+    prompt: str = IMAGE_MARKUP + "{instruction}:"
+
+    def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            raise ValueError(f"policy.head is {self.head!r}, expected one of {HEADS}")
+
+
+@dataclass
+class PolicyInputs:
+    """Processed observations of one batch (CPU tensors; pixels per row kept separately)."""
+
+    input_ids: torch.Tensor  # [B, L], left-padded
+    attention_mask: torch.Tensor  # [B, L]
+    pixel_values: list[torch.Tensor]  # per row: [patches, dim]
+    image_grid_thw: torch.Tensor  # [B, 3]
+
+    def select(self, index: Sequence[int]) -> PolicyInputs:
+        idx = list(index)
+        return PolicyInputs(
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            [self.pixel_values[i] for i in idx],
+            self.image_grid_thw[idx],
+        )
+
+    @staticmethod
+    def cat(parts: Sequence[PolicyInputs], pad_id: int) -> PolicyInputs:
+        width = max(p.input_ids.shape[1] for p in parts)
+
+        def left(x: torch.Tensor, value: int) -> torch.Tensor:
+            return nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+        return PolicyInputs(
+            torch.cat([left(p.input_ids, pad_id) for p in parts]),
+            torch.cat([left(p.attention_mask, 0) for p in parts]),
+            [px for p in parts for px in p.pixel_values],
+            torch.cat([p.image_grid_thw for p in parts]),
+        )
+
+
+@dataclass
+class PolicyOutput:
+    env_actions: np.ndarray  # float32 [B, action_dim], inside the action bounds
+    actions: torch.Tensor  # tokens: long [B, D] ids; gaussian: float [B, D] raw sample
+    log_probs: torch.Tensor  # [B, D] (tokens) or [B, 1] (gaussian)
+    values: torch.Tensor  # [B]
+
+
+class VLAPolicy(nn.Module):
+    """A VLM (``AutoModelForImageTextToText``) with an action head and a value head."""
+
+    def __init__(
+        self, model: Any, processor: Any, action_spec: ActionSpec, config: VLAPolicyConfig
+    ):
+        super().__init__()
+        self.model = model
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.tokenizer.padding_side = "left"
+        self.config = config
+        self.action_spec = action_spec
+        hidden = int(model.config.get_text_config().hidden_size)
+        vocab = int(model.config.get_text_config().vocab_size)
+        special = set(self.tokenizer.all_special_ids)
+        usable = [i for i in range(min(vocab, len(self.tokenizer))) if i not in special]
+        self.action_tokenizer = ActionTokenizer(
+            action_spec.low, action_spec.high, config.n_bins, token_ids=usable[-config.n_bins :]
+        )
+        self.value_head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+        if config.head == "gaussian":
+            dim = action_spec.action_dim
+            self.mean_head = nn.Sequential(
+                nn.Linear(hidden, config.hidden_mlp), nn.Tanh(), nn.Linear(config.hidden_mlp, dim)
+            )
+            self.log_std = nn.Parameter(torch.full((dim,), float(config.init_log_std)))
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str, action_spec: ActionSpec, config: VLAPolicyConfig | None = None
+    ) -> VLAPolicy:
+        from transformers import AutoModelForImageTextToText
+
+        from rl_multimodal.vlm.processor import load_processor
+
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+        return cls(model, load_processor(path), action_spec, config or VLAPolicyConfig())
+
+    # ------------------------------------------------------------------------ inputs
+    def process(self, obs: EnvObservation) -> PolicyInputs:
+        from PIL import Image
+
+        texts = [self.config.prompt.format(instruction=t) for t in obs.instructions]
+        images = [Image.fromarray(im) for im in obs.images]
+        from rl_multimodal.vlm.processor import ImageTextProcessor
+
+        pad = {} if isinstance(self.processor, ImageTextProcessor) else {"padding": True}
+        out = self.processor(text=texts, images=images, return_tensors="pt", **pad)
+        grid = out["image_grid_thw"]
+        sizes = grid.prod(-1).tolist()
+        return PolicyInputs(
+            out["input_ids"],
+            out["attention_mask"],
+            list(torch.split(out["pixel_values"], sizes)),
+            grid,
+        )
+
+    def _hidden(self, inputs: PolicyInputs, extra_ids: torch.Tensor | None) -> torch.Tensor:
+        ids, mask = inputs.input_ids, inputs.attention_mask
+        if extra_ids is not None and extra_ids.shape[1]:
+            ids = torch.cat([ids, extra_ids], dim=1)
+            mask = torch.cat([mask, torch.ones_like(extra_ids)], dim=1)
+        out = self.model.model(
+            input_ids=ids,
+            attention_mask=mask,
+            pixel_values=torch.cat(inputs.pixel_values),
+            image_grid_thw=inputs.image_grid_thw,
+        )
+        return out.last_hidden_state  # [B, L (+extra), H]
+
+    def _bin_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.lm_head(hidden)
+        return logits[..., torch.as_tensor(self.action_tokenizer.token_ids)]
+
+    # --------------------------------------------------------------------- evaluation
+    def evaluate(self, inputs: PolicyInputs, actions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(log_probs, values, entropy) of `actions` (as in `PolicyOutput.actions`), with grad."""
+        L = inputs.input_ids.shape[1]
+        if self.config.head == "tokens":
+            hidden = self._hidden(inputs, actions[:, :-1])
+            state = hidden[:, L - 1]
+            logp_all = torch.log_softmax(self._bin_logits(hidden[:, L - 1 :]).float(), dim=-1)
+            bins = torch.as_tensor(self.action_tokenizer.token_to_bin(actions))
+            log_probs = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        else:
+            state = self._hidden(inputs, None)[:, L - 1]
+            dist = self._gaussian(state)
+            log_probs = dist.log_prob(actions.float()).sum(-1, keepdim=True)
+            entropy = dist.entropy().sum(-1, keepdim=True)
+        values = self.value_head(state.float()).squeeze(-1)
+        return log_probs, values, entropy
+
+    def _gaussian(self, state: torch.Tensor) -> torch.distributions.Normal:
+        mean = self.mean_head(state.float())
+        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+
+    @torch.no_grad()
+    def act(self, inputs: PolicyInputs, greedy: bool = False) -> PolicyOutput:
+        """Sample (or take the mode of) one action per row; no grad."""
+        L = inputs.input_ids.shape[1]
+        low = torch.as_tensor(self.action_spec.low)
+        high = torch.as_tensor(self.action_spec.high)
+        if self.config.head == "tokens":
+            ids = torch.as_tensor(self.action_tokenizer.token_ids)
+            chosen = torch.zeros(len(inputs.input_ids), 0, dtype=torch.long)
+            state = None
+            for _ in range(self.action_spec.action_dim):
+                hidden = self._hidden(inputs, chosen)
+                state = hidden[:, L - 1] if state is None else state
+                logits = self._bin_logits(hidden[:, -1]).float()
+                k = logits.argmax(-1) if greedy else torch.multinomial(logits.softmax(-1), 1)[:, 0]
+                chosen = torch.cat([chosen, ids[k].unsqueeze(1)], dim=1)
+            log_probs, values, _ = self.evaluate(inputs, chosen)
+            env_actions = self.action_tokenizer.decode(chosen)
+            return PolicyOutput(env_actions, chosen, log_probs, values)
+        state = self._hidden(inputs, None)[:, L - 1]
+        dist = self._gaussian(state)
+        raw = dist.mean if greedy else dist.sample()
+        env_actions = torch.maximum(torch.minimum(raw, high), low).numpy().astype(np.float32)
+        values = self.value_head(state.float()).squeeze(-1)
+        return PolicyOutput(env_actions, raw, dist.log_prob(raw).sum(-1, keepdim=True), values)
