@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from rl_multimodal.vla.action_tokenizer import ActionTokenizer
 
 
@@ -40,7 +41,7 @@ def test_clear_errors():
         ActionTokenizer([1.0], [1.0], n_bins=2, vocab_size=10)
     with pytest.raises(ValueError, match="vocab_size 3 is smaller than n_bins 4"):
         ActionTokenizer([0.0], [1.0], n_bins=4, vocab_size=3)
-    with pytest.raises(ValueError, match="token_ids: 2 ids .1 distinct., expected 2 distinct"):
+    with pytest.raises(ValueError, match=r"token_ids: 2 ids \(1 distinct\), expected 2 distinct"):
         ActionTokenizer([0.0], [1.0], n_bins=2, token_ids=[5, 5])
     tok = ActionTokenizer([0.0, 0.0], [1.0, 1.0], n_bins=2, vocab_size=10)
     with pytest.raises(ValueError, match=r"actions: shape \(3,\), expected \[..., 2\]"):

@@ -6,6 +6,7 @@ import functools
 
 import numpy as np
 import pytest
+
 from rl_core.env import ActionSpec, EnvObservation, VectorEnv, check_action_chunk
 from rl_multimodal.vla.envs import (
     EnvWorkerError,
@@ -23,11 +24,11 @@ def test_check_action_chunk_errors_name_the_field():
     assert check_action_chunk(np.zeros((3, 2)), spec, 3).shape == (3, 1, 2)
     with pytest.raises(ValueError, match=r"actions: shape \(3, 1, 5\), expected \[3, chunk, 2\]"):
         check_action_chunk(np.zeros((3, 1, 5)), spec, 3)
-    with pytest.raises(ValueError, match="chunk length 3, expected 1..2"):
+    with pytest.raises(ValueError, match=r"chunk length 3, expected 1\.\.2"):
         check_action_chunk(np.zeros((3, 3, 2)), spec, 3)
     with pytest.raises(ValueError, match="NaN"):
         check_action_chunk(np.full((3, 1, 2), np.nan), spec, 3)
-    with pytest.raises(ValueError, match="low .* high"):
+    with pytest.raises(ValueError, match=r"low .* high"):
         ActionSpec([1.0], [0.0])
     with pytest.raises(ValueError, match="images"):
         EnvObservation(np.zeros((2, 4, 4, 3), np.float32), np.zeros((2, 0)), ["a", "b"])
@@ -48,12 +49,18 @@ def test_reach_episode_rewards_and_absorbing_state():
     assert not step.done.any()
     step = env.step(toward[:, None, :])
     np.testing.assert_allclose(step.reward, [0.15 + 1.0, 0.0], atol=1e-6)  # 0.15 -> 0.0, hit
-    assert step.terminated.tolist() == [True, False] and step.info["success"].tolist() == [True, False]
+    assert step.terminated.tolist() == [True, False] and step.info["success"].tolist() == [
+        True,
+        False,
+    ]
     before = step.observation.images[0].copy()
     step = env.step(np.ones((2, 1, 2)))  # env 0 is absorbing; env 1 hits max_steps
     assert step.reward[0] == 0.0 and step.terminated[0]
     np.testing.assert_array_equal(step.observation.images[0], before)
-    assert step.truncated.tolist() == [False, True] and step.info["success"].tolist() == [True, False]
+    assert step.truncated.tolist() == [False, True] and step.info["success"].tolist() == [
+        True,
+        False,
+    ]
 
 
 def test_reach_chunk_stops_at_success():
@@ -84,7 +91,9 @@ def test_worker_pool_matches_in_process_env():
             np.testing.assert_array_equal(got.info["success"], want.info["success"])
         pool.step_async([1], actions[0][3:])  # one half steps while the other is idle
         pool.wait([1])
-        with pytest.raises(EnvWorkerError, match=r"env worker 0: 'step' failed:[\s\S]*actions: shape"):
+        with pytest.raises(
+            EnvWorkerError, match=r"env worker 0: 'step' failed:[\s\S]*actions: shape"
+        ):
             pool.step_async([0], np.zeros((3, 1, 7)))
             pool.wait([0])
 

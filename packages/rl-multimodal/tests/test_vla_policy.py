@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+
 from rl_multimodal.vla import VLAPolicy, VLAPolicyConfig, VLATrainer, VLATrainerConfig, run_episodes
 from rl_multimodal.vla.envs import EnvWorkerPool, ReachConfig, ReachEnv
 from rl_multimodal.vlm.tiny import resolve_tiny_vlm
@@ -89,8 +90,16 @@ def test_pipelined_pool_episodes_equal_in_process_episodes(model_path):
 def test_one_training_step_runs_and_logs(model_path, tmp_path, algorithm, head):
     policy = _policy(model_path, head)
     cfg = VLATrainerConfig(
-        algorithm=algorithm, total_steps=1, groups=2, n=2, max_steps=3, epochs=1,
-        mini_batch_size=8, val_seeds=[100, 101], val_every=1, output_dir=str(tmp_path),
+        algorithm=algorithm,
+        total_steps=1,
+        groups=2,
+        n=2,
+        max_steps=3,
+        epochs=1,
+        mini_batch_size=8,
+        val_seeds=[100, 101],
+        val_every=1,
+        output_dir=str(tmp_path),
     )
     before = [p.detach().clone() for p in policy.parameters()]
     history = VLATrainer(policy, ReachEnv(4), ReachEnv(2), cfg).fit()

@@ -131,7 +131,9 @@ class EnvStep:
             raise ValueError("EnvStep.info has no 'success' entry (bool [num_envs])")
         self.info["success"] = np.asarray(self.info["success"], dtype=bool).reshape(-1)
         if len(self.info["success"]) != n:
-            raise ValueError(f"EnvStep.info['success']: {len(self.info['success'])} values, expected {n}")
+            raise ValueError(
+                f"EnvStep.info['success']: {len(self.info['success'])} values, expected {n}"
+            )
 
     @property
     def done(self) -> np.ndarray:

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from rl_core.env import ActionSpec, EnvObservation
 from torch import nn
 
+from rl_core.env import ActionSpec, EnvObservation
 from rl_multimodal.vla.action_tokenizer import ActionTokenizer
 
 __all__ = ["PolicyInputs", "PolicyOutput", "VLAPolicy", "VLAPolicyConfig"]

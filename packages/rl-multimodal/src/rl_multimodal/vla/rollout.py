@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from rl_core.env import EnvObservation, EnvStep, VectorEnv
 
+from rl_core.env import EnvObservation, EnvStep, VectorEnv
 from rl_multimodal.vla.envs.workers import EnvWorkerPool
 from rl_multimodal.vla.policy import PolicyInputs, VLAPolicy
 
@@ -171,7 +171,7 @@ def run_episodes(
     return ep
 
 
-def _finish(ep: Episodes, groups: _Groups, g: int, t: int, obs, done, frames) -> None:  # noqa: ANN001
+def _finish(ep: Episodes, groups: _Groups, g: int, t: int, obs, done, frames) -> None:
     import time
 
     te = time.perf_counter()
@@ -192,7 +192,11 @@ def _stack_frames(frames: list[dict[int, np.ndarray]], rows: list[np.ndarray], n
     for per_group in frames:
         if not per_group:
             continue
-        cur = np.zeros((n, *next(iter(per_group.values())).shape[1:]), np.uint8) if last is None else last.copy()
+        cur = (
+            np.zeros((n, *next(iter(per_group.values())).shape[1:]), np.uint8)
+            if last is None
+            else last.copy()
+        )
         for g, images in per_group.items():
             cur[rows[g]] = images
         out.append(cur)

@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     torch.manual_seed(int(tr_cfg.get("seed", 0)))
     seeds = tr_cfg.get("val_seeds")
     if isinstance(seeds, dict):  # {start: S, count: N} -> S .. S+N-1
-        tr_cfg["val_seeds"] = list(range(int(seeds["start"]), int(seeds["start"]) + int(seeds["count"])))
+        tr_cfg["val_seeds"] = list(
+            range(int(seeds["start"]), int(seeds["start"]) + int(seeds["count"]))
+        )
     trainer_cfg = VLATrainerConfig(**tr_cfg)
     factory = build_env_factory(env_cfg["name"], dict(env_cfg.get("options", {})))
     workers = int(env_cfg.get("num_workers", 2))

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from rl_algos.advantages import compute_gae_advantage_return, compute_grpo_outcome_advantage
 from rl_algos.aggregation import LossScale
 from rl_algos.losses import PolicyLossConfig, compute_ppo_policy_loss, compute_value_loss
 from rl_algos.trainer.tracking import MetricsLogger
-
 from rl_multimodal.vla.frames import save_frames
 from rl_multimodal.vla.policy import PolicyInputs, VLAPolicy
 from rl_multimodal.vla.rollout import Episodes, run_episodes
@@ -95,7 +95,11 @@ class VLATrainer:
     def validate(self, step: int) -> dict[str, float]:
         self.policy.eval()
         ep = run_episodes(
-            self.policy, self.val_env, self.cfg.val_seeds, self.cfg.max_steps, greedy=True,
+            self.policy,
+            self.val_env,
+            self.cfg.val_seeds,
+            self.cfg.max_steps,
+            greedy=True,
             keep_frames=True,
         )
         metrics = {
@@ -128,8 +132,11 @@ class VLATrainer:
             return adv.numpy(), None
         values = torch.as_tensor(ep.step_values())
         adv, returns = compute_gae_advantage_return(
-            token_level_rewards=rewards, values=values, response_mask=mask,
-            gamma=self.cfg.gamma, lam=self.cfg.lam,
+            token_level_rewards=rewards,
+            values=values,
+            response_mask=mask,
+            gamma=self.cfg.gamma,
+            lam=self.cfg.lam,
         )
         return adv.numpy(), returns.numpy()
 
@@ -158,8 +165,12 @@ class VLATrainer:
                 mask = torch.ones_like(old)
                 scale = LossScale.whole_batch(mask)
                 loss, m = compute_ppo_policy_loss(
-                    log_prob=log_probs, old_log_prob=old, advantages=advantages,
-                    response_mask=mask, config=self.loss_cfg, scale=scale,
+                    log_prob=log_probs,
+                    old_log_prob=old,
+                    advantages=advantages,
+                    response_mask=mask,
+                    config=self.loss_cfg,
+                    scale=scale,
                 )
                 if self.cfg.entropy_coeff:
                     loss = loss - self.cfg.entropy_coeff * entropy.mean()
@@ -171,8 +182,13 @@ class VLATrainer:
                     )
                     vmask = torch.ones_like(ret).unsqueeze(-1)
                     vf, vm = compute_value_loss(
-                        values.unsqueeze(-1), old_v.unsqueeze(-1), ret.unsqueeze(-1), vmask,
-                        0.5, "token-mean", LossScale.whole_batch(vmask),
+                        values.unsqueeze(-1),
+                        old_v.unsqueeze(-1),
+                        ret.unsqueeze(-1),
+                        vmask,
+                        0.5,
+                        "token-mean",
+                        LossScale.whole_batch(vmask),
                     )
                     loss = loss + self.cfg.vf_coef * vf
                     m.update(vm)
@@ -202,16 +218,18 @@ class VLATrainer:
             t_roll = time.perf_counter() - t0
             metrics = self._update(ep)
             dt = time.perf_counter() - t0
-            metrics.update({
-                "train/success_rate": float(ep.success.mean()),
-                "train/mean_return": float(ep.returns.mean()),
-                "train/mean_length": float(ep.lengths.mean()),
-                "timing/step_s": dt,
-                "timing/rollout_s": t_roll,
-                "timing/env_s": ep.env_time_s,
-                "timing/policy_s": ep.policy_time_s,
-                "perf/env_steps_per_s": ep.env_steps / max(t_roll, 1e-9),
-            })
+            metrics.update(
+                {
+                    "train/success_rate": float(ep.success.mean()),
+                    "train/mean_return": float(ep.returns.mean()),
+                    "train/mean_length": float(ep.lengths.mean()),
+                    "timing/step_s": dt,
+                    "timing/rollout_s": t_roll,
+                    "timing/env_s": ep.env_time_s,
+                    "timing/policy_s": ep.policy_time_s,
+                    "perf/env_steps_per_s": ep.env_steps / max(t_roll, 1e-9),
+                }
+            )
             if step % cfg.val_every == 0 or step == cfg.total_steps:
                 metrics.update(self.validate(step))
             self.logger.log(step, metrics)

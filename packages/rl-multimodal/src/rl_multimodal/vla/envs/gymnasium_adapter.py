@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
 from rl_core.env import ActionSpec, EnvObservation, EnvStep, check_action_chunk
 
 __all__ = ["IMAGE_KEYS", "PROPRIO_KEYS", "GymnasiumVectorEnv"]
@@ -88,8 +89,10 @@ class GymnasiumVectorEnv:
         else:
             if isinstance(envs, gymnasium.Env):
                 envs = [envs]
-            built = [e() if isinstance(e, Callable) and not isinstance(e, gymnasium.Env) else e
-                     for e in envs]
+            built = [
+                e() if isinstance(e, Callable) and not isinstance(e, gymnasium.Env) else e
+                for e in envs
+            ]
             if not built:
                 raise ValueError("envs: empty, expected at least one gymnasium.Env")
             for i, env in enumerate(built):
@@ -200,7 +203,9 @@ class GymnasiumVectorEnv:
         if self._vector:
             parsed = self._parse_vector(obs, every)
         else:
-            parsed = {i: self._parse(o, env.render) for i, (o, env) in enumerate(zip(obs, self.envs))}
+            parsed = {
+                i: self._parse(o, env.render) for i, (o, env) in enumerate(zip(obs, self.envs))
+            }
         self._last = self._assemble(parsed)
         return self._last
 

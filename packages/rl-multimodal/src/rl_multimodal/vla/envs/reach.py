@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from rl_core.env import ActionSpec, EnvObservation, EnvStep, check_action_chunk
 
 __all__ = ["ReachConfig", "ReachEnv"]

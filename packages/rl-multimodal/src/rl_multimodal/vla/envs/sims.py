@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from rl_multimodal.vla.envs.gymnasium_adapter import GymnasiumVectorEnv
 
 __all__ = ["make_metaworld", "make_pusht"]
@@ -46,6 +48,21 @@ def make_pusht(
     )
 
 
+def _seeded_task_reset(env: Any) -> Any:
+    """MetaWorld draws the episode's task from the env's generator *before* ``reset`` seeds
+    it, so equal seeds gave different goals; seed that generator first (GRPO groups need
+    ``reset(seed)`` to start the same episode)."""
+    import gymnasium
+
+    class SeededTaskReset(gymnasium.Wrapper):
+        def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+            if seed is not None:
+                self.unwrapped.np_random = np.random.default_rng(seed)
+            return self.env.reset(seed=seed, options=options)
+
+    return SeededTaskReset(env)
+
+
 def _fast_render(env: Any) -> None:
     model = env.unwrapped.model
     model.vis.quality.shadowsize = 0
@@ -60,6 +77,7 @@ def make_metaworld(
     max_episode_steps: int | None = 100,
     max_chunk: int = 8,
     mujoco_gl: str | None = None,
+    benchmark_seed: int = 0,
 ) -> GymnasiumVectorEnv:
     """`num_envs` MetaWorld `task` envs rendering `camera_name` at `image_size` pixels."""
     os.environ.setdefault("MUJOCO_GL", mujoco_gl or "egl")
@@ -78,8 +96,9 @@ def make_metaworld(
             width=image_size,
             height=image_size,
             max_episode_steps=max_episode_steps,
+            seed=benchmark_seed,  # the same task list in every env
         )
         _fast_render(env)
-        envs.append(env)
+        envs.append(_seeded_task_reset(env))
     instruction = task.removesuffix("-v3").replace("-", " ")
     return GymnasiumVectorEnv(envs, instruction=instruction, max_chunk=max_chunk)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
 from rl_core.env import ActionSpec, EnvObservation, EnvStep, VectorEnv, concat_observations
 
 __all__ = ["EnvWorkerError", "EnvWorkerPool"]
@@ -35,7 +36,7 @@ def _serve(conn: Any, factory: Callable[[int], VectorEnv], num_envs: int, thread
     try:
         env = factory(num_envs)
         conn.send(("ok", (env.action_spec, env.num_envs)))
-    except BaseException:  # noqa: BLE001 - reported to the driver
+    except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
     while True:
@@ -54,7 +55,7 @@ def _serve(conn: Any, factory: Callable[[int], VectorEnv], num_envs: int, thread
                 break
             else:
                 conn.send(("error", f"unknown command {cmd!r}"))
-        except BaseException:  # noqa: BLE001 - reported to the driver
+        except BaseException:
             conn.send(("error", traceback.format_exc()))
 
 
@@ -113,7 +114,9 @@ class EnvWorkerPool:
         if not conn.poll(self.timeout_s):
             alive = self._procs[i].is_alive()
             cause = "no answer" if alive else f"process exited ({self._procs[i].exitcode})"
-            raise EnvWorkerError(f"env worker {i}: {cmd!r} timed out after {self.timeout_s}s: {cause}")
+            raise EnvWorkerError(
+                f"env worker {i}: {cmd!r} timed out after {self.timeout_s}s: {cause}"
+            )
         try:
             status, value = conn.recv()
         except EOFError as exc:
@@ -136,7 +139,9 @@ class EnvWorkerPool:
         seeds = [int(s) for s in seeds]
         expected = sum(self.slices[w].stop - self.slices[w].start for w in workers)
         if len(seeds) != expected:
-            raise ValueError(f"seeds: {len(seeds)} values, expected {expected} for workers {workers}")
+            raise ValueError(
+                f"seeds: {len(seeds)} values, expected {expected} for workers {workers}"
+            )
         at = 0
         for w in workers:
             n = self.slices[w].stop - self.slices[w].start
