@@ -40,7 +40,8 @@ class VLAPolicyConfig:
     n_bins: int = 3
     hidden_mlp: int = 64
     init_log_std: float = -0.5
-    prompt: str = IMAGE_MARKUP + "{instruction}:"
+    # the image last: the state the heads read is the token right after the image
+    prompt: str = "{instruction}:" + IMAGE_MARKUP
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
