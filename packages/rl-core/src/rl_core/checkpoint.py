@@ -212,7 +212,9 @@ def publish(staging: str | Path, final: str | Path) -> None:
     else:  # no atomic exchange here: keep the old one until the new one is in place
         old = final.with_name(f".{final.name}.old")
         shutil.rmtree(old, ignore_errors=True)
-        log.warning("no atomic directory exchange on this file system; replacing %s in two steps", final)
+        log.warning(
+            "no atomic directory exchange on this file system; replacing %s in two steps", final
+        )
         os.rename(final, old)
         os.rename(staging, final)
         fsync_dir(final.parent)
