@@ -141,7 +141,7 @@ class RewardManager:
         non_tensor = data.non_tensor_batch
         if self.data_source_key not in non_tensor:
             raise KeyError(
-                f"the batch has no {self.data_source_key!r} field (reward.data_source_key)"
+                f"the batch has no {self.data_source_key!r} field (a data row needs a data source column)"
             )
         extra_infos = non_tensor.get("extra_info")
         calls = [
