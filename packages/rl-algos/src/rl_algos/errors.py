@@ -8,7 +8,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ConfigError", "DataError", "UserInputError", "check_field", "suggest"]
+__all__ = ["ConfigError", "DataError", "InputError", "UserInputError", "check_field", "suggest"]
 
 
 def suggest(word: str, candidates: Iterable[str]) -> str:
@@ -20,6 +20,11 @@ def suggest(word: str, candidates: Iterable[str]) -> str:
 class UserInputError(Exception):
     """An error caused by what the user gave (config, data, plugins, paths, resources),
     with a message that names the field, the value and what was expected."""
+
+
+class InputError(UserInputError, ValueError):
+    """Any other error in reading what the user gave (data files, model, paths), re-raised
+    with its type and message by the trainer's start-up checks."""
 
 
 class DataError(UserInputError, ValueError):

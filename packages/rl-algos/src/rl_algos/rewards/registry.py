@@ -53,8 +53,8 @@ def reward_for_data_source(data_source: str) -> RewardFn:
         known = sorted(set(REWARDS.names()) | set(DATA_SOURCE_ALIASES))
         raise ValueError(
             f"no reward function for data_source {data_source!r}; known data sources: "
-            f"{', '.join(known)}{suggest(data_source, known)} Register one in the "
-            "'rl.rewards' entry point group or set reward.function_path"
+            f"{', '.join(known)}{suggest(data_source, known)} (register one in the "
+            "'rl.rewards' entry point group or set reward.function_path)"
         ) from None
 
 

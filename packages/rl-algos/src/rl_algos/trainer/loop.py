@@ -30,6 +30,7 @@ import torch
 
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
+from rl_algos.errors import InputError, UserInputError
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
@@ -46,6 +47,21 @@ class RLTrainer:
     """Runs an RL experiment described by a validated `rl_algos.config.RLConfig`."""
 
     def __init__(self, config: Any) -> None:
+        self.config = config
+        try:
+            self._prepare(config)  # no process, no Ray yet
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            if isinstance(exc, UserInputError):
+                raise
+            # everything here reads what the user gave: config, data, model, paths
+            raise InputError(f"{type(exc).__name__}: {exc}") from exc
+        self.groups: RoleGroups = start_role_groups(config, self.model_path)
+        self.global_step = 0
+        self._train_iter = None
+
+    def _prepare(self, config: Any) -> None:
+        """Check user input and load what the driver needs: the data, the tokenizer, the
+        reward functions, the checkpoint to resume from."""
         from transformers import AutoTokenizer
 
         from rl_algos.data import PromptDataLoader, PromptDataset
@@ -116,9 +132,6 @@ class RLTrainer:
         if cfg.algorithm.use_kl_in_reward:
             kc = cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        self.groups: RoleGroups = start_role_groups(cfg, self.model_path)
-        self.global_step = 0
-        self._train_iter = None
 
     # ------------------------------------------------------------------ dataflow
 
