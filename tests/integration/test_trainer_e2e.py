@@ -222,7 +222,7 @@ def test_grpo_learns_and_keeps_its_checkpoints_atomic(ray_cluster, make_config, 
             raise RuntimeError("killed while writing the checkpoint")
 
         trainer.groups.actor.save_checkpoint = dies_midway
-        with pytest.raises(CheckpointError, match="killed.*kept the earlier checkpoints: step_10"):
+        with pytest.raises(CheckpointError, match=r"killed.*kept the earlier checkpoints: step_10"):
             trainer.save_checkpoint()
         assert not (root / ".step_11.partial").exists()  # the staging directory is removed
         assert not (root / "step_11").exists()

@@ -219,7 +219,7 @@ def test_user_reward_function_from_a_file(tmp_path):
     assert restored("d", "yes", "yes", None) == 1.0
     with pytest.raises(
         ConfigError,
-        match="reward.function_name: invalid value 'compute_scor'.*did you mean 'compute_score'",
+        match=r"reward.function_name: invalid value 'compute_scor'.*did you mean 'compute_score'",
     ):
         load_reward_function(path, "compute_scor")
     with pytest.raises(ConfigError, match=r"reward\.function_path: invalid value .*no such file"):

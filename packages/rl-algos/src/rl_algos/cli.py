@@ -176,14 +176,16 @@ def _from_config(exc: BaseException) -> bool:
 
 
 def _user_cause(exc: BaseException, types: tuple[type[BaseException], ...]) -> BaseException | None:
-    """A user-input error inside `exc` (its cause chain, or Ray's wrapped `cause`)."""
+    """A user-input error inside `exc` (its cause chain, a worker group's `original`
+    exception, or Ray's wrapped `cause`)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, types):
             return current
-        current = getattr(current, "cause", None) or current.__cause__
+        inner = getattr(current, "original", None) or getattr(current, "cause", None)
+        current = inner or current.__cause__
     return None
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "MANIFEST",
     "CheckpointCorruptError",
     "CheckpointError",
+    "describe_write_failure",
     "discard_staging",
     "fsync_dir",
     "fsync_tree",
@@ -99,6 +100,20 @@ def staging_path(final: str | Path) -> Path:
 def discard_staging(final: str | Path) -> None:
     """Remove a left-over staging directory of `final` (an interrupted save)."""
     shutil.rmtree(staging_path(final), ignore_errors=True)
+
+
+def describe_write_failure(path: str | Path, exc: BaseException) -> str:
+    """`exc` as one line plus the free space where `path` is written (a full disk often
+    surfaces as a library's short-write error, not as ENOSPC)."""
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return text
+    return f"{text} (free space on that file system: {free / 2**20:.1f} MiB)"
 
 
 def _sha256(path: Path) -> str:

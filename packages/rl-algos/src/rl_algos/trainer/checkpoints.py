@@ -21,6 +21,7 @@ from typing import Any
 from rl_core.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
+    describe_write_failure,
     discard_staging,
     fsync_dir,
     publish,
@@ -76,14 +77,34 @@ def save_step(
     except Exception as exc:
         discard_staging(final)
         intact = [f"step_{s}" for s in _steps(root)]
+        cause = _root_cause(exc)
+        what = (
+            str(cause)
+            if isinstance(cause, CheckpointError)
+            else describe_write_failure(final, cause)
+        )
         raise CheckpointError(
-            f"saving checkpoint {final} failed: {type(exc).__name__}: {exc}; "
+            f"saving checkpoint {final} failed: {what}; "
             f"kept the earlier checkpoints: {', '.join(intact) or 'none'}"
         ) from exc
     if keep:
         for old in _steps(root)[:-keep]:
             shutil.rmtree(root / f"step_{old}", ignore_errors=True)
     return final
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The engine's own error inside a worker-group error (e.g. its CheckpointError)."""
+    seen = {id(exc)}
+    current = exc
+    while True:
+        inner = getattr(current, "original", None) or current.__cause__
+        if inner is None or id(inner) in seen:
+            return current
+        if isinstance(inner, CheckpointError):
+            return inner
+        seen.add(id(inner))
+        current = inner
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -30,12 +30,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl_core.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
+    describe_write_failure,
     discard_staging,
     publish,
     staging_path,
@@ -74,6 +76,15 @@ def _rank_error(what: str, path: str, exc: BaseException) -> RuntimeError:
     return RuntimeError(f"rank {dist.get_rank()}: {what} {path!r} failed: {exc}")
 
 
+def _dcp_cause(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException."""
+    failures = getattr(exc, "failures", None) if isinstance(exc, CheckpointException) else None
+    if failures:
+        first = failures[min(failures)]
+        return first[0] if isinstance(first, tuple) else first
+    return exc
+
+
 def _broadcast_error(error: str | None) -> str | None:
     """Rank 0's error text (or None) on every rank."""
     box = [error]
@@ -109,9 +120,9 @@ def save_checkpoint(
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
             torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
             local_ok = 1
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
             local_ok = 0
-            local_error = f"rank {rank}: {type(exc).__name__}: {exc}"
+            local_error = f"rank {rank}: {describe_write_failure(partial, _dcp_cause(exc))}"
         flags = torch.zeros(dist.get_world_size(), dtype=torch.int64)
         flags[rank] = 1 - local_ok
         dist.all_reduce(flags)  # which ranks failed
@@ -125,7 +136,7 @@ def save_checkpoint(
                 write_manifest(partial, {"engine": meta.get("engine")})
                 publish(partial, path)
             except Exception as exc:
-                error = f"rank 0: {type(exc).__name__}: {exc}"
+                error = f"rank 0: {describe_write_failure(partial, exc)}"
         if not flags.any():
             error = _broadcast_error(error)
     if error is not None:
@@ -162,7 +173,7 @@ def load_checkpoint(
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
         raise _rank_error("loading checkpoint", path, exc) from exc
     same_world = meta.get("world_size") == dist.get_world_size()
     extra_file = os.path.join(path, f"extra_rank{rank if same_world else 0}.pt")
