@@ -231,10 +231,13 @@ def _kill_during(group: Any, method: str, pid: int, delay_s: float) -> None:
 
 @pytest.mark.ray
 @pytest.mark.parametrize(
-    ("method", "role"),
-    [("update_actor", "training worker"), ("generate_sequences", "rollout worker")],
+    ("method", "role", "delay_s"),
+    # generation of 8 tokens is quick: the kill follows the dispatch at once
+    [("update_actor", "training worker", 0.3), ("generate_sequences", "rollout worker", 0.0)],
 )
-def test_a_worker_killed_mid_step_is_named(ray_cluster, raw_config, tmp_path, method, role):
+def test_a_worker_killed_mid_step_is_named(
+    ray_cluster, raw_config, tmp_path, method, role, delay_s
+):
     import ray
 
     raw = raw_config(tmp_path / "run", "grpo")
@@ -243,9 +246,8 @@ def test_a_worker_killed_mid_step_is_named(ray_cluster, raw_config, tmp_path, me
     root = tmp_path / "run" / "checkpoints"
     try:
         pids = [ray.get(w.ping.remote()) for w in trainer.groups.actor.workers]
-        trainer.train_step()
-        saved = trainer.save_checkpoint()
-        _kill_during(trainer.groups.actor, method, pids[1], delay_s=0.3)
+        saved = trainer.save_checkpoint()  # step_0: the checkpoint that must survive
+        _kill_during(trainer.groups.actor, method, pids[1], delay_s=delay_s)
         start = time.monotonic()
         with pytest.raises(WorkerDiedError, match=rf"rank 1.* died during {method}\(\)"):
             trainer.train_step()
