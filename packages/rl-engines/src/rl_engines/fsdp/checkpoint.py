@@ -4,8 +4,7 @@ Layout of a checkpoint directory::
 
     <path>/                 DCP files: model and optimizer state, each rank its shards
     <path>/extra_rank{r}.pt step, LR scheduler, RNG states of rank r
-    <path>/meta.json        world size, data-parallel layout, step (written last)
-
+    <path>/meta.json        world size, data-parallel layout, step
     <path>/manifest.json    sizes and sha256 of every file above (written last)
 
 The rules are rl-core's checkpoint contract (`rl_core.checkpoint`): every rank writes into
@@ -30,8 +29,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl_core.checkpoint import (
@@ -44,32 +43,35 @@ from rl_core.checkpoint import (
     verify_manifest,
     write_manifest,
 )
+from rl_core.platform import get_platform
 
 __all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
 
 META = "meta.json"
 
 
-def rng_state(device_type: str) -> dict[str, Any]:
-    """The RNG states as tensors and plain values (loadable with weights_only=True)."""
+def rng_state() -> dict[str, Any]:
+    """Host and device RNG states (the device's through the platform), as tensors and
+    plain values (loadable with weights_only=True)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
         "python": random.getstate(),
     }
-    if device_type != "cpu":
-        state["device"] = torch.get_device_module(device_type).get_rng_state()
+    device_state = get_platform().get_rng_state()
+    if device_state is not None:
+        state["device"] = device_state
     return state
 
 
-def set_rng_state(state: dict[str, Any], device_type: str) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])
-    if device_type != "cpu" and "device" in state:
-        torch.get_device_module(device_type).set_rng_state(state["device"])
+    if "device" in state:
+        get_platform().set_rng_state(state["device"])
 
 
 def _rank_error(what: str, path: str, exc: BaseException) -> RuntimeError:
