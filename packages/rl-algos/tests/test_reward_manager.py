@@ -204,9 +204,7 @@ def test_invalid_score_policies_error_score_and_raise(tokenizer, user_fn):
     replace = ScoreLimits(policy="error_score")
     manager = RewardManager(tokenizer, user_fn, num_workers=0, error_score=-1.0, limits=replace)
     assert manager(_values(tokenizer, texts)).token_level_scores.sum(-1).tolist() == [-1.0, 0.5]
-    strict = RewardManager(
-        tokenizer, user_fn, num_workers=0, limits=ScoreLimits(policy="raise")
-    )
+    strict = RewardManager(tokenizer, user_fn, num_workers=0, limits=ScoreLimits(policy="raise"))
     with pytest.raises(InvalidScoreError, match=r"sample 0 .* is 1e\+301; expected a finite"):
         strict(_values(tokenizer, texts))
 
