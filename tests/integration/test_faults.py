@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import torch
 
@@ -55,14 +54,33 @@ def _local(raw_config, out: Path, *overrides: str) -> Any:
     return _config(raw, list(overrides))
 
 
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process from /proc, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
 def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """Every live descendant of this process."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) and stat[0] != "Z":
+            parents[int(entry.name)] = stat[1]
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def _gone(pids: set[int], timeout_s: float = 60) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        alive = [p for p in pids if (stat := _stat(p)) is not None and stat[0] != "Z"]
         if not alive:
             return True
         time.sleep(0.5)
