@@ -289,7 +289,9 @@ class FSDPEngine(TrainEngine):
                 self.packed,
                 self.value_model,
                 self.head,
-                extra=multimodal_kwargs(self.model, micro_batch, tensors, self.device),
+                extra=multimodal_kwargs(
+                    self.model, micro_batch, tensors, self.device, self.compute_dtype
+                ),
             )
             loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
             loss.backward()
@@ -412,7 +414,9 @@ class FSDPEngine(TrainEngine):
                 self.packed,
                 self.value_model,
                 self.head,
-                extra=multimodal_kwargs(self.model, micro_batch, tensors, self.device),
+                extra=multimodal_kwargs(
+                    self.model, micro_batch, tensors, self.device, self.compute_dtype
+                ),
             )
             for key in outputs:
                 pieces[key].append(out[key].cpu())
