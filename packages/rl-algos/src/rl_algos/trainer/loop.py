@@ -89,9 +89,7 @@ class RLTrainer:
                 self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
             )
             self.val_set = (
-                dataset(list(data.val_files), name="val", **common)
-                if data.val_files
-                else None
+                dataset(list(data.val_files), name="val", **common) if data.val_files else None
             )
         with timed(setup, "reward_workers"):
             self.reward = RewardManager(
