@@ -66,7 +66,8 @@ class RLTrainer:
         reward functions, the checkpoint to resume from."""
         from transformers import AutoTokenizer
 
-        from rl_algos.data import PromptDataLoader, PromptDataset
+        from rl_algos.data import PromptDataLoader
+        from rl_algos.data.dataset import DATASETS
         from rl_algos.rewards import RewardManager
         from rl_algos.rewards.manager import ScoreLimits
         from rl_algos.trainer.model_source import resolve_model_path
@@ -110,14 +111,13 @@ class RLTrainer:
             require_ground_truth=cfg.reward.rule_based,
         )
         with timed(setup, "datasets"):
-            self.train_set = PromptDataset(
-                list(data.train_files), name="data.train_files", **common
-            )
+            dataset = DATASETS.get(data.dataset)
+            self.train_set = dataset(list(data.train_files), name="data.train_files", **common)
             self.train_loader = PromptDataLoader(
                 self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
             )
             self.val_set = (
-                PromptDataset(list(data.val_files), name="data.val_files", **common)
+                dataset(list(data.val_files), name="data.val_files", **common)
                 if data.val_files
                 else None
             )
