@@ -31,6 +31,7 @@ import torch
 
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
+from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
 from rl_algos.trainer.placement import RoleGroups, start_role_groups
@@ -285,7 +286,11 @@ class RLTrainer:
             "global_step": self.global_step,
             "dataloader": self.train_loader.state_dict(),
             "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
+            # what `rl export` needs: which engine wrote actor/, the model's own files
+            "engine": self.config.actor.engine,
+            "model_path": str(self.model_path),
         }
+        copy_hf_metadata(self.model_path, tmp / HF_FILES_DIR)
         (tmp / CHECKPOINT_STATE).write_text(json.dumps(state, indent=1))
         if final.exists():
             shutil.rmtree(final)

@@ -170,6 +170,18 @@ class TrainEngine(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (optional)."""
 
+    @classmethod
+    def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
+        """Offline, in one process without a process group: the full model weights of a
+        checkpoint that `save` wrote to ``path``, on CPU, under the Hugging Face names that
+        `export_weights` uses (what ``rl export`` turns into a model directory). Engines
+        override it; the default says that this engine's checkpoints cannot be exported."""
+        raise NotImplementedError(
+            f"{cls.__name__} does not implement read_checkpoint_weights: its checkpoint "
+            f"{path!r} cannot be exported offline (expected an engine that overrides "
+            "TrainEngine.read_checkpoint_weights)"
+        )
+
 
 def build_engine(name: str, config: EngineConfig | dict[str, Any]) -> TrainEngine:
     """Validate ``config`` and build the engine registered as ``name``.

@@ -12,6 +12,7 @@ are planned), tensor/pipeline parallelism (the megatron engine).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -41,7 +42,13 @@ from rl_engines.distributed import (
     ensure_process_group,
     local_device,
 )
-from rl_engines.fsdp.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from rl_engines.fsdp.checkpoint import (
+    load_checkpoint,
+    read_model_weights,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from rl_engines.fsdp.forward import forward_micro_batch, varlen_attention_available
 from rl_engines.fsdp.model import (
     build_device_mesh,
@@ -386,8 +393,23 @@ class FSDPEngine(TrainEngine):
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(self.device_type),
         }
-        meta = {"engine": "fsdp", "step": self._step, "value_model": self.value_model}
+        meta = {
+            "engine": "fsdp",
+            "step": self._step,
+            "value_model": self.value_model,
+            "tied_embeddings": self.tied_embeddings,
+        }
         save_checkpoint(path, self.model, self.optimizer, extra, meta)
+
+    @classmethod
+    def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
+        """Full model weights of a checkpoint, offline, under Hugging Face names (tied
+        output embeddings appear once, as ``export_weights`` gives them)."""
+        weights = read_model_weights(path)
+        with open(os.path.join(path, "meta.json")) as f:
+            if json.load(f).get("tied_embeddings"):
+                weights.pop("lm_head.weight", None)
+        return weights
 
     def load(self, path: str) -> None:
         self._require_onloaded("load")

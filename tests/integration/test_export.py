@@ -1,0 +1,95 @@
+"""`rl export`: a trainer checkpoint (DCP shards of 2 FSDP ranks) becomes a Hugging Face
+model directory whose log-probs equal the training engine's on the same tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rl_algos.cli import main as rl_main
+from rl_algos.trainer.loop import RLTrainer
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+
+def _batch(vocab: int):
+    from rl_core.testing.train_engine import make_rl_batch
+
+    batch = make_rl_batch(num_seqs=6, prompt_len=10, response_len=8, seed=3)
+    for key in ("input_ids", "responses"):
+        batch.batch[key] = batch.batch[key] % vocab
+    return batch
+
+
+def _engine_log_probs(model_dir: str, checkpoint: str, batch) -> torch.Tensor:
+    """The fsdp engine (one process here; the checkpoint came from 2 ranks) after loading."""
+    import torch.distributed as dist
+
+    from rl_core.engine import build_engine
+    from rl_core.testing.train_engine import engine_config
+
+    engine = build_engine("fsdp", engine_config(model_dir, {}))
+    try:
+        engine.load(checkpoint)
+        return engine.infer_batch(batch, outputs=("log_probs",), temperature=1.0).batch["log_probs"]
+    finally:
+        engine.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_export_of_a_trained_checkpoint_matches_the_engine(ray_cluster, make_config, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from rl_core.testing.train_engine import reference_outputs
+
+    config = make_config(
+        "grpo", ["trainer.total_steps=1", "trainer.save_every=1", "actor.optim.lr=5e-2"]
+    )
+    trainer = RLTrainer(config)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    base_dir = trainer.model_path
+    run_dir = config.trainer.output_dir
+    step_dir = f"{run_dir}/checkpoints/step_1"
+
+    out = tmp_path / "exported"
+    assert rl_main(["export", run_dir, str(out)]) == 0  # the run dir: its latest checkpoint
+    files = {p.name for p in out.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors"} <= files
+    assert "tokenizer.json" in files or "tokenizer_config.json" in files
+    assert json.loads((out / "rl_export.json").read_text())["step"] == 1
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.encode("12+3") == AutoTokenizer.from_pretrained(base_dir).encode("12+3")
+    gen = GenerationConfig.from_pretrained(out)
+    assert gen.eos_token_id == GenerationConfig.from_pretrained(base_dir).eos_token_id
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    batch = _batch(model.config.vocab_size)
+    engine_lp = _engine_log_probs(base_dir, f"{step_dir}/actor", batch)
+    # independent float64 re-derivation from the exported directory with transformers
+    exported = reference_outputs(str(out), batch, 1.0, value_head=False)["log_probs"]
+    mask = batch.batch["attention_mask"][:, 10:].bool()
+    torch.testing.assert_close(engine_lp.double()[mask], exported[mask], atol=2e-5, rtol=1e-4)
+    # the export holds the trained weights, not the base model's
+    base = reference_outputs(base_dir, batch, 1.0, value_head=False)["log_probs"]
+    assert (base[mask] - exported[mask]).abs().max() > 1e-3
+
+    # bfloat16 export of the same checkpoint, and a clear error for a non-empty OUT_DIR
+    bf16 = tmp_path / "bf16"
+    assert rl_main(["export", step_dir, str(bf16), "--dtype", "bfloat16"]) == 0
+    assert AutoModelForCausalLM.from_pretrained(bf16).dtype == torch.bfloat16
+    assert rl_main(["export", step_dir, str(out)]) == 2
+
+
+def test_export_errors_name_the_problem(tmp_path, capsys):
+    assert rl_main(["export", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    (tmp_path / "engine_ckpt").mkdir()
+    assert rl_main(["export", str(tmp_path / "engine_ckpt"), str(tmp_path / "out")]) == 2
+    assert "pass --model HF_DIR" in capsys.readouterr().err
