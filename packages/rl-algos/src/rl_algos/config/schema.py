@@ -158,6 +158,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     val_temperature: float = 0.0
+    val_n: int = 1
     stop_token_ids: list[int] = field(default_factory=list)
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
@@ -168,7 +169,14 @@ class RolloutConfig:
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive(self, "n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
+        _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
+        check_field(
+            self.val_n == 1 or self.val_temperature > 0,
+            "val_n",
+            self.val_n,
+            "1 when val_temperature is 0 (greedy decoding repeats one sample; set "
+            "rollout.val_temperature > 0 for pass@k / maj@k)",
+        )
         _positive(self, "max_tool_response_tokens")
         for name in ("temperature", "val_temperature"):
             value = getattr(self, name)

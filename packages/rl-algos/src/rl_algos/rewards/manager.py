@@ -150,10 +150,11 @@ class RewardManager:
         )
         return None, {}
 
-    def __call__(self, data: Any) -> RewardOutput:
+    def __call__(self, data: Any, shaping: bool = True) -> RewardOutput:
         """Score every sample of `data` (a DataProto with prompts, responses,
         attention_mask and the non-tensor data_source, reward_model/ground_truth,
-        extra_info fields)."""
+        extra_info fields). ``shaping=False`` leaves out training-only shaping (the
+        overlong penalty): validation reports the task's own scores."""
         start = time.monotonic()
         calls, lengths = self._calls(data)
         results = self._run(calls)
@@ -177,7 +178,7 @@ class RewardManager:
             "reward/timeouts": float(sum(r.status == "timeout" for r in results)),
             "reward/score_mean": float(scores.mean()) if len(calls) else 0.0,
         }
-        if self.overlong is not None:
+        if self.overlong is not None and shaping:
             penalty = overlong_penalty(
                 lengths,
                 self.overlong.max_response_length,

@@ -123,13 +123,16 @@ class RLTrainer:
         out.meta_info["reward_metrics"] = metrics
         return out
 
-    def _score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-        """Token-level scores: rule-based functions and/or the reward model."""
+    def _score(
+        self, batch: DataProto, shaping: bool = True
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Token-level scores: rule-based functions and/or the reward model (``shaping``:
+        with training-only reward shaping such as DAPO's overlong penalty)."""
         cfg = self.config.reward
         scores = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
         metrics: dict[str, float] = {}
         if cfg.rule_based:
-            scored = self.reward(batch)
+            scored = self.reward(batch, shaping=shaping)
             scores += scored.token_level_scores
             metrics.update(scored.metrics)
             for key, values in scored.extra.items():
@@ -232,17 +235,22 @@ class RLTrainer:
     # ------------------------------------------------------------------ validation
 
     def validate(self) -> dict[str, float]:
-        """Greedy (by default) generation on the held-out set; accuracy = score >= 1."""
+        """``rollout.val_n`` samples per held-out prompt at ``rollout.val_temperature``
+        (greedy by default), scored without training-only shaping: accuracy (mean@n),
+        pass@k, maj@k, overall and per data source (`rl_algos.validation`)."""
         cfg = self.config
         if self.val_set is None:
             return {}
         from rl_algos.data import collate_prompts
+        from rl_algos.validation import validation_metrics
 
+        n = cfg.rollout.val_n
         items = [self.val_set[i] for i in range(len(self.val_set))]
         prompts = collate_prompts(items, self.val_set.pad_token_id)
         prompts.non_tensor_batch["uid"] = np.array(
             [f"val-{i}" for i in range(len(prompts))], dtype=object
         )
+        prompts = prompts.repeat(n, interleave=True)
         prompts.non_tensor_batch["seed"] = np.array(
             [cfg.trainer.seed + i for i in range(len(prompts))], dtype=object
         )
@@ -251,21 +259,32 @@ class RLTrainer:
         )
         start = time.perf_counter()
         out = self.groups.actor.generate_sequences(prompts)
-        scores = self._score(out)[0].sum(-1)
-        resp_len = out.batch["response_mask"].sum(-1).float()
-        metrics = {
-            "val/accuracy": float((scores >= 1.0).float().mean()),
-            "val/score": float(scores.mean()),
-            "val/response_length": float(resp_len.mean()),
+        scores = self._score(out, shaping=False)[0].sum(-1)
+        extras = {
+            k.removeprefix("reward_"): v
+            for k, v in out.non_tensor_batch.items()
+            if k.startswith("reward_")
         }
-        # A reward function that returns a dict defines its own per-sample numbers
-        # (e.g. "acc"): they are averaged, and "acc" is the accuracy when present.
-        for key, values in out.non_tensor_batch.items():
-            if key.startswith("reward_") and key not in ("reward_pred", "reward_score"):
-                numbers = [float(v) for v in values if isinstance(v, int | float)]
-                if len(numbers) == len(values):
-                    name = "accuracy" if key == "reward_acc" else key.removeprefix("reward_")
-                    metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
+        acc = extras.get("acc")
+        if acc is not None and all(isinstance(v, int | float) for v in acc):
+            correct = [float(v) >= 1.0 for v in acc]
+        else:
+            correct = (scores >= 1.0).tolist()
+        metrics = validation_metrics(
+            out.non_tensor_batch["uid"].tolist(),
+            scores.tolist(),
+            correct,
+            [str(s) for s in out.non_tensor_batch[self.reward.data_source_key]],
+            preds=extras["pred"].tolist() if "pred" in extras else None,
+        )
+        metrics["val/response_length"] = float(out.batch["response_mask"].sum(-1).float().mean())
+        # Other numbers a reward function returns per sample (e.g. "boxed") are averaged.
+        for name, values in extras.items():
+            if name in ("acc", "pred", "score"):
+                continue
+            numbers = [float(v) for v in values if isinstance(v, int | float)]
+            if len(numbers) == len(values):
+                metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
         metrics["timing/validate_s"] = time.perf_counter() - start
         return metrics
 
