@@ -4,6 +4,7 @@ model directory whose log-probs equal the training engine's on the same tokens."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,3 +94,55 @@ def test_export_errors_name_the_problem(tmp_path, capsys):
     (tmp_path / "engine_ckpt").mkdir()
     assert rl_main(["export", str(tmp_path / "engine_ckpt"), str(tmp_path / "out")]) == 2
     assert "pass --model HF_DIR" in capsys.readouterr().err
+
+
+def test_lora_run_of_grpo_tiny_exports_adapter_and_merged_model(ray_cluster, tmp_path):
+    """examples/grpo_tiny.yaml with LoRA for 2 steps, a KL loss against the reference
+    (the base model with adapters disabled), then both export formats."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rl_algos.config import load_config
+    from rl_core.testing.train_engine import reference_outputs
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_config(
+        str(root / "examples" / "grpo_tiny.yaml"),
+        [
+            f"trainer.output_dir={tmp_path / 'run'}",
+            "trainer.loggers=[jsonl]",
+            "model.lora.rank=4",
+            "model.lora.alpha=8",
+            "actor.optim.lr=5e-2",
+            "actor.loss.kl_loss_coef=0.01",
+        ],
+    )
+    trainer = RLTrainer(config)
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    assert [h["step"] for h in history if "actor/kl_loss" in h] == [1, 2]
+    kl = [h["actor/kl_loss"] for h in history if "actor/kl_loss" in h]
+    # step 1 updates from B = 0: the policy is the reference exactly; after it, it is not
+    assert abs(kl[0]) < 1e-7 and kl[1] > 1e-7
+    step_dir = tmp_path / "run" / "checkpoints" / "step_2"
+    adapter_dir, merged_dir = tmp_path / "adapter", tmp_path / "merged"
+    assert rl_main(["export", str(step_dir), str(adapter_dir)]) == 0
+    assert rl_main(["export", str(step_dir), str(merged_dir), "--merge-lora"]) == 0
+    assert (adapter_dir / "adapter_model.safetensors").is_file()
+    assert not (adapter_dir / "model.safetensors").exists()
+
+    base_dir = trainer.model_path
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir
+    )
+    merged_state = peft_model.merge_and_unload().state_dict()
+    exported = AutoModelForCausalLM.from_pretrained(merged_dir).state_dict()
+    for name, tensor in exported.items():
+        torch.testing.assert_close(merged_state[name], tensor, atol=1e-5, rtol=1e-5)
+    batch = _batch(len(exported["model.embed_tokens.weight"]))
+    mask = batch.batch["attention_mask"][:, 10:].bool()
+    merged = reference_outputs(str(merged_dir), batch, 1.0)["log_probs"]
+    base = reference_outputs(base_dir, batch, 1.0)["log_probs"]
+    assert (merged[mask] - base[mask]).abs().max() > 1e-4  # the adapters learned something

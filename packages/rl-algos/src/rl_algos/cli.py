@@ -3,7 +3,7 @@
     rl train CONFIG.yaml [key=value ...]     # train; resume with trainer.resume=latest
     rl eval  CONFIG.yaml [--model M] [key=value ...]  # validation metrics; M: a checkpoint
                                              # (step_N, run dir) or an exported/HF model dir
-    rl export CHECKPOINT OUT_DIR [--model HF_DIR] [--dtype D]  # Hugging Face model dir
+    rl export CHECKPOINT OUT_DIR [--model HF_DIR] [--dtype D] [--merge-lora]  # HF model dir
     rl data  TASK --out DIR [options]        # write a generated task as parquet/jsonl
 
 ``key=value`` overrides use dotted paths into the config (``actor.optim.lr=1e-5``,
@@ -82,6 +82,7 @@ def _export(args: argparse.Namespace) -> int:
             model=args.model,
             dtype=args.dtype,
             overwrite=args.overwrite,
+            merge_lora=args.merge_lora,
         )
     except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError) as exc:
         print(f"rl export: {exc}", file=sys.stderr)
@@ -135,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
     )
     export.add_argument("--overwrite", action="store_true", help="replace OUT_DIR")
+    export.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="LoRA checkpoints: write the full model with merged adapters (default: a PEFT "
+        "adapter directory)",
+    )
     export.set_defaults(func=None, run=_export)
     data = commands.add_parser("data", help="write a generated task (arithmetic, countdown)")
     data.add_argument("args", nargs=argparse.REMAINDER, help="see `rl data --help`")

@@ -12,7 +12,10 @@ The weights come from the engine through the `TrainEngine.read_checkpoint_weight
 (offline, one process), looked up by name in the ``rl.engines`` registry: an engine
 package that implements the hook is exportable without any change here. The result is
 ``model.safetensors`` (sharded when large), ``config.json``, ``generation_config.json`` and
-the tokenizer files, written atomically (``OUT_DIR.partial`` renamed into place).
+the tokenizer files, written atomically (``OUT_DIR.partial`` renamed into place). A LoRA
+checkpoint becomes a PEFT adapter directory (``adapter_model.safetensors``,
+``adapter_config.json``, plus the tokenizer and base config), or with ``merge_lora`` a full
+model with the adapters merged.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class CheckpointSource:
     hf_dir: Path
     step: int | None
     value_model: bool = False
+    lora: dict[str, Any] | None = None
 
 
 def copy_hf_metadata(model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> None:
@@ -113,11 +117,13 @@ def locate_checkpoint(path: str | os.PathLike[str], model: str | None = None) ->
         hf_dir=hf_dir,
         step=step if step is not None else meta.get("step"),
         value_model=bool(meta.get("value_model", False)),
+        lora=meta.get("lora") or None,
     )
 
 
-def read_weights(source: CheckpointSource) -> dict[str, Any]:
-    """The checkpoint's full weights, through the engine's `read_checkpoint_weights`."""
+def read_weights(source: CheckpointSource, merge_lora: bool = True) -> dict[str, Any]:
+    """The checkpoint's full weights, through the engine's `read_checkpoint_weights`
+    (a LoRA checkpoint: merged, or with ``merge_lora=False`` its adapter tensors only)."""
     from rl_core.engine import ENGINES
 
     engine_cls = ENGINES.get(source.engine)
@@ -127,6 +133,8 @@ def read_weights(source: CheckpointSource) -> dict[str, Any]:
             f"rl export: engine {source.engine!r} ({engine_cls!r}) has no "
             "read_checkpoint_weights: it is not a TrainEngine class that can be exported"
         )
+    if source.lora and not merge_lora:
+        return reader(str(source.engine_dir), merge_lora=False)
     return reader(str(source.engine_dir))
 
 
@@ -163,6 +171,28 @@ def _hf_model(source: CheckpointSource, weights: dict[str, Any], dtype: str) -> 
     return model
 
 
+def _save_adapter(source: CheckpointSource, adapter: dict[str, Any], out: Path) -> None:
+    """A PEFT adapter directory: ``adapter_model.safetensors`` + ``adapter_config.json``."""
+    from safetensors.torch import save_file
+
+    lora = source.lora or {}
+    targets = list(lora["target_modules"])
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(source.hf_dir),
+        "r": lora["rank"],
+        "lora_alpha": lora["alpha"],
+        "lora_dropout": lora["dropout"],
+        "target_modules": "all-linear" if targets == ["all-linear"] else targets,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    save_file({k: v.contiguous() for k, v in adapter.items()}, out / "adapter_model.safetensors")
+
+
 def export_checkpoint(
     checkpoint: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -170,8 +200,11 @@ def export_checkpoint(
     model: str | None = None,
     dtype: str = "auto",
     overwrite: bool = False,
+    merge_lora: bool = False,
 ) -> Path:
-    """Write a Hugging Face model directory for ``checkpoint`` to ``out_dir``."""
+    """Write a Hugging Face model directory for ``checkpoint`` to ``out_dir``; for a LoRA
+    checkpoint a PEFT adapter directory (with the tokenizer), or with ``merge_lora`` the
+    full model with the adapters merged into its weights."""
     source = locate_checkpoint(checkpoint, model)
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -179,17 +212,25 @@ def export_checkpoint(
             f"rl export: output directory {str(out)!r} exists and is not empty "
             "(choose another or pass --overwrite)"
         )
-    weights = read_weights(source)
-    hf_model = _hf_model(source, weights, dtype)
+    as_adapter = bool(source.lora) and not merge_lora
+    weights = read_weights(source, merge_lora=not as_adapter)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     copy_hf_metadata(source.hf_dir, partial)
-    hf_model.save_pretrained(partial)
+    if as_adapter:
+        if dtype != "auto":
+            import torch
+
+            weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
+        _save_adapter(source, weights, partial)
+    else:
+        _hf_model(source, weights, dtype).save_pretrained(partial)
     provenance = {
         "checkpoint": str(source.engine_dir),
         "engine": source.engine,
         "step": source.step,
         "base_model_files": str(source.hf_dir),
+        "format": "peft-adapter" if as_adapter else "model",
     }
     (partial / "rl_export.json").write_text(json.dumps(provenance, indent=1))
     if out.exists():

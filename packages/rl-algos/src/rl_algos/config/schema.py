@@ -15,7 +15,7 @@ from typing import Any, Literal
 from rl_algos.errors import check_field
 from rl_algos.kl import KL_TYPES
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
-from rl_core.engine.config import OptimizerConfig, ParallelConfig
+from rl_core.engine.config import LoRAConfig, OptimizerConfig, ParallelConfig
 
 __all__ = [
     "LOGGERS",
@@ -55,10 +55,17 @@ class ModelConfig:
 
     path: a Hugging Face model directory, ``gguf:<file.gguf>`` / ``gguf:<package>``, or
     the alias ``smollm2-135m-instruct`` (see rl_algos.trainer.model_source).
-    dtype: weights and compute dtype of the engines (float32 on CPU)."""
+    dtype: weights and compute dtype of the engines (float32 on CPU).
+    lora: train low-rank adapters instead of all weights (rank, alpha, target_modules,
+    dropout); the reference policy is then the same model with its adapters disabled."""
 
     path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoRAConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.lora is not None:
+            self.lora.validate()
 
 
 @dataclass

@@ -86,10 +86,15 @@ def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: in
     }
 
 
+def _lora(cfg: Any) -> dict[str, Any] | None:
+    lora = cfg.model.lora
+    return None if lora is None else _as_dict(lora)
+
+
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The plain-dict config an `ActorRolloutWorker` is built from."""
     n = cfg.rollout.n
-    model = {"path": model_path, "dtype": cfg.model.dtype}
+    model = {"path": model_path, "dtype": cfg.model.dtype, "lora": _lora(cfg)}
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     loss = _as_dict(cfg.actor.loss)
     uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward

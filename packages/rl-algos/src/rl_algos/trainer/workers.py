@@ -128,8 +128,13 @@ class ActorRolloutWorker(_TrainedRole):
     def init_model(self) -> None:
         cfg = self.config
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        self.ref_is_base = False
         if cfg.get("ref") is not None:
-            self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
+            if cfg["engine_config"]["model"].get("lora"):
+                # LoRA: the reference is the actor's own base model with adapters disabled
+                self.ref_is_base = True
+            else:
+                self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
         from transformers import AutoTokenizer
 
         rollout_cfg = dict(cfg["rollout"]["rollout"])
@@ -165,6 +170,10 @@ class ActorRolloutWorker(_TrainedRole):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        if self.ref_is_base:
+            with self.engine.adapters_disabled():
+                out = self.engine.infer_batch(batch, outputs=("log_probs",))
+            return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
         if self.ref is None:
             raise RuntimeError(f"rank {self.rank}: no reference model (config.ref is None)")
         out = self.ref.infer_batch(batch, outputs=("log_probs",))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -169,6 +170,14 @@ class TrainEngine(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (optional)."""
+
+    def adapters_disabled(self) -> AbstractContextManager[None]:
+        """A context in which forward passes run the base model, adapters off (the
+        reference policy of a LoRA run, without a second copy). Engines that train
+        adapters (``ModelConfig.lora``) implement it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not train adapters: adapters_disabled() is unavailable"
+        )
 
     @classmethod
     def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
