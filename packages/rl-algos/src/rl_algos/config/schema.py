@@ -57,11 +57,15 @@ class ModelConfig:
     the alias ``smollm2-135m-instruct`` (see rl_algos.trainer.model_source).
     dtype: weights and compute dtype of the engines (float32 on CPU).
     lora: train low-rank adapters instead of all weights (rank, alpha, target_modules,
-    dropout); the reference policy is then the same model with its adapters disabled."""
+    dropout); the reference policy is then the same model with its adapters disabled.
+    ship_to_workers: send the model's files to the workers (for nodes that cannot see the
+    driver's path and have no copy in their Hugging Face cache; up to 2 GiB). Without it a
+    worker that cannot see the path resolves ``path`` itself (e.g. a hub id in its cache)."""
 
     path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoRAConfig | None = None
+    ship_to_workers: bool = False
 
     def __post_init__(self) -> None:
         if self.lora is not None:

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from rl_algos.trainer.model_source import pack_model_dir
 from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
 from rl_core.single_controller import (
     ClassWithInitArgs,
@@ -105,6 +106,9 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     rollout = cfg.rollout
     return {
         "engine": cfg.actor.engine,
+        # a worker on another node resolves these when it cannot see model_path
+        "model_reference": cfg.model.path,
+        "model_files": pack_model_dir(model_path) if cfg.model.ship_to_workers else None,
         "engine_config": _engine_config(cfg.actor, model, cfg, total_updates),
         "ref": ref,
         "generator": rollout.generator,

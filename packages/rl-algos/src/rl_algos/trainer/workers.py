@@ -69,6 +69,21 @@ def _train_epochs(
     return out
 
 
+def _localize_model_path(cfg: dict[str, Any]) -> None:
+    """Point the actor's configs at a model directory this process can read (see
+    `rl_algos.trainer.model_source.resolve_on_worker`)."""
+    from rl_algos.trainer.model_source import resolve_on_worker
+
+    driver_path = cfg["engine_config"]["model"]["path"]
+    local = resolve_on_worker(driver_path, cfg.get("model_reference"), cfg.pop("model_files", None))
+    if local == driver_path:
+        return
+    for engine_cfg in (cfg["engine_config"], cfg.get("ref")):
+        if engine_cfg is not None:
+            engine_cfg["model"]["path"] = local
+    cfg["rollout"]["rollout"]["model_path"] = local
+
+
 class _TrainedRole(Worker):
     """A role that trains one engine: PPO-style updates and checkpoints.
 
@@ -127,6 +142,7 @@ class ActorRolloutWorker(_TrainedRole):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
+        _localize_model_path(cfg)
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
         self.ref_is_base = False
         if cfg.get("ref") is not None:
