@@ -115,6 +115,8 @@ def test_lora_run_of_grpo_tiny_exports_adapter_and_merged_model(ray_cluster, tmp
             "model.lora.alpha=8",
             "actor.optim.lr=5e-2",
             "actor.loss.kl_loss_coef=0.01",
+            # a dense reward (share of digits) so a random model's samples differ in score
+            f"reward.function_path={Path(__file__).with_name('digit_reward.py')}",
         ],
     )
     trainer = RLTrainer(config)

@@ -159,7 +159,13 @@ class CriticConfig:
 @dataclass
 class RolloutConfig:
     """Generation: the rollout engine (`backend`, from the `rl.rollouts` entry points),
-    the sequence generator and agent loop, sampling, and the tool-loop limits."""
+    the sequence generator and agent loop, sampling, and the tool-loop settings.
+
+    `tools` (name -> constructor kwargs, from the `rl.tools` entry points): their schemas
+    go into the prompts' chat template (``tools=``); `tool_parser` reads the model's calls,
+    each runs for at most `tool_timeout_s`; `chat_template_kwargs` are passed when the loop
+    templates later turns. Empty `stop_token_ids`: every EOS id of the tokenizer and of the
+    model's generation config."""
 
     backend: str = "hf"
     generator: str = "agent_loop"
@@ -178,6 +184,10 @@ class RolloutConfig:
     max_parallel_calls: int = 1
     max_tool_response_tokens: int = 256
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tool_parser: str = "hermes"
+    tool_timeout_s: float = 60.0
+    tool_response_truncation: Literal["left", "right", "middle"] = "middle"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
@@ -189,6 +199,7 @@ class RolloutConfig:
             "rollout.val_temperature > 0 for pass@k / maj@k)",
         )
         _positive(self, "max_tool_response_tokens")
+        check_field(self.tool_timeout_s > 0, "tool_timeout_s", self.tool_timeout_s, "> 0 seconds")
         for name in ("temperature", "val_temperature"):
             value = getattr(self, name)
             check_field(value >= 0, name, value, ">= 0 (0: greedy)")

@@ -73,7 +73,7 @@ class RLTrainer:
             max_prompt_length=data.max_prompt_length,
             prompt_key=data.prompt_key,
             apply_chat_template=data.apply_chat_template,
-            chat_template_kwargs=dict(data.chat_template_kwargs),
+            chat_template_kwargs=_prompt_template_kwargs(cfg),
             filter_overlong_prompts=data.filter_overlong_prompts,
         )
         self.train_set = PromptDataset(list(data.train_files), name="train", **common)
@@ -475,3 +475,24 @@ def _overlong(cfg: Any) -> Any:
         penalty_factor=ol.penalty_factor,
         max_response_length=cfg.data.max_response_length,
     )
+
+
+def tool_schemas(tools: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-style schemas of the configured tools (built by name from ``rl.tools``)."""
+    from rl_core.registry import Registry
+
+    registry: Registry[Any] = Registry("rl.tools", kind="tool")
+    schemas = []
+    for name, kwargs in tools.items():
+        tool = registry.build(name, **dict(kwargs))
+        schemas.append(tool.schema.to_openai())
+    return schemas
+
+
+def _prompt_template_kwargs(cfg: Any) -> dict[str, Any]:
+    """The prompts' chat-template arguments: ``data.chat_template_kwargs``, the rollout's,
+    and the tools' schemas (``tools=``) when tools are configured, so the model sees them."""
+    kwargs = {**dict(cfg.rollout.chat_template_kwargs), **dict(cfg.data.chat_template_kwargs)}
+    if cfg.rollout.tools:
+        kwargs["tools"] = tool_schemas(dict(cfg.rollout.tools))
+    return kwargs

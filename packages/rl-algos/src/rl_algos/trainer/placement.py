@@ -130,6 +130,10 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
                 "max_turns": rollout.max_turns,
                 "max_parallel_calls": rollout.max_parallel_calls,
                 "max_tool_response_tokens": rollout.max_tool_response_tokens,
+                "tool_parser": rollout.tool_parser,
+                "tool_timeout_s": rollout.tool_timeout_s,
+                "tool_response_truncation": rollout.tool_response_truncation,
+                "chat_template_kwargs": dict(rollout.chat_template_kwargs),
             },
             "sampling": {
                 "temperature": rollout.temperature,
