@@ -129,13 +129,15 @@ def test_lora_run_of_grpo_tiny_exports_adapter_and_merged_model(tmp_path):
         history = trainer.fit()
     finally:
         trainer.close()
-    kl = [h["actor/kl_loss"] for h in history]
-    grad = [h["actor/grad_norm"] for h in history]
+    steps = [h for h in history if h["step"] > 0]  # step 0: validation before training
+    assert len(steps) == 4
+    kl = [h["actor/kl_loss"] for h in steps]
+    grad = [h["actor/grad_norm"] for h in steps]
     # adapters start at B = 0: the policy is the reference (adapters disabled) exactly
     # until the first step with a gradient (the first steps of a random model may all score
     # 0); the KL measured in the next step is positive
     first = next(i for i, g in enumerate(grad) if g > 0)
-    assert first < len(history) - 1, f"no update before the last step: {grad}"
+    assert first < len(steps) - 1, f"no update before the last step: {grad}"
     assert all(abs(k) < 1e-7 for k in kl[: first + 1]) and kl[first + 1] > 1e-7, kl
     step_dir = tmp_path / "run" / "checkpoints" / "step_4"
     adapter_dir, merged_dir = tmp_path / "adapter", tmp_path / "merged"
