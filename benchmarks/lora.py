@@ -11,6 +11,9 @@ seconds per step (median after one warm-up step) and the time of a full-weight e
 (for LoRA: merged weights, what a rollout receives). Run with::
 
     uv run python benchmarks/lora.py [--steps 3] [--rank 16]
+
+Not yet measured: the one attempt (``--steps 2``) on the shared 2-core machine (load
+average ~20) did not finish within 8 minutes.
 """
 
 from __future__ import annotations
