@@ -1,7 +1,9 @@
 """The ``rl`` command.
 
     rl train CONFIG.yaml [key=value ...]     # train; resume with trainer.resume=latest
-    rl eval  CONFIG.yaml [key=value ...]     # validation metrics (of trainer.resume's checkpoint)
+    rl eval  CONFIG.yaml [--model M] [key=value ...]  # validation metrics; M: a checkpoint
+                                             # (step_N, run dir) or an exported/HF model dir
+    rl export CHECKPOINT OUT_DIR [--model HF_DIR] [--dtype D] [--merge-lora]  # HF model dir
     rl data  TASK --out DIR [options]        # write a generated task as parquet/jsonl
 
 ``key=value`` overrides use dotted paths into the config (``actor.optim.lr=1e-5``,
@@ -76,6 +78,36 @@ def _eval(config) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rl_algos.export import export_checkpoint
+
+    try:
+        out = export_checkpoint(
+            args.checkpoint,
+            args.out_dir,
+            model=args.model,
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+            merge_lora=args.merge_lora,
+        )
+    except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError) as exc:
+        print(f"rl export: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"exported": str(out)}))
+    return 0
+
+
+def _eval_model_override(model: str) -> list[str]:
+    """``rl eval --model M``: a trainer checkpoint is resumed from; a model dir is used as is."""
+    from rl_algos.export import locate_checkpoint
+
+    path = os.path.abspath(os.path.expanduser(model))
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return [f"model.path={path}"]
+    source = locate_checkpoint(path)  # a step_N, checkpoints/ or run directory
+    return [f"trainer.resume={source.engine_dir.parent}"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rl", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -90,7 +122,36 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=text)
         sub.add_argument("config", help="YAML config file")
         sub.add_argument("overrides", nargs="*", help="key=value overrides")
+        if name == "eval":
+            sub.add_argument(
+                "--model",
+                default=None,
+                help="a trainer checkpoint (step_N or a run directory) or a model directory "
+                "(e.g. from `rl export`) to evaluate",
+            )
         sub.set_defaults(func=func)
+    export = commands.add_parser(
+        "export", help="write a Hugging Face model directory from a training checkpoint"
+    )
+    export.add_argument("checkpoint", help="<output_dir>/checkpoints/step_N, or a run directory")
+    export.add_argument("out_dir", help="the model directory to write")
+    export.add_argument(
+        "--model",
+        default=None,
+        help="HF directory the checkpoint was trained from (bare engine "
+        "checkpoints; trainer checkpoints record it)",
+    )
+    export.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
+    )
+    export.add_argument("--overwrite", action="store_true", help="replace OUT_DIR")
+    export.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="LoRA checkpoints: write the full model with merged adapters (default: a PEFT "
+        "adapter directory)",
+    )
+    export.set_defaults(func=None, run=_export)
     data = commands.add_parser("data", help="write a generated task (arithmetic, countdown)")
     data.add_argument("args", nargs=argparse.REMAINDER, help="see `rl data --help`")
     data.set_defaults(func=None)
@@ -132,9 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see rl_algos.trainer
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.command == "export":
+        return args.run(args)
     user_errors = _user_error_types()
     try:
-        config = _load(args.config, args.overrides)
+        overrides = list(args.overrides)
+        if getattr(args, "model", None):
+            overrides += _eval_model_override(args.model)
+        config = _load(args.config, overrides)
         return args.func(config)
     except (*user_errors, KeyError, TypeError, ValueError) as exc:
         if args.debug:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from rl_algos.errors import check_field
 from rl_algos.kl import KL_TYPES
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
-from rl_core.engine.config import OptimizerConfig, ParallelConfig
+from rl_core.engine.config import LoRAConfig, OptimizerConfig, ParallelConfig
 
 __all__ = [
     "LOGGERS",
@@ -61,7 +61,12 @@ class ModelConfig:
     attention kernel ("auto": the platform's preferred one, e.g. flash_attention_2 where
     flash-attn is installed); use_remove_padding: padding-free packing (null: when the
     attention kernel is a varlen one); freeze_vision_tower: a vision-language model's
-    vision encoder is not trained."""
+    vision encoder is not trained.
+    lora: train low-rank adapters instead of all weights (rank, alpha, target_modules,
+    dropout); the reference policy is then the same model with its adapters disabled.
+    ship_to_workers: send the model's files to the workers (for nodes that cannot see the
+    driver's path and have no copy in their Hugging Face cache; up to 2 GiB). Without it a
+    worker that cannot see the path resolves ``path`` itself (e.g. a hub id in its cache)."""
 
     path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -69,6 +74,12 @@ class ModelConfig:
     attn_implementation: str = "auto"
     use_remove_padding: bool | None = None
     freeze_vision_tower: bool = False
+    lora: LoRAConfig | None = None
+    ship_to_workers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lora is not None:
+            self.lora.validate()
 
 
 @dataclass
@@ -169,7 +180,13 @@ class CriticConfig:
 @dataclass
 class RolloutConfig:
     """Generation: the rollout engine (`backend`, from the `rl.rollouts` entry points),
-    the sequence generator and agent loop, sampling, and the tool-loop limits."""
+    the sequence generator and agent loop, sampling, and the tool-loop settings.
+
+    `tools` (name -> constructor kwargs, from the `rl.tools` entry points): their schemas
+    go into the prompts' chat template (``tools=``); `tool_parser` reads the model's calls,
+    each runs for at most `tool_timeout_s`; `chat_template_kwargs` are passed when the loop
+    templates later turns. Empty `stop_token_ids`: every EOS id of the tokenizer and of the
+    model's generation config."""
 
     backend: str = "hf"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -184,6 +201,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     val_temperature: float = 0.0
+    val_n: int = 1
     stop_token_ids: list[int] = field(default_factory=list)
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
@@ -192,10 +210,22 @@ class RolloutConfig:
     max_parallel_calls: int = 1
     max_tool_response_tokens: int = 256
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tool_parser: str = "hermes"
+    tool_timeout_s: float = 60.0
+    tool_response_truncation: Literal["left", "right", "middle"] = "middle"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive(self, "n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
+        _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
+        check_field(
+            self.val_n == 1 or self.val_temperature > 0,
+            "val_n",
+            self.val_n,
+            "1 when val_temperature is 0 (greedy decoding repeats one sample; set "
+            "rollout.val_temperature > 0 for pass@k / maj@k)",
+        )
         _positive(self, "max_tool_response_tokens")
+        check_field(self.tool_timeout_s > 0, "tool_timeout_s", self.tool_timeout_s, "> 0 seconds")
         for name in ("temperature", "val_temperature"):
             value = getattr(self, name)
             check_field(value >= 0, name, value, ">= 0 (0: greedy)")

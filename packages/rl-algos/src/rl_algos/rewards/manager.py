@@ -215,10 +215,11 @@ class RewardManager:
             return self.error_score, problem
         return min(max(score, lo), hi), problem
 
-    def __call__(self, data: Any) -> RewardOutput:
+    def __call__(self, data: Any, shaping: bool = True) -> RewardOutput:
         """Score every sample of `data` (a DataProto with prompts, responses,
         attention_mask and the non-tensor data_source, reward_model/ground_truth,
-        extra_info fields)."""
+        extra_info fields). ``shaping=False`` leaves out training-only shaping (the
+        overlong penalty): validation reports the task's own scores."""
         start = time.monotonic()
         calls, lengths = self._calls(data)
         results = self._run(calls)
@@ -267,7 +268,7 @@ class RewardManager:
                 f"time-outs), more than reward.max_failure_fraction="
                 f"{self.limits.max_failure_fraction}; first: {failed[0].error}"
             )
-        if self.overlong is not None:
+        if self.overlong is not None and shaping:
             penalty = overlong_penalty(
                 lengths,
                 self.overlong.max_response_length,

@@ -31,6 +31,7 @@ import torch
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
 from rl_algos.errors import InputError, UserInputError
+from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
@@ -106,7 +107,7 @@ class RLTrainer:
             max_prompt_length=data.max_prompt_length,
             prompt_key=data.prompt_key,
             apply_chat_template=data.apply_chat_template,
-            chat_template_kwargs=dict(data.chat_template_kwargs),
+            chat_template_kwargs=_prompt_template_kwargs(cfg),
             filter_overlong_prompts=data.filter_overlong_prompts,
             require_ground_truth=cfg.reward.rule_based,
         )
@@ -196,13 +197,16 @@ class RLTrainer:
             )
         return torch.tensor([by_uid[u] for u in out.non_tensor_batch["uid"].tolist()])
 
-    def _score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
-        """Token-level scores: rule-based functions and/or the reward model."""
+    def _score(
+        self, batch: DataProto, shaping: bool = True
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Token-level scores: rule-based functions and/or the reward model (``shaping``:
+        with training-only reward shaping such as DAPO's overlong penalty)."""
         cfg = self.config.reward
         scores = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
         metrics: dict[str, float] = {}
         if cfg.rule_based:
-            scored = self.reward(batch)
+            scored = self.reward(batch, shaping=shaping)
             scores += scored.token_level_scores
             metrics.update(scored.metrics)
             for key, values in scored.extra.items():
@@ -308,17 +312,22 @@ class RLTrainer:
     # ------------------------------------------------------------------ validation
 
     def validate(self) -> dict[str, float]:
-        """Greedy (by default) generation on the held-out set; accuracy = score >= 1."""
+        """``rollout.val_n`` samples per held-out prompt at ``rollout.val_temperature``
+        (greedy by default), scored without training-only shaping: accuracy (mean@n),
+        pass@k, maj@k, overall and per data source (`rl_algos.validation`)."""
         cfg = self.config
         if self.val_set is None:
             return {}
         from rl_algos.data import collate_prompts
+        from rl_algos.validation import validation_metrics
 
+        n = cfg.rollout.val_n
         items = [self.val_set[i] for i in range(len(self.val_set))]
         prompts = collate_prompts(items, self.val_set.pad_token_id)
         prompts.non_tensor_batch["uid"] = np.array(
             [f"val-{i}" for i in range(len(prompts))], dtype=object
         )
+        prompts = prompts.repeat(n, interleave=True)
         prompts.non_tensor_batch["seed"] = np.array(
             [cfg.trainer.seed + i for i in range(len(prompts))], dtype=object
         )
@@ -327,21 +336,32 @@ class RLTrainer:
         )
         start = time.perf_counter()
         out = self.groups.actor.generate_sequences(prompts)
-        scores = self._score(out)[0].sum(-1)
-        resp_len = out.batch["response_mask"].sum(-1).float()
-        metrics = {
-            "val/accuracy": float((scores >= 1.0).float().mean()),
-            "val/score": float(scores.mean()),
-            "val/response_length": float(resp_len.mean()),
+        scores = self._score(out, shaping=False)[0].sum(-1)
+        extras = {
+            k.removeprefix("reward_"): v
+            for k, v in out.non_tensor_batch.items()
+            if k.startswith("reward_")
         }
-        # A reward function that returns a dict defines its own per-sample numbers
-        # (e.g. "acc"): they are averaged, and "acc" is the accuracy when present.
-        for key, values in out.non_tensor_batch.items():
-            if key.startswith("reward_") and key not in ("reward_pred", "reward_score"):
-                numbers = [float(v) for v in values if isinstance(v, int | float)]
-                if len(numbers) == len(values):
-                    name = "accuracy" if key == "reward_acc" else key.removeprefix("reward_")
-                    metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
+        acc = extras.get("acc")
+        if acc is not None and all(isinstance(v, int | float) for v in acc):
+            correct = [float(v) >= 1.0 for v in acc]
+        else:
+            correct = (scores >= 1.0).tolist()
+        metrics = validation_metrics(
+            out.non_tensor_batch["uid"].tolist(),
+            scores.tolist(),
+            correct,
+            [str(s) for s in out.non_tensor_batch[self.reward.data_source_key]],
+            preds=extras["pred"].tolist() if "pred" in extras else None,
+        )
+        metrics["val/response_length"] = float(out.batch["response_mask"].sum(-1).float().mean())
+        # Other numbers a reward function returns per sample (e.g. "boxed") are averaged.
+        for name, values in extras.items():
+            if name in ("acc", "pred", "score"):
+                continue
+            numbers = [float(v) for v in values if isinstance(v, int | float)]
+            if len(numbers) == len(values):
+                metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
         metrics["timing/validate_s"] = time.perf_counter() - start
         return metrics
 
@@ -352,6 +372,7 @@ class RLTrainer:
 
         def write_engines(staging: Path) -> None:
             self.groups.actor.save_checkpoint(str(staging / "actor"))
+            copy_hf_metadata(self.model_path, staging / HF_FILES_DIR)
             if self.groups.critic is not None:
                 self.groups.critic.save_checkpoint(str(staging / "critic"))
 
@@ -359,6 +380,9 @@ class RLTrainer:
             "global_step": self.global_step,
             "dataloader": self.train_loader.state_dict(),
             "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
+            # what `rl export` needs: which engine wrote actor/, the model's own files
+            "engine": self.config.actor.engine,
+            "model_path": str(self.model_path),
         }
         return save_step(
             self.output_dir / "checkpoints",
@@ -533,3 +557,24 @@ def _overlong(cfg: Any) -> Any:
         penalty_factor=ol.penalty_factor,
         max_response_length=cfg.data.max_response_length,
     )
+
+
+def tool_schemas(tools: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI-style schemas of the configured tools (built by name from ``rl.tools``)."""
+    from rl_core.registry import Registry
+
+    registry: Registry[Any] = Registry("rl.tools", kind="tool")
+    schemas = []
+    for name, kwargs in tools.items():
+        tool = registry.build(name, **dict(kwargs))
+        schemas.append(tool.schema.to_openai())
+    return schemas
+
+
+def _prompt_template_kwargs(cfg: Any) -> dict[str, Any]:
+    """The prompts' chat-template arguments: ``data.chat_template_kwargs``, the rollout's,
+    and the tools' schemas (``tools=``) when tools are configured, so the model sees them."""
+    kwargs = {**dict(cfg.rollout.chat_template_kwargs), **dict(cfg.data.chat_template_kwargs)}
+    if cfg.rollout.tools:
+        kwargs["tools"] = tool_schemas(dict(cfg.rollout.tools))
+    return kwargs

@@ -72,6 +72,21 @@ def _train_epochs(
     return out
 
 
+def _localize_model_path(cfg: dict[str, Any]) -> None:
+    """Point the actor's configs at a model directory this process can read (see
+    `rl_algos.trainer.model_source.resolve_on_worker`)."""
+    from rl_algos.trainer.model_source import resolve_on_worker
+
+    driver_path = cfg["engine_config"]["model"]["path"]
+    local = resolve_on_worker(driver_path, cfg.get("model_reference"), cfg.pop("model_files", None))
+    if local == driver_path:
+        return
+    for engine_cfg in (cfg["engine_config"], cfg.get("ref")):
+        if engine_cfg is not None:
+            engine_cfg["model"]["path"] = local
+    cfg["rollout"]["rollout"]["model_path"] = local
+
+
 class _TrainedRole(Worker):
     """A role that trains one engine: PPO-style updates and checkpoints.
 
@@ -146,9 +161,15 @@ class ActorRolloutWorker(_TrainedRole):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
+        _localize_model_path(cfg)
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        self.ref_is_base = False
         if cfg.get("ref") is not None:
-            self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
+            if cfg["engine_config"]["model"].get("lora"):
+                # LoRA: the reference is the actor's own base model with adapters disabled
+                self.ref_is_base = True
+            else:
+                self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
         from transformers import AutoTokenizer
 
         rollout_cfg = dict(cfg["rollout"]["rollout"])
@@ -197,6 +218,10 @@ class ActorRolloutWorker(_TrainedRole):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        if self.ref_is_base:
+            with self.engine.adapters_disabled():
+                out = self.engine.infer_batch(batch, outputs=("log_probs",))
+            return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
         if self.ref is None:
             raise RuntimeError(f"rank {self.rank}: no reference model (config.ref is None)")
         out = self.ref.infer_batch(batch, outputs=("log_probs",))

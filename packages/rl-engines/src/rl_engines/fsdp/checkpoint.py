@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import warnings
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,13 @@ from rl_core.checkpoint import (
 )
 from rl_core.platform import get_platform
 
-__all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = [
+    "load_checkpoint",
+    "read_model_weights",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 META = "meta.json"
 
@@ -186,3 +193,37 @@ def load_checkpoint(
     if not same_world:
         extra.pop("rng", None)
     return extra, meta
+
+
+def read_model_weights(path: str) -> dict[str, torch.Tensor]:
+    """Offline (one process, no process group): the full model tensors of a checkpoint.
+
+    The tensors are allocated from the checkpoint's own metadata (names, shapes, dtypes) and
+    filled by DCP from every rank's shards; the optimizer state is not read. Keys are the
+    model's parameter names (Hugging Face names: FSDP2 does not rename parameters).
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = os.path.abspath(path.rstrip("/"))
+    if not os.path.isfile(os.path.join(path, META)):
+        raise FileNotFoundError(
+            f"{path!r} is not a complete fsdp checkpoint (no {META}): expected a directory "
+            "written by FSDPEngine.save"
+        )
+    verify_manifest(path)  # a corrupt or truncated file is named before anything is read
+    reader = FileSystemReader(path)
+    template: dict[str, torch.Tensor] = {}
+    for key, item in reader.read_metadata().state_dict_metadata.items():
+        if not key.startswith("model."):
+            continue
+        if not isinstance(item, TensorStorageMetadata):
+            raise ValueError(f"checkpoint {path!r}: model entry {key!r} is not a tensor")
+        template[key.removeprefix("model.")] = torch.empty(item.size, dtype=item.properties.dtype)
+    if not template:
+        raise ValueError(f"checkpoint {path!r} holds no model tensors")
+    state = {"model": template}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return state["model"]
