@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 from typing import Any
 
@@ -48,6 +49,17 @@ def _sharded_state(chunks: list[nn.Module], optimizer: torch.optim.Optimizer) ->
     return {"model": model, "optimizer": optim}
 
 
+def _in_process_results_queue() -> None:
+    """megatron-core's synchronous save collects writer results through a module-level
+    queue that it creates as a *spawned* multiprocessing Manager (a new interpreter that
+    re-imports ``__main__``). The synchronous path puts and gets in this process only, so
+    a plain in-process queue does the same job without the extra process."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def _optimizer_steps(optimizer: torch.optim.Optimizer) -> list[float]:
     return [float(state["step"]) for state in optimizer.state_dict()["state"].values()]
 
@@ -69,6 +81,7 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
     dist.barrier()
+    _in_process_results_queue()
     try:
         dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
         extra = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
