@@ -115,6 +115,18 @@ def tests_rl_rollout_vllm(session: nox.Session) -> None:
     session.run("pytest", *VLLM_TESTS, "-m", "vllm", *session.posargs, env=env)
 
 
+@nox.session(name="tests-rl-engines-megatron", python="3.11")
+def tests_rl_engines_megatron(session: nox.Session) -> None:
+    """The megatron engine on CPU (gloo + the engine's CPU shim): conversion round trips,
+    start-up errors, the TrainEngine conformance suite for DP, TP+SP, PP and EP, and the
+    equivalence with FSDP2 / Hugging Face. rl-engines alone with its fsdp+megatron extras."""
+    _sync_only(session, "packages/rl-engines", ("fsdp", "megatron"))
+    env = {"RL_ISOLATED_SESSION": "rl-engines-megatron"}
+    session.run(
+        "pytest", "packages/rl-engines/tests", "-m", "megatron and not gpu", *session.posargs, env=env
+    )
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and the import rule between packages."""
@@ -167,6 +179,7 @@ nox.options.sessions = [
     "lock",
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
+    "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
     "build",

@@ -107,7 +107,9 @@ class DataConfig:
 @dataclass
 class ActorConfig:
     """The policy's training: engine, optimizer, parallelism, micro-batching, PPO loop
-    (`mini_batch_size` prompts per optimizer step, `epochs` passes per batch) and loss."""
+    (`mini_batch_size` prompts per optimizer step, `epochs` passes per batch) and loss.
+    `engine_kwargs`: the engine's own options (e.g. the megatron engine's
+    ``sequence_parallel``, ``virtual_pipeline_size``, ``moe_token_dispatcher``)."""
 
     engine: str = "fsdp"
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -119,6 +121,7 @@ class ActorConfig:
     epochs: int = 1
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     offload_when_generating: bool = False
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _positive(self, "mini_batch_size", "epochs")
@@ -139,6 +142,7 @@ class CriticConfig:
     on_nan: Literal["raise", "skip"] = "raise"
     epochs: int = 1
     loss: ValueLossConfig = field(default_factory=ValueLossConfig)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _positive(self, "epochs")

@@ -83,6 +83,7 @@ def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: in
         "seed": cfg.trainer.seed,
         "on_nan": role.on_nan,
         "timeout_s": cfg.trainer.call_timeout_s,
+        "engine_kwargs": dict(getattr(role, "engine_kwargs", None) or {}),
     }
 
 

@@ -5,12 +5,14 @@ megatron-core 0.16 assumes CUDA in a handful of places on the paths this engine 
 dispatch), ``torch.cuda.synchronize()`` after p2p, the model-parallel RNG tracker,
 which saves and restores *CUDA* generator states around initialisation and dropout, and
 ``device="cuda"`` literals in the pipeline schedules (token counters) and the MoE
-aux-loss tracker.
+aux-loss tracker, and a ``.cuda()`` on the tied embedding when the first and last pipeline
+stages synchronise it at construction.
 
 `install_cpu_shim` (called by the engine only when the `Platform` is CPU) replaces them:
 the current device is ``"cpu"``, synchronize is a no-op (CPU ops are synchronous), the
 RNG tracker forks the CPU generator instead, and those two modules see a ``torch`` whose
-tensor factories map ``device="cuda"`` to the CPU. On accelerators nothing is patched. The
+tensor factories map ``device="cuda"`` to the CPU, and the tied-embedding set-up runs with
+``Tensor.cuda`` as the identity. On accelerators nothing is patched. The
 patch is process-wide and idempotent; `uninstall_cpu_shim` restores the originals.
 """
 
@@ -91,6 +93,18 @@ _PATCHED_MODULES = (
 )
 
 
+def _cpu_embedding_setup(original: Any) -> Any:
+    def setup_embeddings_and_output_layer(self: Any) -> None:
+        cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda tensor, *args, **kwargs: tensor
+        try:
+            original(self)
+        finally:
+            torch.Tensor.cuda = cuda
+
+    return setup_embeddings_and_output_layer
+
+
 def cpu_shim_installed() -> bool:
     return bool(_SAVED)
 
@@ -122,6 +136,12 @@ def install_cpu_shim() -> None:
         module = importlib.import_module(module_name)
         _SAVED["torch:" + module_name] = module.torch
         module.torch = _CPUFactories(torch)
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    _SAVED["embedding_setup"] = LanguageModule.setup_embeddings_and_output_layer
+    LanguageModule.setup_embeddings_and_output_layer = _cpu_embedding_setup(
+        _SAVED["embedding_setup"]
+    )
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda device=None: None
     torch.cuda.manual_seed = _cpu_manual_seed
@@ -147,6 +167,9 @@ def uninstall_cpu_shim() -> None:
 
     for module_name in _PATCHED_MODULES:
         importlib.import_module(module_name).torch = _SAVED["torch:" + module_name]
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    LanguageModule.setup_embeddings_and_output_layer = _SAVED["embedding_setup"]
     torch.cuda.current_device = _SAVED["current_device"]
     torch.cuda.synchronize = _SAVED["synchronize"]
     torch.cuda.manual_seed = _SAVED["manual_seed"]

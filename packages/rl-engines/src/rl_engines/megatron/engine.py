@@ -374,7 +374,7 @@ class MegatronEngine(TrainEngine):
             self.scheduler.step()
             self._step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        moe_metrics = self._moe_metrics()
+        moe_metrics = self._moe_metrics(num_micro)
         if not finite and self.config.on_nan == "raise":
             raise FloatingPointError(
                 f"rank {self.rank}: non-finite {'loss' if reduced[1].item() else 'gradient norm'} "
@@ -410,7 +410,7 @@ class MegatronEngine(TrainEngine):
         names = sorted({k for ks in gathered if ks for k in ks})
         return names
 
-    def _moe_metrics(self) -> dict[str, float]:
+    def _moe_metrics(self, num_micro: int) -> dict[str, float]:
         """Load-balancing loss per token (summed over MoE layers, averaged over the step's
         micro-batches), from Megatron's aux-loss tracker; then the tracker is cleared."""
         if self.arch.num_experts is None:
@@ -431,7 +431,7 @@ class MegatronEngine(TrainEngine):
         for ns, vs, tp_rank, dp_rank in values_all:
             if tp_rank == 0 and dp_rank == 0:  # one copy per pipeline stage
                 for n, v in zip(ns, vs):
-                    totals[n] = totals.get(n, 0.0) + v
+                    totals[n] = totals.get(n, 0.0) + v / num_micro
         clear_aux_losses_tracker()
         return {f"moe/{n}": v for n, v in totals.items()}
 

@@ -212,6 +212,34 @@ def transformer_config(
     )
 
 
+class RMSNorm(nn.RMSNorm):
+    """torch's RMSNorm with Megatron's norm constructor; unlike megatron-core's
+    ``WrappedTorchNorm`` it allows sequence parallelism (its weight is marked so the
+    engine all-reduces its gradient over the TP group)."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def _layer_spec(arch: ArchSpec) -> Any:
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(
+        num_experts=arch.num_experts,
+        moe_grouped_gemm=False,
+        qk_layernorm=arch.qk_norm,
+        normalization="RMSNorm",
+    )
+    layer = spec.submodules
+    layer.input_layernorm = RMSNorm
+    layer.pre_mlp_layernorm = RMSNorm
+    if arch.qk_norm:
+        layer.self_attention.submodules.q_layernorm = RMSNorm
+        layer.self_attention.submodules.k_layernorm = RMSNorm
+    return spec
+
+
 class ValueHead(nn.Module):
     """Hugging Face's token-classification ``score`` (Linear hidden -> 1, with bias) in the
     place of GPTModel's output layer; replicated over TP ranks."""
@@ -238,20 +266,20 @@ def build_model_chunks(
     """One GPTModel per virtual pipeline stage of this rank (weights uninitialised)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    spec = get_gpt_layer_local_spec(
-        num_experts=arch.num_experts,
-        moe_grouped_gemm=False,
-        qk_layernorm=arch.qk_norm,
-        normalization="RMSNorm",
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
     )
+
+    layer_spec = _layer_spec(arch)
     vpp = cfg.virtual_pipeline_size
     chunks = []
     for vp_stage in range(cfg.vpp):
         stage = vp_stage if vpp else None
         pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
         post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
+        num_layers = get_num_layers_to_build(tconfig, vp_stage=stage)
+        spec = TransformerBlockSubmodules(layer_specs=[layer_spec] * num_layers, layer_norm=RMSNorm)
         model = GPTModel(
             config=tconfig,
             transformer_layer_spec=spec,
