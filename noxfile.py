@@ -118,13 +118,13 @@ def tests_rl_rollout_vllm(session: nox.Session) -> None:
 @nox.session(name="tests-rl-engines-megatron", python="3.11")
 def tests_rl_engines_megatron(session: nox.Session) -> None:
     """The megatron engine on CPU (gloo + the engine's CPU shim): conversion round trips,
-    start-up errors, the TrainEngine conformance suite for DP, TP+SP, PP and EP, and the
-    equivalence with FSDP2 / Hugging Face. rl-engines alone with its fsdp+megatron extras."""
-    _sync_only(session, "packages/rl-engines", ("fsdp", "megatron"))
-    env = {"RL_ISOLATED_SESSION": "rl-engines-megatron"}
-    session.run(
-        "pytest", "packages/rl-engines/tests", "-m", "megatron and not gpu", *session.posargs, env=env
-    )
+    start-up errors, the TrainEngine conformance suite for DP, TP+SP, PP and EP, the
+    equivalence with FSDP2 / Hugging Face, and `rl train examples/grpo_tiny_moe.yaml`
+    (EP=2) for 2 steps. The dev env (it has the megatron extra)."""
+    _sync_all(session)
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    tests = ["packages/rl-engines/tests", "tests/integration/test_megatron_example.py"]
+    session.run("pytest", *tests, "-m", "megatron and not gpu", *session.posargs, env=env)
 
 
 @nox.session(python="3.11")

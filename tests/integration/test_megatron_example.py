@@ -27,7 +27,11 @@ def test_grpo_tiny_moe_trains_with_megatron_expert_parallelism(tmp_path):
     env.update(RAY_AUTH_MODE="disabled", RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     proc = subprocess.run(
         [str(RL), "train", str(EXAMPLE), f"trainer.output_dir={out}", "trainer.loggers=[jsonl]"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=900, env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
     history = read_jsonl(out / "metrics.jsonl")

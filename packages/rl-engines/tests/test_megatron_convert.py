@@ -23,8 +23,16 @@ from rl_engines.megatron.model import ArchSpec, arch_spec  # noqa: E402
 
 def _arch(**kw) -> ArchSpec:
     base = dict(
-        model_type="qwen2", num_layers=2, hidden_size=8, num_heads=4, num_kv_heads=2,
-        head_dim=2, ffn_hidden_size=6, vocab_size=16, qkv_bias=True, qk_norm=False,
+        model_type="qwen2",
+        num_layers=2,
+        hidden_size=8,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=2,
+        ffn_hidden_size=6,
+        vocab_size=16,
+        qkv_bias=True,
+        qk_norm=False,
         tied_embeddings=True,
     )
     base.update(kw)
@@ -39,8 +47,7 @@ def test_qkv_layout_groups_queries_with_their_kv_head():
     v = torch.arange(4).float().unsqueeze(1) + 300
     fused = qkv_to_megatron(q, k, v, arch).squeeze(1).tolist()
     # group 0: q heads 0,1 (rows 0-3), k0 (rows 0-1), v0; group 1: q heads 2,3, k1, v1
-    assert fused == [100, 101, 102, 103, 200, 201, 300, 301,
-                     104, 105, 106, 107, 202, 203, 302, 303]
+    assert fused == [100, 101, 102, 103, 200, 201, 300, 301, 104, 105, 106, 107, 202, 203, 302, 303]
     # TP=2 splits by group: rank 1 holds group 1 only
     assert fused[8:] == qkv_to_megatron(q, k, v, arch).chunk(2)[1].squeeze(1).tolist()
     back = qkv_from_megatron(qkv_to_megatron(q, k, v, arch), arch)
@@ -83,26 +90,33 @@ def _hf_layer(arch: ArchSpec, moe: bool) -> dict[str, torch.Tensor]:
         "self_attn.o_proj.weight": r(h, arch.num_heads * d),
     }
     if arch.qkv_bias:
-        layer.update({
-            "self_attn.q_proj.bias": r(arch.num_heads * d),
-            "self_attn.k_proj.bias": r(arch.num_kv_heads * d),
-            "self_attn.v_proj.bias": r(arch.num_kv_heads * d),
-        })
+        layer.update(
+            {
+                "self_attn.q_proj.bias": r(arch.num_heads * d),
+                "self_attn.k_proj.bias": r(arch.num_kv_heads * d),
+                "self_attn.v_proj.bias": r(arch.num_kv_heads * d),
+            }
+        )
     if arch.qk_norm:
         layer.update({"self_attn.q_norm.weight": r(d), "self_attn.k_norm.weight": r(d)})
     if moe:
         e, f = arch.num_experts, arch.moe_ffn_hidden_size
-        layer.update({
-            "mlp.gate.weight": r(e, h),
-            "mlp.experts.gate_up_proj": r(e, 2 * f, h),
-            "mlp.experts.down_proj": r(e, h, f),
-        })
+        layer.update(
+            {
+                "mlp.gate.weight": r(e, h),
+                "mlp.experts.gate_up_proj": r(e, 2 * f, h),
+                "mlp.experts.down_proj": r(e, h, f),
+            }
+        )
     else:
         f = arch.ffn_hidden_size
-        layer.update({
-            "mlp.gate_proj.weight": r(f, h), "mlp.up_proj.weight": r(f, h),
-            "mlp.down_proj.weight": r(h, f),
-        })
+        layer.update(
+            {
+                "mlp.gate_proj.weight": r(f, h),
+                "mlp.up_proj.weight": r(f, h),
+                "mlp.down_proj.weight": r(h, f),
+            }
+        )
     return layer
 
 
@@ -112,9 +126,13 @@ def test_dense_layer_round_trip(tp):
     hf = _hf_layer(arch, moe=False)
     m = hf_layer_to_megatron(hf, arch, tp, 1)
     assert set(m) == {
-        "input_layernorm.weight", "pre_mlp_layernorm.weight",
-        "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
-        "self_attention.linear_proj.weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight",
+        "input_layernorm.weight",
+        "pre_mlp_layernorm.weight",
+        "self_attention.linear_qkv.weight",
+        "self_attention.linear_qkv.bias",
+        "self_attention.linear_proj.weight",
+        "mlp.linear_fc1.weight",
+        "mlp.linear_fc2.weight",
     }
     back = megatron_layer_to_hf(m, arch, tp, 1)
     assert set(back) == set(hf)
@@ -124,8 +142,14 @@ def test_dense_layer_round_trip(tp):
 
 @pytest.mark.parametrize("etp", [1, 2])
 def test_moe_layer_round_trip_and_expert_split(etp):
-    arch = _arch(model_type="qwen3_moe", qkv_bias=False, qk_norm=True, num_experts=4,
-                 moe_ffn_hidden_size=4, moe_topk=2)
+    arch = _arch(
+        model_type="qwen3_moe",
+        qkv_bias=False,
+        qk_norm=True,
+        num_experts=4,
+        moe_ffn_hidden_size=4,
+        moe_topk=2,
+    )
     hf = _hf_layer(arch, moe=True)
     m = hf_layer_to_megatron(hf, arch, 1, etp)
     f = arch.moe_ffn_hidden_size
@@ -134,7 +158,9 @@ def test_moe_layer_round_trip_and_expert_split(etp):
         gate, up = gate_up_from_megatron(fc1, etp)
         assert torch.equal(gate, hf["mlp.experts.gate_up_proj"][e, :f])
         assert torch.equal(up, hf["mlp.experts.gate_up_proj"][e, f:])
-        assert torch.equal(m[f"mlp.experts.local_experts.{e}.linear_fc2.weight"], hf["mlp.experts.down_proj"][e])
+        assert torch.equal(
+            m[f"mlp.experts.local_experts.{e}.linear_fc2.weight"], hf["mlp.experts.down_proj"][e]
+        )
     assert torch.equal(m["mlp.router.weight"], hf["mlp.gate.weight"])
     assert torch.equal(m["self_attention.q_layernorm.weight"], hf["self_attn.q_norm.weight"])
     back = megatron_layer_to_hf(m, arch, 1, etp)

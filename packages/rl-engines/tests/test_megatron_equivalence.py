@@ -36,7 +36,9 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("equiv")
-    return {t: megatron_models.save_model(str(root / t), t) for t in ("qwen2", "llama", "qwen3_moe")}
+    return {
+        t: megatron_models.save_model(str(root / t), t) for t in ("qwen2", "llama", "qwen3_moe")
+    }
 
 
 @pytest.fixture(scope="module")

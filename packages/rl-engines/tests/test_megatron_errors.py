@@ -33,10 +33,20 @@ def _cfg(**kwargs):
     ("kwargs", "world", "device", "match"),
     [
         ({"context_parallel_size": 2}, 2, "cpu", r"context_parallel_size=2 .*Transformer Engine"),
-        ({"sequence_parallel": True}, 1, "cpu", r"sequence_parallel=True .*tensor_parallel_size == 1"),
+        (
+            {"sequence_parallel": True},
+            1,
+            "cpu",
+            r"sequence_parallel=True .*tensor_parallel_size == 1",
+        ),
         ({"moe_token_dispatcher": "alltoall"}, 1, "cpu", r"moe_token_dispatcher='alltoall' .*CPU"),
         ({"moe_token_dispatcher": "flex"}, 1, "cuda", r"one of \('allgather', 'alltoall'\)"),
-        ({"virtual_pipeline_size": 2}, 1, "cpu", r"virtual_pipeline_size=2 .*pipeline_parallel_size > 1"),
+        (
+            {"virtual_pipeline_size": 2},
+            1,
+            "cpu",
+            r"virtual_pipeline_size=2 .*pipeline_parallel_size > 1",
+        ),
         ({"parallel": {"tensor_parallel_size": 2}}, 3, "cpu", r"world size 3 is not divisible"),
         ({"logits_chunk_tokens": 0}, 1, "cpu", r"logits_chunk_tokens=0 .*>= 1"),
     ],
@@ -57,8 +67,13 @@ def test_dense_model_with_expert_parallelism_is_rejected(tmp_path):
     from rl_core.testing.train_engine import save_tiny_model
 
     model_dir = save_tiny_model(str(tmp_path / "m"), "llama")
-    with pytest.raises(ValueError, match=r"expert_parallel_size=1.*dense model 'llama'|world size 1 is not divisible"):
-        build_engine("megatron", {"model": {"path": model_dir}, "parallel": {"expert_parallel_size": 2}})
+    with pytest.raises(
+        ValueError,
+        match=r"expert_parallel_size=1.*dense model 'llama'|world size 1 is not divisible",
+    ):
+        build_engine(
+            "megatron", {"model": {"path": model_dir}, "parallel": {"expert_parallel_size": 2}}
+        )
 
 
 def test_missing_extra_names_it():
@@ -69,4 +84,6 @@ def test_missing_extra_names_it():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0
-    assert "PluginLoadError" in out.stderr and "rl-engines[megatron]" in out.stderr, out.stderr[-2000:]
+    assert "PluginLoadError" in out.stderr and "rl-engines[megatron]" in out.stderr, out.stderr[
+        -2000:
+    ]

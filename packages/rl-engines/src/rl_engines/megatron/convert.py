@@ -138,17 +138,23 @@ def hf_layer_to_megatron(
     return out
 
 
-def megatron_layer_to_hf(m: Mapping[str, Tensor], arch: ArchSpec, tp: int, etp: int) -> dict[str, Tensor]:
+def megatron_layer_to_hf(
+    m: Mapping[str, Tensor], arch: ArchSpec, tp: int, etp: int
+) -> dict[str, Tensor]:
     """Inverse of `hf_layer_to_megatron` (all experts of the layer must be present)."""
     out: dict[str, Tensor] = {}
     for hf_name, m_name in _NORMS.items():
         if m_name in m:
             out[hf_name] = m[m_name]
     q, k, v = qkv_from_megatron(m["self_attention.linear_qkv.weight"], arch)
-    out.update({"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v})
+    out.update(
+        {"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v}
+    )
     if arch.qkv_bias:
         q, k, v = qkv_from_megatron(m["self_attention.linear_qkv.bias"], arch)
-        out.update({"self_attn.q_proj.bias": q, "self_attn.k_proj.bias": k, "self_attn.v_proj.bias": v})
+        out.update(
+            {"self_attn.q_proj.bias": q, "self_attn.k_proj.bias": k, "self_attn.v_proj.bias": v}
+        )
     out["self_attn.o_proj.weight"] = m["self_attention.linear_proj.weight"]
     if arch.num_experts is None:
         gate, up = gate_up_from_megatron(m["mlp.linear_fc1.weight"], tp)
@@ -189,7 +195,9 @@ def fuse_checkpoint_experts(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def split_hf_layers(state: Mapping[str, Tensor]) -> tuple[dict[int, dict[str, Tensor]], dict[str, Tensor]]:
+def split_hf_layers(
+    state: Mapping[str, Tensor],
+) -> tuple[dict[int, dict[str, Tensor]], dict[str, Tensor]]:
     """(layer index -> short-name dict, non-layer tensors) of a Hugging Face state dict."""
     layers: dict[int, dict[str, Tensor]] = {}
     rest: dict[str, Tensor] = {}

@@ -24,7 +24,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["CPURNGStatesTracker", "cpu_shim_installed", "install_cpu_shim", "uninstall_cpu_shim"]
+__all__ = [
+    "CPURNGStatesTracker",
+    "cpu_shim_installed",
+    "define_missing_te_symbols",
+    "install_cpu_shim",
+    "uninstall_cpu_shim",
+]
 
 _SAVED: dict[str, Any] = {}
 
@@ -105,6 +111,16 @@ def _cpu_embedding_setup(original: Any) -> Any:
     return setup_embeddings_and_output_layer
 
 
+def define_missing_te_symbols() -> None:
+    """megatron-core 0.16's MoE router tests ``te_general_gemm is not None`` but defines the
+    name only when Transformer Engine imports; without TE it is a NameError. Define it as
+    None (the non-TE matmul path) on every platform: this engine never uses TE."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not getattr(moe_utils, "HAVE_TE", False) and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def cpu_shim_installed() -> bool:
     return bool(_SAVED)
 
@@ -161,9 +177,9 @@ def uninstall_cpu_shim() -> None:
     """Restore what `install_cpu_shim` replaced."""
     if not _SAVED:
         return
-    from megatron.core.tensor_parallel import random as mp_random
-
     import importlib
+
+    from megatron.core.tensor_parallel import random as mp_random
 
     for module_name in _PATCHED_MODULES:
         importlib.import_module(module_name).torch = _SAVED["torch:" + module_name]

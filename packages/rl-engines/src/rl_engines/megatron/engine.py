@@ -39,12 +39,17 @@ from rl_core.engine import (
     split_micro_batches,
 )
 from rl_core.protocol import DataProto
-from rl_engines.distributed import all_reduce, device_and_backend, ensure_process_group, local_device
+from rl_engines.distributed import (
+    all_reduce,
+    device_and_backend,
+    ensure_process_group,
+    local_device,
+)
 from rl_engines.fsdp.model import build_hf_model, resolve_compute_dtype
 from rl_engines.megatron import checkpoint as ckpt
 from rl_engines.megatron.config import MegatronConfig
 from rl_engines.megatron.convert import shard_dim
-from rl_engines.megatron.cpu_shim import install_cpu_shim
+from rl_engines.megatron.cpu_shim import define_missing_te_symbols, install_cpu_shim
 from rl_engines.megatron.forward import (
     align_micro_batch,
     aligned_length,
@@ -98,6 +103,7 @@ class MegatronEngine(TrainEngine):
                 "training (use offload()/onload() between phases)"
             )
         self.device_type, backend = device_and_backend()
+        define_missing_te_symbols()
         if self.device_type == "cpu":
             install_cpu_shim()
         ensure_process_group(backend, config.timeout_s)
@@ -126,7 +132,9 @@ class MegatronEngine(TrainEngine):
         self.chunks = build_model_chunks(self.arch, self.tconfig, self.mcfg, self.value_model)
         for chunk in self.chunks:
             chunk.to(self.device)
-        load_hf_weights(self.chunks, hf_model.state_dict(), self.arch, self.layout, self.value_model)
+        load_hf_weights(
+            self.chunks, hf_model.state_dict(), self.arch, self.layout, self.value_model
+        )
         del hf_model
         self.params = [p for c in self.chunks for p in c.parameters() if p.requires_grad]
         opt = config.optim
@@ -200,10 +208,14 @@ class MegatronEngine(TrainEngine):
             for name, p in chunk.named_parameters():
                 expert = ".experts." in name
                 groups["expert" if expert else "dense"].append(p)
-                if self.layout.tp > 1 and not expert and (
-                    (sp and getattr(p, "sequence_parallel", False))
-                    or "q_layernorm" in name
-                    or "k_layernorm" in name
+                if (
+                    self.layout.tp > 1
+                    and not expert
+                    and (
+                        (sp and getattr(p, "sequence_parallel", False))
+                        or "q_layernorm" in name
+                        or "k_layernorm" in name
+                    )
                 ):
                     groups["tp_sum"].append(p)
                 is_embedding = name in ("embedding.word_embeddings.weight", "output_layer.weight")
@@ -257,13 +269,18 @@ class MegatronEngine(TrainEngine):
 
         dense = squares(self._grad_groups["norm_dense"])
         expert = squares(self._grad_groups["norm_expert"])
-        groups = [(dense, self.layout.mp_group), (expert, ps.get_expert_tensor_model_pipeline_parallel_group())]
+        groups = [
+            (dense, self.layout.mp_group),
+            (expert, ps.get_expert_tensor_model_pipeline_parallel_group()),
+        ]
         for value, group in groups:
             if dist.get_world_size(group) > 1:
                 try:
                     dist.all_reduce(value, group=group)
                 except Exception as exc:
-                    raise RuntimeError(f"rank {self.rank}: all-reduce of the grad norm failed: {exc}") from exc
+                    raise RuntimeError(
+                        f"rank {self.rank}: all-reduce of the grad norm failed: {exc}"
+                    ) from exc
         return float((dense + expert).sqrt().item())
 
     def _run_schedule(
@@ -285,7 +302,9 @@ class MegatronEngine(TrainEngine):
         mask = causal_mask(seq_len, self.device)
         items = []
         for index, (mb, _) in enumerate(micro_batches):
-            tensors = {k: mb.batch[k].to(self.device) for k in ("input_ids", "attention_mask", "responses")}
+            tensors = {
+                k: mb.batch[k].to(self.device) for k in ("input_ids", "attention_mask", "responses")
+            }
             items.append((index, mb, align_micro_batch(tensors, rows, seq_len)))
         chunk_tokens = self.mcfg.logits_chunk_tokens
         tp_group = self.layout.tp_group if self.layout.tp > 1 else None
@@ -296,8 +315,14 @@ class MegatronEngine(TrainEngine):
 
             def loss_func(output_tensor):
                 outs = outputs_from_logits(
-                    output_tensor, aligned, outputs, temperature, self.value_model,
-                    chunk_tokens, tp_group, self.layout.tp_rank,
+                    output_tensor,
+                    aligned,
+                    outputs,
+                    temperature,
+                    self.value_model,
+                    chunk_tokens,
+                    tp_group,
+                    self.layout.tp_rank,
                 )
                 loss = on_outputs(index, outs, mb)
                 return loss, torch.ones((), dtype=torch.int), {}
@@ -327,7 +352,8 @@ class MegatronEngine(TrainEngine):
         temperature = self._temperature(batch, None)
         counts = torch.tensor(
             [float(batch.batch["response_mask"].sum()), float(len(batch))],
-            dtype=torch.float64, device=self.device,
+            dtype=torch.float64,
+            device=self.device,
         )
         if self.layout.dp > 1:
             self._dp_all_reduce(counts, "the global token/sequence counts")
@@ -346,7 +372,9 @@ class MegatronEngine(TrainEngine):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
             loss, metrics = loss_fn(outs, mb, ctx)
             if not isinstance(loss, Tensor) or loss.dim() != 0:
-                raise TypeError(f"loss_fn must return a scalar tensor loss, got {type(loss).__name__}")
+                raise TypeError(
+                    f"loss_fn must return a scalar tensor loss, got {type(loss).__name__}"
+                )
             losses.append(float(loss.detach().double()))
             nonfinite[0] += float(not math.isfinite(losses[-1]))
             for key, value in metrics.items():
@@ -359,7 +387,8 @@ class MegatronEngine(TrainEngine):
         keys = self._metric_keys(sorted(metric_sums) if owner else None)
         reduced = torch.tensor(
             [sum(losses), nonfinite[0], *(metric_sums.get(k, 0.0) for k in keys)],
-            dtype=torch.float64, device=self.device,
+            dtype=torch.float64,
+            device=self.device,
         ) * float(owner)
         all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
         grad_norm = self._grad_norm()
@@ -426,7 +455,9 @@ class MegatronEngine(TrainEngine):
         for i, name in enumerate(names):
             values[i] = tracker[name]["values"].double().sum()
         values_all: list[Any] = [None] * self.world_size
-        dist.all_gather_object(values_all, (names, values.tolist(), self.layout.tp_rank, self.layout.dp_rank))
+        dist.all_gather_object(
+            values_all, (names, values.tolist(), self.layout.tp_rank, self.layout.dp_rank)
+        )
         totals: dict[str, float] = {}
         for ns, vs, tp_rank, dp_rank in values_all:
             if tp_rank == 0 and dp_rank == 0:  # one copy per pipeline stage
@@ -503,8 +534,11 @@ class MegatronEngine(TrainEngine):
             "step": self._step,
             "value_model": self.value_model,
             "parallel": {
-                "tp": self.layout.tp, "pp": self.layout.pp, "ep": self.layout.ep,
-                "etp": self.layout.etp, "vpp": self.mcfg.vpp,
+                "tp": self.layout.tp,
+                "pp": self.layout.pp,
+                "ep": self.layout.ep,
+                "etp": self.layout.etp,
+                "vpp": self.mcfg.vpp,
             },
         }
         ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta)
@@ -513,7 +547,9 @@ class MegatronEngine(TrainEngine):
         self._require_onloaded("load")
         extra, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer)
         if meta.get("engine") != "megatron":
-            raise ValueError(f"checkpoint {path!r} was written by engine {meta.get('engine')!r}, not 'megatron'")
+            raise ValueError(
+                f"checkpoint {path!r} was written by engine {meta.get('engine')!r}, not 'megatron'"
+            )
         if bool(meta.get("value_model")) != self.value_model:
             raise ValueError(
                 f"checkpoint {path!r} has value_model={meta.get('value_model')}, this engine "

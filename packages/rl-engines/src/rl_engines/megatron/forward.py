@@ -41,9 +41,7 @@ def aligned_length(attention_mask: Tensor) -> int:
     return int(attention_mask.sum(-1).max().item())
 
 
-def align_micro_batch(
-    tensors: dict[str, Tensor], rows: int, seq_len: int
-) -> AlignedBatch:
+def align_micro_batch(tensors: dict[str, Tensor], rows: int, seq_len: int) -> AlignedBatch:
     """Left-align ``input_ids`` [n, S] by ``attention_mask`` into a [rows, seq_len] batch."""
     ids, mask = tensors["input_ids"], tensors["attention_mask"].bool()
     n, total = ids.shape

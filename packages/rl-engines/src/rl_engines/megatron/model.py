@@ -126,7 +126,12 @@ def check_divisibility(arch: ArchSpec, cfg: MegatronConfig) -> None:
     else:
         checks += [
             ("num_experts", arch.num_experts, "expert_parallel_size", cfg.expert_parallel_size),
-            ("moe_intermediate_size", arch.moe_ffn_hidden_size, "expert_tensor_parallel_size", cfg.etp),
+            (
+                "moe_intermediate_size",
+                arch.moe_ffn_hidden_size,
+                "expert_tensor_parallel_size",
+                cfg.etp,
+            ),
         ]
     for hf_name, value, par_name, size in checks:
         if value % size:
@@ -252,7 +257,9 @@ class ValueHead(nn.Module):
         for p in (self.weight, self.bias):
             p.sequence_parallel = sequence_parallel  # grads are partial sums over TP when SP
 
-    def forward(self, hidden: Tensor, weight: Tensor | None = None, **_: Any) -> tuple[Tensor, None]:
+    def forward(
+        self, hidden: Tensor, weight: Tensor | None = None, **_: Any
+    ) -> tuple[Tensor, None]:
         if self.sequence_parallel:
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 

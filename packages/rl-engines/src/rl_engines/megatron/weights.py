@@ -148,7 +148,9 @@ def _unit_of(name: str, chunk: nn.Module) -> tuple[int, int]:
     return (2, 0) if name.startswith("decoder.") else (3, 0)
 
 
-def _local_units(chunks: list[nn.Module]) -> dict[tuple[int, int], list[tuple[nn.Module, str, Tensor]]]:
+def _local_units(
+    chunks: list[nn.Module],
+) -> dict[tuple[int, int], list[tuple[nn.Module, str, Tensor]]]:
     units: dict[tuple[int, int], list[tuple[nn.Module, str, Tensor]]] = {}
     for chunk in chunks:
         for name, param in chunk.named_parameters():
@@ -183,7 +185,13 @@ def _build_unit(
             continue
         if layout.ep > 1:
             parts = [torch.empty_like(tensor) for _ in range(layout.ep)]
-            _collective(dist.all_gather, parts, tensor.contiguous(), group=layout.ep_group, what=f"gather experts {name}")
+            _collective(
+                dist.all_gather,
+                parts,
+                tensor.contiguous(),
+                group=layout.ep_group,
+                what=f"gather experts {name}",
+            )
         else:
             parts = [tensor]
         for r, part in enumerate(parts):
@@ -195,11 +203,19 @@ def _build_unit(
 
 def _broadcast_unit(unit: dict[str, Tensor] | None, src: int, layout: Layout) -> dict[str, Tensor]:
     meta = [None if unit is None else [(k, tuple(v.shape), v.dtype) for k, v in unit.items()]]
-    _collective(dist.broadcast_object_list, meta, src=src, group=layout.pp_group, what="broadcast export metadata")
+    _collective(
+        dist.broadcast_object_list,
+        meta,
+        src=src,
+        group=layout.pp_group,
+        what="broadcast export metadata",
+    )
     out = {}
     for name, shape, dtype in meta[0]:
         tensor = unit[name].contiguous() if unit is not None else torch.empty(shape, dtype=dtype)
-        _collective(dist.broadcast, tensor, src=src, group=layout.pp_group, what=f"broadcast {name}")
+        _collective(
+            dist.broadcast, tensor, src=src, group=layout.pp_group, what=f"broadcast {name}"
+        )
         out[name] = tensor
     return out
 
@@ -217,7 +233,13 @@ def export_hf_weights(
     owners: dict[tuple[int, int], int] = {}
     if layout.pp > 1:
         gathered: list[Any] = [None] * layout.pp
-        _collective(dist.all_gather_object, gathered, sorted(local), group=layout.pp_group, what="gather export units")
+        _collective(
+            dist.all_gather_object,
+            gathered,
+            sorted(local),
+            group=layout.pp_group,
+            what="gather export units",
+        )
         for stage, keys in enumerate(gathered):
             for key in keys:
                 owners.setdefault(tuple(key), stage)
