@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import torch
@@ -45,6 +47,14 @@ def save_tiny_moe(directory: str, value_head: bool = False, seed: int = 0) -> st
     else:
         model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(directory)
+    # transformers' default grouped-GEMM experts reject float64, which the suite's
+    # reference forward uses; the eager experts compute the same function
+    path = os.path.join(directory, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["experts_implementation"] = "eager"
+    with open(path, "w") as f:
+        json.dump(saved, f, indent=2)
     return directory
 
 

@@ -297,6 +297,13 @@ class MegatronEngine(TrainEngine):
 
         rows = max(len(mb) for mb, _ in micro_batches)
         seq_len = max(aligned_length(mb.batch["attention_mask"]) for mb, _ in micro_batches)
+        # One [rows, seq_len] on every rank: pipeline stages exchange fixed-shape
+        # activations, and MoE token dispatch gathers equal-size token blocks over EP ranks
+        # (which hold different data-parallel shards).
+        shape = torch.tensor([rows, seq_len], device=self.device)
+        rows, seq_len = (
+            int(v) for v in all_reduce(shape, dist.ReduceOp.MAX, "the micro-batch shape")
+        )
         if self.mcfg.sequence_parallel:
             seq_len = -(-seq_len // self.layout.tp) * self.layout.tp
         mask = causal_mask(seq_len, self.device)
@@ -389,7 +396,9 @@ class MegatronEngine(TrainEngine):
             [sum(losses), nonfinite[0], *(metric_sums.get(k, 0.0) for k in keys)],
             dtype=torch.float64,
             device=self.device,
-        ) * float(owner)
+        )
+        if not owner:  # TP/PP replicas of the collect rank's numbers: counted once
+            reduced.zero_()
         all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
         grad_norm = self._grad_norm()
         finite = reduced[1].item() == 0 and math.isfinite(grad_norm)
