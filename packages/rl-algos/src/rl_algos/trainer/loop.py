@@ -33,7 +33,7 @@ from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
-from rl_algos.trainer.placement import RoleGroups, start_role_groups
+from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
 from rl_core.protocol import DataProto
 
@@ -94,6 +94,7 @@ class RLTrainer:
         if cfg.algorithm.use_kl_in_reward:
             kc = cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
         self.groups: RoleGroups = start_role_groups(cfg, self.model_path)
         self.global_step = 0
         self._train_iter = None
@@ -175,12 +176,15 @@ class RLTrainer:
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
                 batch = batch.union(groups.actor.compute_ref_log_prob(batch))
-        with timed(timing, "old_log_prob"):
-            old = groups.actor.compute_log_prob(batch)
-            entropy = old.pop(batch_keys=["entropys"]).batch["entropys"]
-            mask = batch.batch["response_mask"].bool()
-            metrics["actor/entropy"] = float(entropy[mask].mean()) if mask.any() else 0.0
-            batch = batch.union(old)
+        if self.recompute_old_log_probs:
+            with timed(timing, "old_log_prob"):
+                old = groups.actor.compute_log_prob(batch)
+                entropy = old.pop(batch_keys=["entropys"]).batch["entropys"]
+                mask = batch.batch["response_mask"].bool()
+                metrics["actor/entropy"] = float(entropy[mask].mean()) if mask.any() else 0.0
+                batch = batch.union(old)
+        else:  # one optimizer step on fresh samples: the update's forward pass has them
+            batch.meta_info["old_log_probs_from_update"] = True
         if groups.critic is not None:
             with timed(timing, "values"):
                 batch = batch.union(groups.critic.compute_values(batch))

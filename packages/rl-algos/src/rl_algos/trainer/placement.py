@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
+from rl_core.platform import platform_for_cluster
 from rl_core.single_controller import (
     ClassWithInitArgs,
     LocalWorkerGroup,
@@ -27,7 +28,13 @@ from rl_core.single_controller import (
     create_colocated_worker_cls,
 )
 
-__all__ = ["RoleGroups", "actor_worker_config", "critic_worker_config", "start_role_groups"]
+__all__ = [
+    "RoleGroups",
+    "actor_worker_config",
+    "critic_worker_config",
+    "recomputes_old_log_probs",
+    "start_role_groups",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +94,51 @@ def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: in
     }
 
 
+def _model_fields(cfg: Any, path: str, **extra: Any) -> dict[str, Any]:
+    """The engine's ModelConfig from the `model` section (precision, attention, packing)."""
+    model = cfg.model
+    return {
+        "path": path,
+        "dtype": model.dtype,
+        "compute_dtype": model.compute_dtype,
+        "attn_implementation": model.attn_implementation,
+        "use_remove_padding": model.use_remove_padding,
+        **extra,
+    }
+
+
+def _inference_only(engine_config: dict[str, Any]) -> dict[str, Any]:
+    """A never-trained model (reference policy, reward model): no optimizer state."""
+    engine_config = dict(engine_config, inference_only=True)
+    engine_config["optim"] = {"lr": 0.0}
+    return engine_config
+
+
+def recomputes_old_log_probs(cfg: Any) -> bool:
+    """Whether the step needs a separate no-grad pass for the old log-probs.
+
+    It cannot change the result when the batch makes exactly one optimizer step (one
+    epoch, one mini-batch) from the weights that generated it: the old log-probs then
+    equal the update's own log-probs, detached. A KL penalty in the reward needs them
+    before the update; ``actor.recompute_old_log_probs`` forces either way.
+    """
+    forced = cfg.actor.recompute_old_log_probs
+    if forced is not None:
+        return bool(forced)
+    one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
+    return not one_step or cfg.algorithm.use_kl_in_reward
+
+
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The plain-dict config an `ActorRolloutWorker` is built from."""
     n = cfg.rollout.n
-    model = {"path": model_path, "dtype": cfg.model.dtype}
+    model = _model_fields(cfg, model_path)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     loss = _as_dict(cfg.actor.loss)
     uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward
     ref = None
     if uses_reference:
-        ref = _engine_config(cfg.actor, model, cfg, total_updates)
-        ref["optim"]["lr"] = 0.0  # never stepped: only infer_batch is called
+        ref = _inference_only(_engine_config(cfg.actor, model, cfg, total_updates))
     rollout = cfg.rollout
     return {
         "engine": cfg.actor.engine,
@@ -108,7 +149,7 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
             "rollout": {
                 "model_path": model_path,
                 "backend": rollout.backend,
-                "dtype": cfg.model.dtype,
+                "dtype": rollout.dtype,
                 "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
                 "seed": cfg.trainer.seed,
                 "tensor_parallel_size": rollout.tensor_parallel_size,
@@ -138,6 +179,7 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         "mini_batch_size": cfg.actor.mini_batch_size * n,
         "epochs": cfg.actor.epochs,
         "offload_when_generating": cfg.actor.offload_when_generating,
+        "sleep_while_training": rollout.sleep_while_training,
         "seed": cfg.trainer.seed,
     }
 
@@ -145,11 +187,7 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
 def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
     """The plain-dict config a `CriticWorker` is built from."""
     critic = cfg.critic
-    model = {
-        "path": critic.model_path or model_path,
-        "dtype": cfg.model.dtype,
-        "value_head": True,
-    }
+    model = _model_fields(cfg, critic.model_path or model_path, value_head=True)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     return {
         "engine": critic.engine,
@@ -163,16 +201,10 @@ def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
 
 def reward_model_worker_config(cfg: Any) -> dict[str, Any]:
     """The plain-dict config a `RewardModelWorker` is built from (never trained)."""
-    model = {"path": cfg.reward.model_path, "dtype": cfg.model.dtype, "value_head": True}
-    return {
-        "engine": cfg.reward.model_engine,
-        "engine_config": {
-            "model": model,
-            "optim": {"lr": 0.0},
-            "seed": cfg.trainer.seed,
-            "timeout_s": cfg.trainer.call_timeout_s,
-        },
-    }
+    model = _model_fields(cfg, cfg.reward.model_path, value_head=True)
+    engine_config = {"model": model, "seed": cfg.trainer.seed}
+    engine_config["timeout_s"] = cfg.trainer.call_timeout_s
+    return {"engine": cfg.reward.model_engine, "engine_config": _inference_only(engine_config)}
 
 
 def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None) -> RoleGroups:
@@ -207,9 +239,19 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         if not ray.is_initialized():
             _init_ray(trainer.ray_num_cpus)
             owned_ray = True
-        pool = ResourcePool(
-            [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker
-        )
+        # the workers' nodes decide the platform (never the driver's hardware)
+        platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
+        log.info("worker platform: %s", platform)
+
+        def pool_of(process_on_nodes: list[int]) -> ResourcePool:
+            return ResourcePool(
+                process_on_nodes,
+                cpus_per_process=trainer.cpus_per_worker,
+                accelerators_per_process=trainer.gpus_per_worker,
+                platform=platform,
+            )
+
+        pool = pool_of([trainer.num_workers] * trainer.nnodes)
         kwargs = {"call_timeout_s": trainer.call_timeout_s}
         if trainer.placement == "split":
             # The critic gets its own pool; the reward model stays with the actor.
@@ -221,9 +263,7 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         else:
             groups = {"actor": RayWorkerGroup(pool, actor, name_prefix="actor", **kwargs)}
         if needs_critic and trainer.placement == "split":
-            critic_pool = ResourcePool(
-                [trainer.critic_workers], cpus_per_process=trainer.cpus_per_worker
-            )
+            critic_pool = pool_of([trainer.critic_workers])
             groups["critic"] = RayWorkerGroup(critic_pool, critic, name_prefix="critic", **kwargs)
     for group in groups.values():
         group.init_model()

@@ -38,6 +38,7 @@ from rl_core.engine import (
     local_micro_batch_count,
     split_micro_batches,
 )
+from rl_core.platform import get_platform
 from rl_core.protocol import DataProto
 from rl_engines.distributed import (
     all_reduce,
@@ -106,8 +107,8 @@ class MegatronEngine(TrainEngine):
         define_missing_te_symbols()
         if self.device_type == "cpu":
             install_cpu_shim()
+        self._device = local_device()
         ensure_process_group(backend, config.timeout_s)
-        self.device = local_device(self.device_type)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.mcfg = MegatronConfig.from_engine_config(config).validate(
             self.world_size, self.device_type
@@ -115,7 +116,7 @@ class MegatronEngine(TrainEngine):
         self.parallel = ParallelState.ensure(self.mcfg, config.timeout_s, config.seed)
         self.layout = Layout()
         self.value_model = mcfg.value_head
-        self.compute_dtype = resolve_compute_dtype(mcfg, self.device_type)
+        self.compute_dtype = resolve_compute_dtype(mcfg)
         hf_model = build_hf_model(mcfg, config.seed)
         self.hf_config = hf_model.config
         self.arch = arch_spec(self.hf_config)
@@ -136,19 +137,29 @@ class MegatronEngine(TrainEngine):
             self.chunks, hf_model.state_dict(), self.arch, self.layout, self.value_model
         )
         del hf_model
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if config.inference_only:
+            for chunk in self.chunks:
+                chunk.requires_grad_(False)
         self.params = [p for c in self.chunks for p in c.parameters() if p.requires_grad]
-        opt = config.optim
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-        )
-        _init_optimizer_state(self.optimizer)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
+        if not config.inference_only:
+            opt = config.optim
+            self.optimizer = torch.optim.AdamW(
+                self.params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+            )
+            _init_optimizer_state(self.optimizer)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
         self._step = 0
         self._offloaded = False
         self._grad_groups = self._classify_params()
         torch.manual_seed(config.seed + self.rank)
 
     # ---- layout -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
     @property
     def dp_rank(self) -> int:
         return self.layout.dp_rank
@@ -173,6 +184,14 @@ class MegatronEngine(TrainEngine):
     def _require_onloaded(self, what: str) -> None:
         if self._offloaded:
             raise RuntimeError(f"{what} called while the engine is offloaded: call onload() first")
+
+    def _require_trainable(self, what: str) -> None:
+        if self.optimizer is None:
+            raise RuntimeError(
+                f"rank {self.rank}: {what} on an engine built with "
+                "EngineConfig.inference_only=True (no optimizer): build it with "
+                "inference_only=False to train or checkpoint it"
+            )
 
     def _temperature(self, batch: DataProto, temperature: float | None) -> float:
         if temperature is None:
@@ -353,6 +372,7 @@ class MegatronEngine(TrainEngine):
         self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
     ) -> dict[str, float]:
         self._require_onloaded("train_batch")
+        self._require_trainable("train_batch")
         check_batch(batch, TRAIN_KEYS)
         default = ("values",) if self.value_model else ("log_probs",)
         outputs = check_outputs(outputs or default, self.value_model)
@@ -377,7 +397,7 @@ class MegatronEngine(TrainEngine):
 
         def on_outputs(index, outs, mb):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
-            loss, metrics = loss_fn(outs, mb, ctx)
+            loss, metrics = loss_fn(outs, mb.to(self.device), ctx)  # on our device
             if not isinstance(loss, Tensor) or loss.dim() != 0:
                 raise TypeError(
                     f"loss_fn must return a scalar tensor loss, got {type(loss).__name__}"
@@ -526,6 +546,7 @@ class MegatronEngine(TrainEngine):
     # ---- checkpoints --------------------------------------------------------------
     def save(self, path: str) -> None:
         self._require_onloaded("save")
+        self._require_trainable("save")
         bad = torch.tensor(
             [float(sum(int(not torch.isfinite(p).all()) for p in self.params))], device=self.device
         )
@@ -536,7 +557,7 @@ class MegatronEngine(TrainEngine):
         extra = {
             "step": self._step,
             "scheduler": self.scheduler.state_dict(),
-            "rng": ckpt.rng_state(self.device_type),
+            "rng": ckpt.rng_state(),
         }
         meta = {
             "engine": "megatron",
@@ -554,6 +575,7 @@ class MegatronEngine(TrainEngine):
 
     def load(self, path: str) -> None:
         self._require_onloaded("load")
+        self._require_trainable("load")
         extra, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer)
         if meta.get("engine") != "megatron":
             raise ValueError(
@@ -567,7 +589,7 @@ class MegatronEngine(TrainEngine):
         self._step = int(extra["step"])
         self.scheduler.load_state_dict(extra["scheduler"])
         if "rng" in extra:
-            ckpt.set_rng_state(extra["rng"], self.device_type)
+            ckpt.set_rng_state(extra["rng"])
 
     # ---- memory -------------------------------------------------------------------
     def offload(self) -> None:
@@ -585,12 +607,17 @@ class MegatronEngine(TrainEngine):
     def _move(self, device: torch.device | str) -> None:
         if self.device_type == "cpu":
             return  # already in host memory
-        for p in self.params:
-            p.data = p.data.to(device)
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, Tensor) and key != "step":
-                    state[key] = value.to(device)
+        for chunk in self.chunks:
+            for p in chunk.parameters():
+                p.data = p.data.to(device)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, Tensor) and key != "step":
+                        state[key] = value.to(device)
+        get_platform().synchronize()
+        if str(device) == "cpu":
+            get_platform().empty_cache()
 
     def close(self) -> None:
         self.chunks = []
