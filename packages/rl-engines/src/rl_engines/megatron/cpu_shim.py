@@ -1,5 +1,7 @@
 """Run megatron-core on CPU (gloo): redirect its few hard-coded CUDA calls.
 
+# device-rule: platform shim
+
 megatron-core 0.16 assumes CUDA in a handful of places on the paths this engine uses:
 ``torch.cuda.current_device()`` as an allocation device (pipeline p2p shapes, MoE
 dispatch), ``torch.cuda.synchronize()`` after p2p, the model-parallel RNG tracker,
