@@ -14,10 +14,13 @@ rank finished, as the fsdp engine does. ``extra_rank*.pt`` files are read with
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing
 import os
 import queue
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -60,6 +63,22 @@ def _in_process_results_queue() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
+@contextlib.contextmanager
+def _writer_processes_allowed() -> Iterator[None]:
+    """megatron-core's file writer forks one process per write bucket and joins them before
+    ``save`` returns. Worker processes that are themselves daemonic (multiprocessing pools,
+    test runners) may not fork children, so the flag is lifted for the duration of the
+    save only; every child is joined inside it."""
+    process = multiprocessing.current_process()
+    daemon = process._config.get("daemon")
+    process._config["daemon"] = False
+    try:
+        yield
+    finally:
+        if daemon is not None:
+            process._config["daemon"] = daemon
+
+
 def _optimizer_steps(optimizer: torch.optim.Optimizer) -> list[float]:
     return [float(state["step"]) for state in optimizer.state_dict()["state"].values()]
 
@@ -83,7 +102,8 @@ def save_checkpoint(
     dist.barrier()
     _in_process_results_queue()
     try:
-        dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
+        with _writer_processes_allowed():
+            dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
         extra = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
         torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
     except Exception as exc:
