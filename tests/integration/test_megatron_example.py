@@ -13,7 +13,7 @@ import pytest
 
 from rl_algos.trainer.tracking import read_jsonl
 
-pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+pytestmark = [pytest.mark.megatron, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "grpo_tiny_moe.yaml"
@@ -30,7 +30,7 @@ def test_grpo_tiny_moe_trains_with_megatron_expert_parallelism(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        timeout=900,
+        timeout=1400,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
