@@ -253,9 +253,9 @@ class ValueHead(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(1, dtype=dtype))
+        # With SP the head gathers the whole sequence first, so every TP rank computes the
+        # full (identical) gradient of its weights: they are not reduced over TP.
         self.sequence_parallel = sequence_parallel
-        for p in (self.weight, self.bias):
-            p.sequence_parallel = sequence_parallel  # grads are partial sums over TP when SP
 
     def forward(
         self, hidden: Tensor, weight: Tensor | None = None, **_: Any
