@@ -169,6 +169,9 @@ def markdown(
         "",
         f"mean response length: {summary['response_length/mean']:.1f} tokens",
     ]
+    phases = {k[6:-2]: v for k, v in summary.items() if k.startswith("setup/")}
+    if phases:
+        lines.append("set-up phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
     peaks = [v for k, v in sorted(summary.items()) if k.startswith("memory/peak_gib_rank")]
     if peaks:
         lines.append("peak memory per worker: " + ", ".join(f"{p:.2f} GiB" for p in peaks))
@@ -276,6 +279,7 @@ def main() -> int:
             config = load_config(config.to_dict(), list(args.overrides))
         trainer = RLTrainer(config)
         setup_s = time.perf_counter() - start
+        setup_phases = dict(trainer.setup_timing)
         try:
             trainer.train_step()  # warm-up
             steps = [trainer.train_step() for _ in range(args.steps)]
@@ -284,6 +288,7 @@ def main() -> int:
             trainer.close()
     summary = summarize(steps)
     summary["setup_s"] = setup_s
+    summary.update({f"setup/{k}_s": v for k, v in setup_phases.items()})
     for rank, peak in enumerate(peaks):
         summary[f"memory/peak_gib_rank{rank}"] = peak["peak_bytes"] / 2**30
     if not args.no_lower_bound:

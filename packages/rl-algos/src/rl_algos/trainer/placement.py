@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from rl_algos.trainer.batch_ops import timed
 from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
 from rl_core.platform import platform_for_cluster
 from rl_core.single_controller import (
@@ -132,7 +134,7 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The plain-dict config an `ActorRolloutWorker` is built from."""
     n = cfg.rollout.n
-    model = _model_fields(cfg, model_path)
+    model = _model_fields(cfg, model_path, freeze_vision_tower=cfg.model.freeze_vision_tower)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     loss = _as_dict(cfg.actor.loss)
     uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward
@@ -207,8 +209,16 @@ def reward_model_worker_config(cfg: Any) -> dict[str, Any]:
     return {"engine": cfg.reward.model_engine, "engine_config": _inference_only(engine_config)}
 
 
-def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None) -> RoleGroups:
-    """Start the worker groups the config asks for and initialise their models."""
+def start_role_groups(
+    cfg: Any,
+    model_path: str,
+    pad_token_id: int | None = None,
+    timing: dict[str, float] | None = None,
+) -> RoleGroups:
+    """Start the worker groups the config asks for and initialise their models; the
+    seconds of each start-up phase (``ray_init``, ``workers_start``, ``models_init``) are
+    added to ``timing``."""
+    timing = {} if timing is None else timing
     needs_critic = cfg.algorithm.adv_estimator == "gae"
     actor = ClassWithInitArgs(
         ActorRolloutWorker, actor_worker_config(cfg, model_path, pad_token_id)
@@ -224,6 +234,7 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
     uses_reference = actor.args[0]["ref"] is not None
     trainer = cfg.trainer
     owned_ray = False
+    workers_start = time.perf_counter()
     if trainer.backend == "local":
         if trainer.num_workers != 1:
             raise ValueError(
@@ -237,7 +248,8 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         from rl_core.single_controller.ray import RayWorkerGroup
 
         if not ray.is_initialized():
-            _init_ray(trainer.ray_num_cpus)
+            with timed(timing, "ray_init"):
+                _init_ray(trainer.ray_num_cpus)
             owned_ray = True
         # the workers' nodes decide the platform (never the driver's hardware)
         platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
@@ -252,6 +264,7 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
             )
 
         pool = pool_of([trainer.num_workers] * trainer.nnodes)
+        workers_start = time.perf_counter()
         kwargs = {"call_timeout_s": trainer.call_timeout_s}
         if trainer.placement == "split":
             # The critic gets its own pool; the reward model stays with the actor.
@@ -265,8 +278,10 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         if needs_critic and trainer.placement == "split":
             critic_pool = pool_of([trainer.critic_workers])
             groups["critic"] = RayWorkerGroup(critic_pool, critic, name_prefix="critic", **kwargs)
-    for group in groups.values():
-        group.init_model()
+    timing["workers_start"] = time.perf_counter() - workers_start
+    with timed(timing, "models_init"):
+        for group in groups.values():
+            group.init_model()
     return RoleGroups(
         actor=groups["actor"],
         critic=groups.get("critic"),
