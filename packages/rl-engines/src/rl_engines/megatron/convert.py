@@ -82,8 +82,11 @@ def gate_up_from_megatron(fc1: Tensor, tp: int) -> tuple[Tensor, Tensor]:
     return torch.cat(gates, dim=0), torch.cat(ups, dim=0)
 
 
-def shard_dim(megatron_name: str) -> tuple[int | None, str | None]:
-    """(partition dim, "tp" | "etp") of a Megatron parameter; (None, None): replicated."""
+def shard_dim(megatron_name: str, value_head: bool = False) -> tuple[int | None, str | None]:
+    """(partition dim, "tp" | "etp") of a Megatron parameter; (None, None): replicated.
+    A value model's ``output_layer`` is the replicated `ValueHead`."""
+    if value_head and megatron_name.startswith("output_layer."):
+        return None, None
     if ".experts." in megatron_name:
         return (0, "etp") if "linear_fc1" in megatron_name else (1, "etp")
     if megatron_name.endswith(("linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight")):

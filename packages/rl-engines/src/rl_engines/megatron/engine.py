@@ -114,8 +114,8 @@ class MegatronEngine(TrainEngine):
             self.world_size, self.device_type
         )
         self.parallel = ParallelState.ensure(self.mcfg, config.timeout_s, config.seed)
-        self.layout = Layout()
         self.value_model = mcfg.value_head
+        self.layout = Layout(self.value_model)
         self.compute_dtype = resolve_compute_dtype(mcfg)
         hf_model = build_hf_model(mcfg, config.seed)
         self.hf_config = hf_model.config
@@ -240,7 +240,7 @@ class MegatronEngine(TrainEngine):
                 is_embedding = name in ("embedding.word_embeddings.weight", "output_layer.weight")
                 if tied and is_embedding:
                     groups["embed"].append(p)
-                dim, _ = shard_dim(name)
+                dim, _ = shard_dim(name, self.value_model)
                 if expert:
                     if dim is not None or self.layout.etp_rank == 0:
                         groups["norm_expert"].append(p)

@@ -35,9 +35,10 @@ M_EXPERT = re.compile(r"^(mlp\.experts\.local_experts)\.(\d+)\.(.+)$")
 class Layout:
     """This rank's coordinates and groups (read once from megatron's parallel_state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, value_head: bool = False) -> None:
         from megatron.core import parallel_state as ps
 
+        self.value_head = value_head
         self.tp = ps.get_tensor_model_parallel_world_size()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.tp_group = ps.get_tensor_model_parallel_group()
@@ -58,14 +59,14 @@ class Layout:
         self.pp_ranks = dist.get_process_group_ranks(self.pp_group)
 
     def shard(self, tensor: Tensor, name: str) -> Tensor:
-        dim, kind = shard_dim(name)
+        dim, kind = shard_dim(name, self.value_head)
         if dim is None:
             return tensor
         size, rank = (self.tp, self.tp_rank) if kind == "tp" else (self.etp, self.etp_rank)
         return tensor.chunk(size, dim=dim)[rank] if size > 1 else tensor
 
     def gather(self, tensor: Tensor, name: str) -> Tensor:
-        dim, kind = shard_dim(name)
+        dim, kind = shard_dim(name, self.value_head)
         if dim is None:
             return tensor
         size, group = (self.tp, self.tp_group) if kind == "tp" else (self.etp, self.etp_group)
