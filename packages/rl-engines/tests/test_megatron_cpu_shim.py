@@ -23,7 +23,9 @@ def test_shim_redirects_and_restores():
         assert torch.cuda.synchronize() is None
         counter = schedules.torch.zeros([], dtype=torch.int, device="cuda")
         assert counter.device.type == "cpu"
-        mp_random.model_parallel_cuda_manual_seed(123, force_reset_rng=True)
+        mp_random.model_parallel_cuda_manual_seed(
+            123, tp_rank=0, ep_rank=0, etp_rank=0, force_reset_rng=True
+        )
         tracker = mp_random.get_cuda_rng_tracker()
         torch.manual_seed(0)
         outside = torch.get_rng_state()
