@@ -216,17 +216,28 @@ class RewardConfig:
     """Rule-based rewards. `function_path` null: each sample's function is chosen by its
     `data_source` (rl_algos.rewards); else `function_name` from that Python file, with
     verl's signature. Each call runs in one of `num_workers` processes for at most
-    `timeout_s` seconds; a failing or timed-out call scores `error_score`."""
+    `timeout_s` seconds, and a whole batch for at most `batch_timeout_s`; a failing or
+    timed-out call scores `error_score`. When more than `max_failure_fraction` of a
+    batch's calls fail, the run stops with `RewardFailureError`.
+
+    A score outside [`min_score`, `max_score`] or not finite is counted
+    (`reward/out_of_range`, `reward/nonfinite`) and handled by `invalid_score_policy`:
+    `clip` (to the bounds; NaN scores `error_score`), `error_score`, or `raise`."""
 
     function_path: str | None = None
     function_name: str = "compute_score"
     num_workers: int = 4
     timeout_s: float = 30.0
+    batch_timeout_s: float = 600.0
     error_score: float = 0.0
+    max_failure_fraction: float = 0.5
+    min_score: float = -1e4
+    max_score: float = 1e4
+    invalid_score_policy: Literal["clip", "error_score", "raise"] = "clip"
     model_path: str | None = None
     """A reward model (scalar head, RLHF-style) run by `model_engine` on the actor's
     workers: its score of each response is added to the rule-based score, times
-    `model_weight` (null: no reward model)."""
+    `model_weight` (null: no reward model). Its tokenizer must be the policy's."""
     model_engine: str = "fsdp"
     model_weight: float = 1.0
     rule_based: bool = True
@@ -241,6 +252,34 @@ class RewardConfig:
             "true unless reward.model_path is set (something must score the responses)",
         )
         check_field(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
+        check_field(
+            self.batch_timeout_s >= self.timeout_s,
+            "batch_timeout_s",
+            self.batch_timeout_s,
+            f">= reward.timeout_s={self.timeout_s} seconds",
+        )
+        for name in ("min_score", "max_score"):
+            value = getattr(self, name)
+            check_field(abs(value) <= 1e30, name, value, "a finite number, |x| <= 1e30")
+        check_field(
+            self.min_score < self.max_score,
+            "max_score",
+            self.max_score,
+            f"> reward.min_score={self.min_score}",
+        )
+        check_field(
+            self.min_score <= self.error_score <= self.max_score,
+            "error_score",
+            self.error_score,
+            f"a finite number in [reward.min_score, reward.max_score] = "
+            f"[{self.min_score}, {self.max_score}]",
+        )
+        check_field(
+            0 <= self.max_failure_fraction <= 1,
+            "max_failure_fraction",
+            self.max_failure_fraction,
+            "in [0, 1] (the share of a batch's reward calls that may fail)",
+        )
 
 
 @dataclass
