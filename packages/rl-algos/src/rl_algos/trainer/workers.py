@@ -34,10 +34,14 @@ from rl_core.single_controller import Dispatch, Worker, register
 __all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker", "score_on_last_token"]
 
 
-def _metrics_proto(metrics: dict[str, float], rank: int) -> DataProto:
+DP_MESH = "dp"
+
+
+def _metrics_proto(metrics: dict[str, float], engine: TrainEngine) -> DataProto:
     """Zero rows carrying the step's metrics. The engine all-reduces them, so every rank
-    holds the same values; rank 0 reports them."""
-    return DataProto.from_dict(meta_info={"metrics": metrics} if rank == 0 else {})
+    holds the same values; the collect rank of data-parallel rank 0 reports them."""
+    reporter = engine.is_collect_rank and engine.dp_rank == 0
+    return DataProto.from_dict(meta_info={"metrics": metrics} if reporter else {})
 
 
 def _train_epochs(
@@ -117,7 +121,17 @@ class _TrainedRole(Worker):
             seed=int(cfg.get("seed", 0)) * 1_000_003 + step,
             outputs=outputs,
         )
-        return _metrics_proto(metrics, self.rank)
+        return _metrics_proto(metrics, self.engine)
+
+    def _declare_dp_mesh(self) -> None:
+        """Tell the dispatch which data-parallel shard this rank takes and whether its
+        outputs are kept (engines with TP/PP: only TP rank 0 of the last stage)."""
+        self.set_dispatch_mesh(
+            DP_MESH,
+            dp_rank=self.engine.dp_rank,
+            dp_size=self.engine.dp_size,
+            is_collect=self.engine.is_collect_rank,
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def peak_memory(self) -> dict[str, float]:
@@ -170,6 +184,7 @@ class ActorRolloutWorker(_TrainedRole):
                 self.ref_is_base = True
             else:
                 self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
+        self._declare_dp_mesh()
         from transformers import AutoTokenizer
 
         rollout_cfg = dict(cfg["rollout"]["rollout"])
@@ -209,14 +224,14 @@ class ActorRolloutWorker(_TrainedRole):
         out.meta_info.pop("rollout_metrics", None)
         return out
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_log_prob(self, batch: DataProto) -> DataProto:
         out = self.engine.infer_batch(batch, outputs=("log_probs", "entropy"))
         return DataProto.from_dict(
             {"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropy"]}
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         if self.ref_is_base:
             with self.engine.adapters_disabled():
@@ -227,7 +242,7 @@ class ActorRolloutWorker(_TrainedRole):
         out = self.ref.infer_batch(batch, outputs=("log_probs",))
         return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def update_actor(self, batch: DataProto) -> DataProto:
         """PPO-style update. Entropy is computed in the update's forward pass when the
         loss uses it or when no separate old-log-prob pass reported it."""
@@ -273,13 +288,14 @@ class CriticWorker(_TrainedRole):
         cfg = self.config
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
         self.loss_fn = make_critic_loss_fn(ValueLossConfig(**cfg["loss"]))
+        self._declare_dp_mesh()
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_values(self, batch: DataProto) -> DataProto:
         out = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0)
         return DataProto.from_dict({"values": out.batch["values"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def update_critic(self, batch: DataProto) -> DataProto:
         return self._update(batch, self.loss_fn)
 
@@ -300,8 +316,14 @@ class RewardModelWorker(Worker):
     def init_model(self) -> None:
         cfg = self.config
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        self.set_dispatch_mesh(
+            DP_MESH,
+            dp_rank=self.engine.dp_rank,
+            dp_size=self.engine.dp_size,
+            is_collect=self.engine.is_collect_rank,
+        )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_rm_score(self, batch: DataProto) -> DataProto:
         values = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0).batch[
             "values"
