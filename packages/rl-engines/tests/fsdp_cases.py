@@ -139,3 +139,33 @@ def worker_round_trip(model_dir: str, ckpt: str) -> dict[str, Any]:
     weights = worker.export_weights()
     assert (weights is None) == (info["dp_rank"] != 0)
     return {"metrics": metrics, "log_probs": inferred.batch["log_probs"], "weights": weights}
+
+
+LORA = {"model": {"lora": {"rank": 4, "alpha": 8.0, "target_modules": ["all-linear"]}}}
+
+
+def lora_round(model_dir: str, ckpt: str) -> dict[str, Any]:
+    """LoRA: train 3 steps, then log-probs with and without adapters, the exported (merged)
+    weights, the trainable parameter names, and a checkpoint."""
+    engine = build_engine("fsdp", engine_config(model_dir, LORA, optim={"lr": 5e-2}))
+    trainable = sorted(n for n, p in engine.model.named_parameters() if p.requires_grad)
+    before = _weights(engine)
+    for step in range(3):
+        batch = batch_for_step(step).chunk(engine.dp_size)[engine.dp_rank]
+        engine.train_batch(batch, pg_loss)
+    probe = batch_for_step(9)
+    local = probe.chunk(engine.dp_size)[engine.dp_rank]
+    with_adapters = engine.infer_batch(local, outputs=("log_probs",), temperature=1.0)
+    with engine.adapters_disabled():
+        base = engine.infer_batch(local, outputs=("log_probs",), temperature=1.0)
+    engine.save(ckpt)
+    after = _weights(engine)  # collective: every rank exports
+    result = {
+        "trainable": trainable,
+        "before": before if engine.dp_rank == 0 else None,
+        "after": after if engine.dp_rank == 0 else None,
+        "with_adapters": with_adapters.batch["log_probs"],
+        "base": base.batch["log_probs"],
+    }
+    engine.close()
+    return result

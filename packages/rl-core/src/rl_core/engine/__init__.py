@@ -22,6 +22,7 @@ from rl_core.engine.base import (
 )
 from rl_core.engine.config import (
     EngineConfig,
+    LoRAConfig,
     MicroBatchConfig,
     ModelConfig,
     OptimizerConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "OUTPUT_KINDS",
     "TRAIN_KEYS",
     "EngineConfig",
+    "LoRAConfig",
     "LossContext",
     "LossFn",
     "MicroBatchConfig",

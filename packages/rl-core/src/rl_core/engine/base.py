@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +188,26 @@ class TrainEngine(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (optional)."""
+
+    def adapters_disabled(self) -> AbstractContextManager[None]:
+        """A context in which forward passes run the base model, adapters off (the
+        reference policy of a LoRA run, without a second copy). Engines that train
+        adapters (``ModelConfig.lora``) implement it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not train adapters: adapters_disabled() is unavailable"
+        )
+
+    @classmethod
+    def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
+        """Offline, in one process without a process group: the full model weights of a
+        checkpoint that `save` wrote to ``path``, on CPU, under the Hugging Face names that
+        `export_weights` uses (what ``rl export`` turns into a model directory). Engines
+        override it; the default says that this engine's checkpoints cannot be exported."""
+        raise NotImplementedError(
+            f"{cls.__name__} does not implement read_checkpoint_weights: its checkpoint "
+            f"{path!r} cannot be exported offline (expected an engine that overrides "
+            "TrainEngine.read_checkpoint_weights)"
+        )
 
 
 def build_engine(name: str, config: EngineConfig | dict[str, Any]) -> TrainEngine:

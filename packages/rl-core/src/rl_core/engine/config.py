@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 __all__ = [
     "EngineConfig",
+    "LoRAConfig",
     "MicroBatchConfig",
     "ModelConfig",
     "OptimizerConfig",
@@ -37,6 +38,43 @@ def _bad(obj: Any, name: str, expected: str) -> ValueError:
     return ValueError(
         f"{type(obj).__name__}.{name}={getattr(obj, name)!r} is invalid: expected {expected}"
     )
+
+
+@dataclass
+class LoRAConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021) instead of full fine-tuning.
+
+    Each targeted linear layer ``W`` becomes ``W + (alpha / rank) * B @ A`` with trainable
+    ``A`` [rank, in] and ``B`` [out, rank] (``B`` starts at zero); ``W`` stays frozen.
+    ``target_modules``: module names (e.g. ``["q_proj", "v_proj"]``) or ``["all-linear"]``
+    (every linear layer but the output head). ``dropout`` applies to the adapter's input.
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    dropout: float = 0.0
+
+    def validate(self) -> LoRAConfig:
+        if not _is_int(self.rank) or self.rank < 1:
+            raise _bad(self, "rank", "an integer >= 1")
+        if not _is_real(self.alpha) or self.alpha <= 0:
+            raise _bad(self, "alpha", "a number > 0")
+        targets = self.target_modules
+        if not (
+            isinstance(targets, list | tuple)
+            and targets
+            and all(isinstance(t, str) and t for t in targets)
+            and ("all-linear" not in targets or len(targets) == 1)
+        ):
+            raise _bad(self, "target_modules", "['all-linear'] or a non-empty list of module names")
+        if not _is_real(self.dropout) or not 0 <= self.dropout < 1:
+            raise _bad(self, "dropout", "a number in [0, 1)")
+        return self
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
 
 
 @dataclass
@@ -66,6 +104,7 @@ class ModelConfig:
     use_remove_padding: bool | None = None
     override_config: dict[str, Any] = field(default_factory=dict)
     freeze_vision_tower: bool = False
+    lora: LoRAConfig | None = None
 
     def validate(self) -> ModelConfig:
         if (self.path is None) == (self.config is None):
@@ -93,6 +132,14 @@ class ModelConfig:
             raise _bad(self, "override_config", "a dict of Hugging Face config fields")
         if not isinstance(self.freeze_vision_tower, bool):
             raise _bad(self, "freeze_vision_tower", "True or False")
+        if isinstance(self.lora, dict):
+            self.lora = _from_dict(LoRAConfig, self.lora, "ModelConfig.lora")
+        if self.lora is not None:
+            if not isinstance(self.lora, LoRAConfig):
+                raise _bad(self, "lora", "None or a LoRAConfig (rank, alpha, target_modules, ...)")
+            if self.value_head:
+                raise _bad(self, "lora", "None for a value model (LoRA trains causal LMs here)")
+            self.lora.validate()
         return self
 
 

@@ -6,23 +6,28 @@ over ``dp_replicate`` (HSDP). Forward/backward run in ``compute_dtype`` (bf16 on
 accelerators), gradients are reduced in ``reduce_dtype`` and the master weights and
 optimizer stay in ``dtype``.
 
+``ModelConfig.lora`` trains PEFT LoRA adapters on the frozen model (`rl_engines.lora`);
+`export_weights` then gives merged weights and `adapters_disabled()` runs the base model.
+
 Device rules (the rl-core contract): the platform picks this rank's device from the
 devices the process sees; the loss function gets the micro-batch on that device;
 `infer_batch` returns CPU tensors. Log-probs and entropy come from a chunked LM head
 (``engine_kwargs.logprob_chunk_tokens``), so full-vocabulary float32 logits never exist.
 ``EngineConfig.inference_only`` builds no optimizer (reference and reward models).
 
-Not implemented here: Ulysses sequence parallelism and LoRA (use full fine-tuning; both
-are planned), tensor/pipeline parallelism (the megatron engine).
+Not implemented here: Ulysses sequence parallelism, tensor/pipeline parallelism (the
+megatron engine).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import math
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +41,7 @@ from rl_core.engine import (
     INFER_KEYS,
     TRAIN_KEYS,
     EngineConfig,
+    LoRAConfig,
     LossContext,
     LossFn,
     TrainEngine,
@@ -52,7 +58,13 @@ from rl_engines.distributed import (
     ensure_process_group,
     local_device,
 )
-from rl_engines.fsdp.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from rl_engines.fsdp.checkpoint import (
+    load_checkpoint,
+    read_model_weights,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from rl_engines.fsdp.forward import (
     ChunkedLMHead,
     forward_micro_batch,
@@ -66,6 +78,7 @@ from rl_engines.fsdp.model import (
     shard_model,
 )
 from rl_engines.fsdp.multimodal import multimodal_kwargs
+from rl_engines.lora import adapter_tensors, apply_lora, merge_lora_weights
 
 __all__ = ["FSDPEngine", "FSDPOptions"]
 
@@ -164,6 +177,9 @@ class FSDPEngine(TrainEngine):
             else varlen_attention_available(resolve_attn_implementation(mcfg))
         )
         model = build_hf_model(mcfg, config.seed)
+        self.lora = mcfg.lora
+        if self.lora is not None:
+            model = apply_lora(model, self.lora)  # base frozen; only adapters train
         if config.inference_only:
             model.requires_grad_(False)
         self.hf_config = model.config
@@ -289,7 +305,9 @@ class FSDPEngine(TrainEngine):
                 self.packed,
                 self.value_model,
                 self.head,
-                extra=multimodal_kwargs(self.model, micro_batch, tensors, self.device),
+                extra=multimodal_kwargs(
+                    self.model, micro_batch, tensors, self.device, self.compute_dtype
+                ),
             )
             loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
             loss.backward()
@@ -412,7 +430,9 @@ class FSDPEngine(TrainEngine):
                 self.packed,
                 self.value_model,
                 self.head,
-                extra=multimodal_kwargs(self.model, micro_batch, tensors, self.device),
+                extra=multimodal_kwargs(
+                    self.model, micro_batch, tensors, self.device, self.compute_dtype
+                ),
             )
             for key in outputs:
                 pieces[key].append(out[key].cpu())
@@ -429,17 +449,14 @@ class FSDPEngine(TrainEngine):
         self._require_onloaded("export_weights")
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected an integer >= 1")
-        seen: set[int] = set()
         bucket: list[tuple[str, Tensor]] = []
         size = 0
-        for name, value in self.model.state_dict().items():
-            if id(value) in seen or (self.tied_embeddings and name == "lm_head.weight"):
+        named = self._full_tensors()
+        if self.lora is not None:
+            named = merge_lora_weights(named, self.lora.scaling)  # rollouts see plain weights
+        for name, full in named:
+            if self.tied_embeddings and name == "lm_head.weight":
                 continue  # tied weights are exported once, under the input embedding's name
-            seen.add(id(value))
-            if isinstance(value, DTensor):
-                full = value.to(self.device).full_tensor()  # CPU-offloaded shards too
-            else:
-                full = value
             full = full.detach().to(dtype) if dtype is not None else full.detach()
             nbytes = full.numel() * full.element_size()
             if bucket and size + nbytes > bucket_bytes:
@@ -449,6 +466,28 @@ class FSDPEngine(TrainEngine):
             size += nbytes
         if bucket:
             yield bucket
+
+    def _full_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        seen: set[int] = set()
+        for name, value in self.model.state_dict().items():
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, DTensor):
+                yield name, value.to(self.device).full_tensor()  # CPU-offloaded shards too
+            else:
+                yield name, value
+
+    @contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """Run the base model (LoRA adapters off): the reference policy without a copy."""
+        if self.lora is None:
+            raise RuntimeError(
+                f"rank {self.rank}: adapters_disabled() on an engine without LoRA "
+                "(ModelConfig.lora is None)"
+            )
+        with self.model.disable_adapter():
+            yield
 
     # ---- checkpoints --------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -467,8 +506,32 @@ class FSDPEngine(TrainEngine):
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(),
         }
-        meta = {"engine": "fsdp", "step": self._step, "value_model": self.value_model}
+        meta = {
+            "engine": "fsdp",
+            "step": self._step,
+            "value_model": self.value_model,
+            "tied_embeddings": self.tied_embeddings,
+            "lora": None if self.lora is None else dataclasses.asdict(self.lora),
+        }
         save_checkpoint(path, self.model, self.optimizer, extra, meta)
+
+    @classmethod
+    def read_checkpoint_weights(cls, path: str, merge_lora: bool = True) -> dict[str, Tensor]:
+        """Full model weights of a checkpoint, offline, under Hugging Face names (tied
+        output embeddings appear once, as ``export_weights`` gives them). A LoRA checkpoint
+        gives its adapters merged, or with ``merge_lora=False`` only the adapter tensors
+        under PEFT's names (its `LoRAConfig` is ``meta.json``'s ``lora``)."""
+        weights = read_model_weights(path)
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
+        if meta.get("lora"):
+            if not merge_lora:
+                return adapter_tensors(weights.items())
+            scaling = LoRAConfig(**meta["lora"]).scaling
+            weights = dict(merge_lora_weights(weights.items(), scaling))
+        if meta.get("tied_embeddings"):
+            weights.pop("lm_head.weight", None)
+        return weights
 
     def load(self, path: str) -> None:
         self._require_onloaded("load")

@@ -53,9 +53,14 @@ def _rope_index_owner(model: nn.Module) -> Any:
 
 
 def multimodal_kwargs(
-    model: nn.Module, micro_batch: DataProto, tensors: dict[str, Tensor], device: torch.device
+    model: nn.Module,
+    micro_batch: DataProto,
+    tensors: dict[str, Tensor],
+    device: torch.device,
+    compute_dtype: torch.dtype | None = None,
 ) -> dict[str, Tensor]:
-    """Extra model keyword arguments for the rows' images (empty for a text-only batch)."""
+    """Extra model keyword arguments for the rows' images (empty for a text-only batch);
+    floating-point inputs (pixel values) arrive in `compute_dtype`."""
     rows = micro_batch.non_tensor_batch.get(MULTI_MODAL_KEY)
     if rows is None:
         return {}
@@ -72,7 +77,12 @@ def multimodal_kwargs(
             pieces.setdefault(key, []).append(value)
     if not pieces:
         return {}
-    kwargs = {key: torch.cat(values).to(device) for key, values in pieces.items()}
+    kwargs = {}
+    for key, values in pieces.items():
+        value = torch.cat(values).to(device)
+        if compute_dtype is not None and value.is_floating_point():
+            value = value.to(compute_dtype)  # FSDP mixed precision does not cast inputs
+        kwargs[key] = value
     owner = _rope_index_owner(model)
     if owner is not None:
         config = model.config

@@ -86,6 +86,7 @@ class VLMPromptDataset(PromptDataset):
         apply_chat_template: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
         filter_overlong_prompts: bool = True,
+        require_ground_truth: bool = False,
         name: str = "data",
         processor: Any = None,
         image_key: str = "images",
@@ -96,6 +97,7 @@ class VLMPromptDataset(PromptDataset):
         is_rows = not isinstance(source, (str, Path)) and all(isinstance(r, dict) for r in source)
         rows = [dict(r) for r in source] if is_rows else read_rows(source)  # type: ignore[arg-type]
         self.name, self.tokenizer, self.prompt_key = name, tokenizer, prompt_key
+        self.require_ground_truth = require_ground_truth  # checked by PromptDataset._render
         self.max_prompt_length = max_prompt_length
         self.processor = processor or load_processor(tokenizer.name_or_path)
         self.num_rows = len(rows)

@@ -1,0 +1,137 @@
+"""Validation metrics as RL papers report them, from n samples per held-out prompt.
+
+For each prompt with ``n`` samples (``rollout.val_n``), of which ``c`` are correct:
+
+* ``mean@n``: the mean correctness over all samples (``val/accuracy`` is the same number);
+  ``score`` is the mean raw score (no training-only shaping such as DAPO's overlong
+  penalty: the trainer scores validation without it);
+* ``pass@k``: the unbiased estimator of Chen et al. (2021), ``1 - C(n-c, k) / C(n, k)``,
+  the probability that at least one of k samples drawn without replacement is correct;
+* ``maj@k``: the expected correctness of the majority answer (the reward function's
+  ``pred``) of k samples drawn without replacement, averaged over every k-subset when
+  there are at most `MAJ_EXACT_LIMIT` of them (else over that many random subsets, seeded).
+  Samples without an answer do not vote; a tie counts as the fraction of tied answers
+  that are correct (the expectation of breaking it at random).
+
+``k`` runs over the powers of two below ``n`` and ``n`` itself. Every metric is reported over
+all prompts (``val/<metric>``) and per ``data_source`` (``val/<data_source>/<metric>``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Sequence
+
+__all__ = ["MAJ_EXACT_LIMIT", "majority_at_k", "pass_at_k", "report_ks", "validation_metrics"]
+
+MAJ_EXACT_LIMIT = 4096
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _majority_correct(preds: Sequence[Hashable | None], correct: Sequence[bool]) -> float:
+    votes = Counter(p for p in preds if p is not None)
+    if not votes:
+        return 0.0
+    top = max(votes.values())
+    winners = [p for p, count in votes.items() if count == top]
+    right = {p for p, ok in zip(preds, correct) if ok and p is not None}
+    return sum(p in right for p in winners) / len(winners)
+
+
+def majority_at_k(
+    preds: Sequence[Hashable | None], correct: Sequence[bool], k: int, seed: int = 0
+) -> float:
+    """Expected correctness of the majority answer among k of the samples (see module)."""
+    n = len(preds)
+    if len(correct) != n or not 1 <= k <= n:
+        raise ValueError(f"majority_at_k: {n} preds, {len(correct)} flags, k={k}")
+    if math.comb(n, k) <= MAJ_EXACT_LIMIT:
+        subsets = itertools.combinations(range(n), k)
+        count = math.comb(n, k)
+    else:
+        rng = random.Random(seed)
+        subsets = (rng.sample(range(n), k) for _ in range(MAJ_EXACT_LIMIT))
+        count = MAJ_EXACT_LIMIT
+    total = 0.0
+    for subset in subsets:
+        total += _majority_correct([preds[i] for i in subset], [correct[i] for i in subset])
+    return total / count
+
+
+def report_ks(n: int) -> list[int]:
+    """The k reported for n samples: 1, 2, 4, ... below n, and n."""
+    ks = [2**i for i in range(n.bit_length()) if 2**i < n]
+    return [*ks, n]
+
+
+def _group_metrics(
+    groups: list[list[int]],
+    scores: Sequence[float],
+    correct: Sequence[bool],
+    preds: Sequence[Hashable | None] | None,
+    n: int,
+) -> dict[str, float]:
+    out: dict[str, float] = {
+        "accuracy": sum(float(correct[i]) for g in groups for i in g) / (len(groups) * n),
+        "score": sum(float(scores[i]) for g in groups for i in g) / (len(groups) * n),
+    }
+    out[f"mean@{n}"] = out["accuracy"]
+    for k in report_ks(n):
+        out[f"pass@{k}"] = sum(
+            pass_at_k(n, sum(bool(correct[i]) for i in g), k) for g in groups
+        ) / len(groups)
+        if preds is not None:
+            out[f"maj@{k}"] = sum(
+                majority_at_k([preds[i] for i in g], [bool(correct[i]) for i in g], k, seed)
+                for seed, g in enumerate(groups)
+            ) / len(groups)
+    return out
+
+
+def validation_metrics(
+    group_ids: Sequence[Hashable],
+    scores: Sequence[float],
+    correct: Sequence[bool],
+    data_sources: Sequence[str],
+    preds: Sequence[Hashable | None] | None = None,
+) -> dict[str, float]:
+    """``val/...`` metrics of samples grouped by prompt (``group_ids``), each group of the
+    same size n; overall and per data source (see the module docstring)."""
+    size = len(group_ids)
+    for name, values in (("scores", scores), ("correct", correct), ("data_sources", data_sources)):
+        if len(values) != size:
+            raise ValueError(f"validation_metrics: {len(values)} {name} for {size} samples")
+    if preds is not None and len(preds) != size:
+        raise ValueError(f"validation_metrics: {len(preds)} preds for {size} samples")
+    groups: dict[Hashable, list[int]] = defaultdict(list)
+    for i, gid in enumerate(group_ids):
+        groups[gid].append(i)
+    sizes = {len(g) for g in groups.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"validation_metrics: prompts have different sample counts {sizes}")
+    (n,) = sizes
+    by_source: dict[str, list[list[int]]] = defaultdict(list)
+    for g in groups.values():
+        sources = {data_sources[i] for i in g}
+        if len(sources) != 1:
+            raise ValueError(f"validation_metrics: one prompt's samples name {sources}")
+        by_source[sources.pop()].append(g)
+    metrics = {
+        f"val/{k}": v
+        for k, v in _group_metrics(list(groups.values()), scores, correct, preds, n).items()
+    }
+    for source, source_groups in sorted(by_source.items()):
+        for key, value in _group_metrics(source_groups, scores, correct, preds, n).items():
+            metrics[f"val/{source}/{key}"] = value
+    return metrics

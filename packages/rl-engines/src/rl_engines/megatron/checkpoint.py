@@ -1,0 +1,157 @@
+"""Atomic checkpoints through megatron-core's distributed checkpointing.
+
+Layout of a checkpoint directory::
+
+    <path>/                 dist_checkpointing files: model and AdamW state (sharded tensors
+                            with global offsets, so TP/PP/EP shards are stored once)
+    <path>/extra_rank{r}.pt step, LR scheduler, optimizer step count, RNG states of rank r
+    <path>/meta.json        engine, parallel layout, world size, step (written last)
+
+Everything is written into ``<path>.partial`` and renamed to ``<path>`` only after every
+rank finished, as the fsdp engine does. ``extra_rank*.pt`` files are read with
+``weights_only=True`` (no pickled code from a checkpoint is executed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import queue
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rl_engines.fsdp.checkpoint import rng_state, set_rng_state
+
+__all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+
+META = "meta.json"
+
+
+def _rank_error(what: str, path: str, exc: BaseException) -> RuntimeError:
+    return RuntimeError(f"rank {dist.get_rank()}: {what} {path!r} failed: {exc}")
+
+
+def _sharded_state(chunks: list[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    model = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    optim = optimizer.state_dict()
+    id_map = get_param_id_to_sharded_param_map(model, params)
+    optim_state_to_sharding_state(optim, id_map, exclude_keys=("step",))
+    return {"model": model, "optimizer": optim}
+
+
+def _in_process_results_queue() -> None:
+    """megatron-core's synchronous save collects writer results through a module-level
+    queue that it creates as a *spawned* multiprocessing Manager (a new interpreter that
+    re-imports ``__main__``). The synchronous path puts and gets in this process only, so
+    a plain in-process queue does the same job without the extra process."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
+@contextlib.contextmanager
+def _writer_processes_allowed() -> Iterator[None]:
+    """megatron-core's file writer forks one process per write bucket and joins them before
+    ``save`` returns. Worker processes that are themselves daemonic (multiprocessing pools,
+    test runners) may not fork children, so the flag is lifted for the duration of the
+    save only; every child is joined inside it."""
+    process = multiprocessing.current_process()
+    daemon = process._config.get("daemon")
+    process._config["daemon"] = False
+    try:
+        yield
+    finally:
+        if daemon is not None:
+            process._config["daemon"] = daemon
+
+
+def _optimizer_steps(optimizer: torch.optim.Optimizer) -> list[float]:
+    return [float(state["step"]) for state in optimizer.state_dict()["state"].values()]
+
+
+def save_checkpoint(
+    path: str,
+    chunks: list[nn.Module],
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    meta: dict[str, Any],
+) -> None:
+    """Collective: write model/optimizer shards and per-rank ``extra`` atomically."""
+    from megatron.core import dist_checkpointing
+
+    path = os.path.abspath(path.rstrip("/"))
+    partial = path + ".partial"
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+    dist.barrier()
+    _in_process_results_queue()
+    try:
+        with _writer_processes_allowed():
+            dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
+        extra = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
+        torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
+    except Exception as exc:
+        raise _rank_error("saving checkpoint", path, exc) from exc
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(partial, META), "w") as f:
+            json.dump({**meta, "world_size": dist.get_world_size()}, f, indent=1)
+        old = path + ".old"
+        if os.path.exists(path):
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(path, old)
+        os.rename(partial, path)
+        shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def load_checkpoint(
+    path: str, chunks: list[nn.Module], optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Collective: restore model and optimizer from ``path``; return (extra, meta)."""
+    from megatron.core import dist_checkpointing
+
+    path = os.path.abspath(path.rstrip("/"))
+    meta_file = os.path.join(path, META)
+    if not os.path.isfile(meta_file):
+        raise FileNotFoundError(
+            f"rank {dist.get_rank()}: {path!r} is not a complete checkpoint (no {META}): "
+            "expected a directory written by TrainEngine.save"
+        )
+    with open(meta_file) as f:
+        meta = json.load(f)
+    rank = dist.get_rank()
+    same_world = meta.get("world_size") == dist.get_world_size()
+    extra_file = os.path.join(path, f"extra_rank{rank if same_world else 0}.pt")
+    try:
+        extra = torch.load(extra_file, weights_only=True)
+        state = dist_checkpointing.load(_sharded_state(chunks, optimizer), path)
+        for i, chunk in enumerate(chunks):
+            chunk.load_state_dict(state["model"][f"model{i}"], strict=False)
+        optim = state["optimizer"]
+        steps = extra.pop("optimizer_steps")
+        for (param_id, param_state), step in zip(sorted(optim["state"].items()), steps):
+            param_state["step"] = torch.tensor(step)
+            optim["state"][param_id] = param_state
+        optimizer.load_state_dict(optim)
+    except Exception as exc:
+        raise _rank_error("loading checkpoint", path, exc) from exc
+    if not same_world:
+        extra.pop("rng", None)
+    return extra, meta

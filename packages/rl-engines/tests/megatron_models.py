@@ -1,0 +1,64 @@
+"""Tiny random models for the megatron engine tests (a MoE beside the suite's dense ones)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from rl_core.testing.train_engine import VOCAB, save_tiny_model
+
+
+def tiny_moe_config(**overrides: Any) -> dict[str, Any]:
+    """Qwen3-MoE: 4 experts, top-2, renormalised, QK norm, untied embeddings."""
+    config = {
+        "model_type": "qwen3_moe",
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+        "router_aux_loss_coef": 0.0,
+    }
+    config.update(overrides)
+    return config
+
+
+def save_tiny_moe(directory: str, value_head: bool = False, seed: int = 0) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    fields = tiny_moe_config()
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(seed)
+    if value_head:
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+        model = AutoModelForTokenClassification.from_config(config)
+    else:
+        model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(directory)
+    # transformers' default grouped-GEMM experts reject float64, which the suite's
+    # reference forward uses; the eager experts compute the same function
+    path = os.path.join(directory, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["experts_implementation"] = "eager"
+    with open(path, "w") as f:
+        json.dump(saved, f, indent=2)
+    return directory
+
+
+def save_model(directory: str, model_type: str, value_head: bool = False) -> str:
+    if model_type == "qwen3_moe":
+        return save_tiny_moe(directory, value_head)
+    return save_tiny_model(directory, model_type, value_head=value_head)

@@ -1,0 +1,81 @@
+"""Tool RL settings from the trainer's config: the tools' schemas reach the prompts' chat
+template, and every agent-loop setting reaches the rollout's validated config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rl_algos.config import load_config
+from rl_algos.trainer.loop import _prompt_template_kwargs
+from rl_algos.trainer.model_source import resolve_model_path
+from rl_algos.trainer.placement import actor_worker_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL_OVERRIDES = [
+    "rollout.agent_loop=tool",
+    "rollout.tools={python: {max_concurrency: 2}}",
+    "rollout.tool_parser=hermes",
+    "rollout.tool_timeout_s=7.5",
+    "rollout.tool_response_truncation=right",
+    "rollout.max_turns=3",
+    "rollout.chat_template_kwargs={enable_thinking: false}",
+]
+# renders the tools like the Qwen/Hermes templates do: as JSON in the system turn
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}NOTHINK{% endif %}"
+)
+
+
+def _config(tmp_path, extra=()):
+    return load_config(
+        str(ROOT / "examples" / "grpo_tiny.yaml"),
+        [f"trainer.output_dir={tmp_path}", *TOOL_OVERRIDES, *extra],
+    )
+
+
+def test_agent_loop_settings_reach_the_rollout_config(tmp_path):
+    from rl_rollout.generator import manager_config_from_dict
+
+    cfg = _config(tmp_path)
+    model_path = resolve_model_path(cfg.model.path)
+    rollout = actor_worker_config(cfg, model_path, 0)["rollout"]
+    manager = manager_config_from_dict(rollout)  # what the worker builds
+    assert manager.agent_loop == "tool"
+    assert manager.tools == {"python": {"max_concurrency": 2}}
+    loop = manager.loop
+    assert (loop.tool_parser, loop.tool_timeout_s, loop.tool_response_truncation) == (
+        "hermes",
+        7.5,
+        "right",
+    )
+    assert loop.max_turns == 3 and loop.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_tool_schemas_go_into_the_prompt_template(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from rl_algos.data import PromptDataset
+
+    cfg = _config(tmp_path)
+    kwargs = _prompt_template_kwargs(cfg)
+    (schema,) = kwargs["tools"]
+    assert schema["type"] == "function" and schema["function"]["name"] == "python"
+    assert "code" in schema["function"]["parameters"]["properties"]
+    assert kwargs["enable_thinking"] is False
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path))
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        '{"prompt": [{"role": "user", "content": "2+3?"}], "data_source": "arithmetic", '
+        '"reward_model": {"ground_truth": "5"}}\n'
+    )
+    dataset = PromptDataset(
+        [str(rows)], tokenizer=tokenizer, max_prompt_length=4096, chat_template_kwargs=kwargs
+    )
+    text = tokenizer.decode(dataset[0]["raw_prompt_ids"])
+    assert '"name": "python"' in text and text.endswith("assistant\nNOTHINK")
