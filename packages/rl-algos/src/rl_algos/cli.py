@@ -7,18 +7,68 @@
 ``key=value`` overrides use dotted paths into the config (``actor.optim.lr=1e-5``,
 ``algorithm.preset=dapo``); a wrong key or value fails before anything starts, naming the
 key, the value, what is allowed and the closest valid key.
+
+SIGINT (Ctrl-C) or SIGTERM stops ``train`` and ``eval`` cleanly: the workers and Ray are
+shut down and the command exits with 128 + the signal number (130, 143) and one line
+saying so. A second signal, or a shutdown longer than 60 s, exits at once; the embedded
+Ray's watchdog (`rl_core.single_controller.ray.ensure_ray`) then removes what is left.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 __all__ = ["main"]
+
+SHUTDOWN_GRACE_S = 60.0  # after a stop signal: longest clean shutdown before a hard exit
+
+
+class StopSignal(KeyboardInterrupt):
+    """Raised in the main thread when SIGINT or SIGTERM arrives (see the module doc); a
+    KeyboardInterrupt, so no ``except Exception`` swallows it and code that cleans up on
+    Ctrl-C does the same on SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(command: str) -> Iterator[None]:
+    """SIGINT/SIGTERM raise `StopSignal` (so ``finally`` blocks shut down the workers);
+    a second one, or `SHUTDOWN_GRACE_S` without finishing, ends the process at once."""
+    stopping: list[int] = []
+
+    def hard_exit(signum: int, why: str) -> None:
+        name = signal.Signals(signum).name
+        print(f"rl {command}: {why} after {name}; exiting now", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    def handler(signum: int, frame: object) -> None:
+        if stopping:
+            hard_exit(signum, "second signal")
+        stopping.append(signum)
+        fuse = threading.Timer(
+            SHUTDOWN_GRACE_S, hard_exit, (signum, f"shutdown took over {SHUTDOWN_GRACE_S:.0f} s")
+        )
+        fuse.daemon = True
+        fuse.start()
+        raise StopSignal(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _load(config_path: str, overrides: Sequence[str]):
@@ -108,7 +158,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Configuration errors: one clear line, no traceback.
         print(f"rl {args.command}: config error: {exc}", file=sys.stderr)
         return 2
-    return args.func(config)
+    try:
+        with _stop_on_signals(args.command):
+            return args.func(config)
+    except StopSignal as stop:
+        print(
+            f"rl {args.command}: stopped by {stop}; the workers and Ray were shut down",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,34 +197,22 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
                 "worker in this process; use trainer.backend=ray for more"
             )
         groups = _local_groups(roles)
+        for group in groups.values():
+            group.init_model()
     else:
         import ray
 
-        from rl_core.single_controller.ray import RayWorkerGroup
+        from rl_core.single_controller.ray import ensure_ray
 
-        if not ray.is_initialized():
-            _init_ray(trainer.ray_num_cpus)
-            owned_ray = True
-        pool = ResourcePool(
-            [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker
-        )
-        kwargs = {"call_timeout_s": trainer.call_timeout_s}
-        if trainer.placement == "split":
-            # The critic gets its own pool; the reward model stays with the actor.
-            colocated = {k: v for k, v in roles.items() if k != "critic"}
-        else:
-            colocated = roles
-        if len(colocated) > 1:
-            groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
-        else:
-            groups = {"actor": RayWorkerGroup(pool, actor, name_prefix="actor", **kwargs)}
-        if needs_critic and trainer.placement == "split":
-            critic_pool = ResourcePool(
-                [trainer.critic_workers], cpus_per_process=trainer.cpus_per_worker
-            )
-            groups["critic"] = RayWorkerGroup(critic_pool, critic, name_prefix="critic", **kwargs)
-    for group in groups.values():
-        group.init_model()
+        owned_ray = ensure_ray(trainer.ray_num_cpus)
+        try:
+            groups = _ray_groups(trainer, roles, needs_critic)
+            for group in groups.values():
+                group.init_model()
+        except BaseException:  # a failure or Ctrl-C while starting: stop what started
+            if owned_ray:
+                ray.shutdown()  # the actors go with it
+            raise
     return RoleGroups(
         actor=groups["actor"],
         critic=groups.get("critic"),
@@ -236,17 +223,30 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
     )
 
 
-def _init_ray(num_cpus: int | None) -> None:
-    """Join the cluster at ``RAY_ADDRESS``, else start an embedded one. Without
-    ``address="local"``, `ray.init()` would silently join whatever cluster was started last
-    on this machine (``/tmp/ray/ray_current_cluster``), e.g. another user's."""
-    import ray
+def _ray_groups(
+    trainer: Any, roles: dict[str, ClassWithInitArgs], needs_critic: bool
+) -> dict[str, WorkerGroup]:
+    from rl_core.single_controller.ray import RayWorkerGroup
 
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)  # the cluster's own resources apply
+    pool = ResourcePool(
+        [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker
+    )
+    kwargs = {"call_timeout_s": trainer.call_timeout_s}
+    if trainer.placement == "split":
+        # The critic gets its own pool; the reward model stays with the actor.
+        colocated = {k: v for k, v in roles.items() if k != "critic"}
     else:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+        colocated = roles
+    if len(colocated) > 1:
+        groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
+    else:
+        groups = {"actor": RayWorkerGroup(pool, roles["actor"], name_prefix="actor", **kwargs)}
+    if needs_critic and trainer.placement == "split":
+        critic_pool = ResourcePool([trainer.critic_workers], cpus_per_process=trainer.cpus_per_worker)
+        groups["critic"] = RayWorkerGroup(
+            critic_pool, roles["critic"], name_prefix="critic", **kwargs
+        )
+    return groups
 
 
 def _local_groups(roles: dict[str, ClassWithInitArgs]) -> dict[str, WorkerGroup]:
