@@ -1,7 +1,7 @@
 """`ensure_ray`: which Ray a driver uses, and that an embedded Ray dies with its driver.
 
-Real drivers in subprocesses: driver A starts an embedded Ray with an actor; driver B joins
-it through RAY_ADDRESS; driver C, with A's cluster running on this machine and no
+Real drivers in subprocesses: driver A's RayWorkerGroup starts an embedded Ray; driver B
+joins it through RAY_ADDRESS; driver C, with A's cluster running on this machine and no
 RAY_ADDRESS, starts its own. Killing B (-9) leaves A's cluster alone; killing A and C (-9)
 removes every process each started, Ray's agents included, within seconds (Ray alone
 leaves the DashboardAgent and RuntimeEnvAgent alive about a minute).
@@ -23,28 +23,30 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 DRIVER = r"""
 import json, os, signal, sys, time
 import ray
-from rl_core.single_controller.ray import ensure_ray
+from rl_core.single_controller import Dispatch, ResourcePool, Worker, register
+from rl_core.single_controller.ray import RayWorkerGroup, ensure_ray
 from rl_core.single_controller.ray.lifecycle import watchdog_pid
 
 def on_term(signum, frame):
     sys.exit(99)
 
-signal.signal(signal.SIGTERM, on_term)
-started = ensure_ray(num_cpus=1)
-again = ensure_ray(num_cpus=1)
-
-@ray.remote(num_cpus=0.5)
-class Sleeper:
+class Pid(Worker):
+    @register(Dispatch.ONE_TO_ALL)
     def pid(self):
         return os.getpid()
 
-actor = Sleeper.remote() if sys.argv[1] == "actor" else None
+signal.signal(signal.SIGTERM, on_term)
+if sys.argv[1] == "group":  # the group starts Ray itself
+    group = RayWorkerGroup(ResourcePool([1], cpus_per_process=0.5), Pid)
+    started, worker_pid = ray.is_initialized(), group.pid()[0]
+else:
+    started, worker_pid = ensure_ray(num_cpus=1), None
 print(json.dumps({
     "started": started,
-    "again": again,
+    "again": ensure_ray(num_cpus=1),
     "gcs": ray.get_runtime_context().gcs_address,
     "watchdog": watchdog_pid(),
-    "actor_pid": ray.get(actor.pid.remote()) if actor else None,
+    "worker_pid": worker_pid,
     "sigterm_kept": signal.getsignal(signal.SIGTERM) is on_term,
 }), flush=True)
 time.sleep(600)
@@ -112,7 +114,7 @@ def wait_gone(pids: set[int], limit_s: float) -> float:
 def test_embedded_ray_dies_with_its_driver_and_a_joined_cluster_is_left_alone():
     drivers: list[subprocess.Popen] = []
     try:
-        a = start_driver("actor")
+        a = start_driver("group")
         drivers.append(a)
         info_a = report(a)
         assert info_a["started"] is True and info_a["again"] is False
@@ -128,7 +130,7 @@ def test_embedded_ray_dies_with_its_driver_and_a_joined_cluster_is_left_alone():
 
         procs_a = tree(a.pid) - {a.pid, info_a["watchdog"]}
         procs_c = tree(c.pid) - {c.pid, info_c["watchdog"]}
-        assert info_a["actor_pid"] in procs_a and len(procs_a) >= 5  # gcs, raylet, agents
+        assert info_a["worker_pid"] in procs_a and len(procs_a) >= 5  # gcs, raylet, agents
         os.kill(b.pid, signal.SIGKILL)
         b.wait()
         time.sleep(3)  # B had no watchdog: nothing of A's cluster may go
