@@ -57,7 +57,7 @@ def _has_marker(pid: int, token: str) -> bool:
 def started_by(driver: int, token: str) -> dict[int, str]:
     """pid -> command of the driver's living descendants and of every marked process."""
     table = _procs()
-    found = {p: c for p, (_, s, c) in table.items() if s != "Z" and _has_marker(p, token)}
+    found: dict[int, str] = {}
     todo = [driver]
     while todo:
         parent = todo.pop()
@@ -65,7 +65,9 @@ def started_by(driver: int, token: str) -> dict[int, str]:
             if ppid == parent and pid not in found and state != "Z":
                 found[pid] = cmd
                 todo.append(pid)
-    found.pop(driver, None)
+    for pid, (_, state, cmd) in table.items():
+        if state != "Z" and pid != driver and _has_marker(pid, token):
+            found[pid] = cmd
     return found
 
 

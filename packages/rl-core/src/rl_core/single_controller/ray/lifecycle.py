@@ -119,7 +119,9 @@ def _start_watchdog() -> None:
         if _watchdog is not None and _watchdog.poll() is None:
             return
         stat = proc_stat(os.getpid())
-        assert stat is not None, "/proc/self/stat is unreadable"
+        if stat is None:
+            log.warning("no Ray watchdog: /proc/%d/stat is unreadable", os.getpid())
+            return
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         _watchdog = subprocess.Popen(
             [sys.executable, "-I", str(_WATCHDOG_SCRIPT), str(os.getpid()), str(stat[1]),
