@@ -10,7 +10,7 @@ key, the value, what is allowed and the closest valid key.
 
 SIGINT (Ctrl-C) or SIGTERM stops ``train`` and ``eval`` cleanly: the workers and Ray are
 shut down and the command exits with 128 + the signal number (130, 143) and one line
-saying so. A second signal, or a shutdown longer than 60 s, exits at once; the embedded
+saying so. A second signal, or a shutdown longer than 20 s, exits at once; the embedded
 Ray's watchdog (`rl_core.single_controller.ray.ensure_ray`) then removes what is left.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 
 __all__ = ["main"]
 
-SHUTDOWN_GRACE_S = 60.0  # after a stop signal: longest clean shutdown before a hard exit
+SHUTDOWN_GRACE_S = 20.0  # after a stop signal: longest clean shutdown before a hard exit
 
 
 class StopSignal(KeyboardInterrupt):
