@@ -82,6 +82,19 @@ def still_running(pids: dict[int, str], token: str) -> dict[int, str]:
     return alive
 
 
+def short_name(cmd: str) -> str:
+    """``raylet``, ``ray::DashboardAgent``, ``rl_algos.rewards.worker``, ``_watchdog.py``..."""
+    words = cmd.split(" ")
+    if not words[0].rsplit("/", 1)[-1].startswith("python"):
+        return words[0].rsplit("/", 1)[-1]
+    args = [w for w in words[1:] if w and not w.startswith("-")]
+    return (
+        words[words.index("-m") + 1]
+        if "-m" in words
+        else (args or ["python"])[0].rsplit("/", 1)[-1]
+    )
+
+
 def is_worker(cmd: str) -> bool:
     """A Ray worker (``ray::IDLE``, ``ray::RayWorkerHost...``) or a reward worker."""
     ray_worker = cmd.startswith("ray::") and not cmd.endswith("Agent")
@@ -141,19 +154,26 @@ def test_rl_train_leaves_no_process_behind(tmp_path, sig, when):
         os.kill(proc.pid, sig)
         start = time.monotonic()
         workers_gone = None
+        timeline: list[str] = []  # what still ran, whenever that changed (for the report)
         while True:
             alive = still_running(seen, token)
             took = time.monotonic() - start
+            names = " ".join(sorted(short_name(c) for c in alive.values()))
+            if not timeline or not timeline[-1].endswith(f"[{names}]"):
+                timeline.append(f"{took:5.1f} s [{names}]")
             if workers_gone is None and not any(is_worker(c) for c in alive.values()):
                 workers_gone = took
             assert workers_gone is not None or took < WORKERS_LIMIT_S, (
-                f"workers still running {WORKERS_LIMIT_S} s after {sig.name}: {alive}"
+                f"workers still running {WORKERS_LIMIT_S} s after {sig.name}: {alive}\n{timeline}"
             )
-            assert took < ALL_LIMIT_S, f"still running {ALL_LIMIT_S} s after {sig.name}: {alive}"
+            assert took < ALL_LIMIT_S, (
+                f"still running {ALL_LIMIT_S} s after {sig.name}: {alive}\n{timeline}"
+            )
             if not alive:
                 break
             time.sleep(0.25)
         print(f"{sig.name}: workers gone after {workers_gone:.1f} s, everything after {took:.1f} s")
+        print("\n".join(timeline))
         code = proc.wait(timeout=30)
         text = log.read_text()
         if sig == signal.SIGKILL:
