@@ -33,7 +33,7 @@ from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
-from rl_algos.trainer.placement import RoleGroups, start_role_groups
+from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
 from rl_core.protocol import DataProto
 
@@ -54,17 +54,23 @@ class RLTrainer:
         from rl_algos.trainer.model_source import resolve_model_path
 
         self.config = cfg = config
+        # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
+        self.setup_timing: dict[str, float] = {}
+        setup = self.setup_timing
         self.output_dir = Path(cfg.trainer.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         _seed_everything(cfg.trainer.seed)
         from rl_algos.config import check_plugins
 
         check_plugins(cfg)  # engine/rollout/generator names, before any process starts
-        _materialize_generated_task(cfg, self.output_dir)
-        self.model_path = resolve_model_path(cfg.model.path)
-        if cfg.reward.model_path is not None:
-            cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        with timed(setup, "data_generate"):
+            _materialize_generated_task(cfg, self.output_dir)
+        with timed(setup, "model_resolve"):
+            self.model_path = resolve_model_path(cfg.model.path)
+            if cfg.reward.model_path is not None:
+                cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
+        with timed(setup, "tokenizer"):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
 
         data = cfg.data
         common = dict(
@@ -75,26 +81,31 @@ class RLTrainer:
             chat_template_kwargs=dict(data.chat_template_kwargs),
             filter_overlong_prompts=data.filter_overlong_prompts,
         )
-        self.train_set = PromptDataset(list(data.train_files), name="train", **common)
-        self.train_loader = PromptDataLoader(
-            self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
-        )
-        self.val_set = (
-            PromptDataset(list(data.val_files), name="val", **common) if data.val_files else None
-        )
-        self.reward = RewardManager(
-            self.tokenizer,
-            _user_reward_function(cfg.reward),
-            num_workers=cfg.reward.num_workers,
-            timeout_s=cfg.reward.timeout_s,
-            error_score=cfg.reward.error_score,
-            overlong=_overlong(cfg),
-        )
+        with timed(setup, "datasets"):
+            self.train_set = PromptDataset(list(data.train_files), name="train", **common)
+            self.train_loader = PromptDataLoader(
+                self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
+            )
+            self.val_set = (
+                PromptDataset(list(data.val_files), name="val", **common)
+                if data.val_files
+                else None
+            )
+        with timed(setup, "reward_workers"):
+            self.reward = RewardManager(
+                self.tokenizer,
+                _user_reward_function(cfg.reward),
+                num_workers=cfg.reward.num_workers,
+                timeout_s=cfg.reward.timeout_s,
+                error_score=cfg.reward.error_score,
+                overlong=_overlong(cfg),
+            )
         self.kl_ctrl = None
         if cfg.algorithm.use_kl_in_reward:
             kc = cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        self.groups: RoleGroups = start_role_groups(cfg, self.model_path)
+        self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
+        self.groups: RoleGroups = start_role_groups(cfg, self.model_path, timing=setup)
         self.global_step = 0
         self._train_iter = None
 
@@ -119,8 +130,33 @@ class RLTrainer:
         )
         out = self.groups.actor.generate_sequences(batch)
         out.batch["token_level_scores"], metrics = self._score(out)
+        if cfg.algorithm.adv_estimator == "remax":
+            out.batch["reward_baselines"] = self._greedy_baselines(prompts, out, round_index)
+            metrics["reward/baseline_mean"] = float(out.batch["reward_baselines"].mean())
         out.meta_info["reward_metrics"] = metrics
         return out
+
+    def _greedy_baselines(
+        self, prompts: DataProto, out: DataProto, round_index: int
+    ) -> torch.Tensor:
+        """ReMax's baseline: one greedy response per prompt, scored with the same reward;
+        returns each sampled row's baseline (by its prompt's `uid`), shape [rows]."""
+        cfg = self.config
+        greedy = prompts.repeat(1, interleave=True)  # a copy that carries the prompts' uids
+        greedy.non_tensor_batch["seed"] = np.array(
+            [cfg.trainer.seed + i for i in range(len(greedy))], dtype=object
+        )
+        greedy.meta_info.update(temperature=0.0, prompt_length=cfg.data.max_prompt_length)
+        greedy_out = self.groups.actor.generate_sequences(greedy)
+        greedy_scores = self._score(greedy_out)[0].sum(-1)
+        by_uid = dict(zip(greedy_out.non_tensor_batch["uid"].tolist(), greedy_scores.tolist()))
+        missing = [u for u in out.non_tensor_batch["uid"].tolist() if u not in by_uid]
+        if missing:
+            raise RuntimeError(
+                f"ReMax: the greedy rollout of step {self.global_step} (round {round_index}) "
+                f"returned no response for prompt uid {missing[0]!r}"
+            )
+        return torch.tensor([by_uid[u] for u in out.non_tensor_batch["uid"].tolist()])
 
     def _score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         """Token-level scores: rule-based functions and/or the reward model."""
@@ -175,12 +211,15 @@ class RLTrainer:
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
                 batch = batch.union(groups.actor.compute_ref_log_prob(batch))
-        with timed(timing, "old_log_prob"):
-            old = groups.actor.compute_log_prob(batch)
-            entropy = old.pop(batch_keys=["entropys"]).batch["entropys"]
-            mask = batch.batch["response_mask"].bool()
-            metrics["actor/entropy"] = float(entropy[mask].mean()) if mask.any() else 0.0
-            batch = batch.union(old)
+        if self.recompute_old_log_probs:
+            with timed(timing, "old_log_prob"):
+                old = groups.actor.compute_log_prob(batch)
+                entropy = old.pop(batch_keys=["entropys"]).batch["entropys"]
+                mask = batch.batch["response_mask"].bool()
+                metrics["actor/entropy"] = float(entropy[mask].mean()) if mask.any() else 0.0
+                batch = batch.union(old)
+        else:  # one optimizer step on fresh samples: the update's forward pass has them
+            batch.meta_info["old_log_probs_from_update"] = True
         if groups.critic is not None:
             with timed(timing, "values"):
                 batch = batch.union(groups.critic.compute_values(batch))

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from rl_algos.trainer.batch_ops import timed
 from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
+from rl_core.platform import platform_for_cluster
 from rl_core.single_controller import (
     ClassWithInitArgs,
     LocalWorkerGroup,
@@ -26,7 +29,13 @@ from rl_core.single_controller import (
     create_colocated_worker_cls,
 )
 
-__all__ = ["RoleGroups", "actor_worker_config", "critic_worker_config", "start_role_groups"]
+__all__ = [
+    "RoleGroups",
+    "actor_worker_config",
+    "critic_worker_config",
+    "recomputes_old_log_probs",
+    "start_role_groups",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +91,55 @@ def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: in
         "seed": cfg.trainer.seed,
         "on_nan": role.on_nan,
         "timeout_s": cfg.trainer.call_timeout_s,
+        "engine_kwargs": dict(getattr(role, "engine_kwargs", None) or {}),
     }
+
+
+def _model_fields(cfg: Any, path: str, **extra: Any) -> dict[str, Any]:
+    """The engine's ModelConfig from the `model` section (precision, attention, packing)."""
+    model = cfg.model
+    return {
+        "path": path,
+        "dtype": model.dtype,
+        "compute_dtype": model.compute_dtype,
+        "attn_implementation": model.attn_implementation,
+        "use_remove_padding": model.use_remove_padding,
+        **extra,
+    }
+
+
+def _inference_only(engine_config: dict[str, Any]) -> dict[str, Any]:
+    """A never-trained model (reference policy, reward model): no optimizer state."""
+    engine_config = dict(engine_config, inference_only=True)
+    engine_config["optim"] = {"lr": 0.0}
+    return engine_config
+
+
+def recomputes_old_log_probs(cfg: Any) -> bool:
+    """Whether the step needs a separate no-grad pass for the old log-probs.
+
+    It cannot change the result when the batch makes exactly one optimizer step (one
+    epoch, one mini-batch) from the weights that generated it: the old log-probs then
+    equal the update's own log-probs, detached. A KL penalty in the reward needs them
+    before the update; ``actor.recompute_old_log_probs`` forces either way.
+    """
+    forced = cfg.actor.recompute_old_log_probs
+    if forced is not None:
+        return bool(forced)
+    one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
+    return not one_step or cfg.algorithm.use_kl_in_reward
 
 
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The plain-dict config an `ActorRolloutWorker` is built from."""
     n = cfg.rollout.n
-    model = {"path": model_path, "dtype": cfg.model.dtype}
+    model = _model_fields(cfg, model_path)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     loss = _as_dict(cfg.actor.loss)
     uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward
     ref = None
     if uses_reference:
-        ref = _engine_config(cfg.actor, model, cfg, total_updates)
-        ref["optim"]["lr"] = 0.0  # never stepped: only infer_batch is called
+        ref = _inference_only(_engine_config(cfg.actor, model, cfg, total_updates))
     rollout = cfg.rollout
     return {
         "engine": cfg.actor.engine,
@@ -106,7 +150,7 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
             "rollout": {
                 "model_path": model_path,
                 "backend": rollout.backend,
-                "dtype": cfg.model.dtype,
+                "dtype": rollout.dtype,
                 "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
                 "seed": cfg.trainer.seed,
                 "tensor_parallel_size": rollout.tensor_parallel_size,
@@ -136,6 +180,7 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         "mini_batch_size": cfg.actor.mini_batch_size * n,
         "epochs": cfg.actor.epochs,
         "offload_when_generating": cfg.actor.offload_when_generating,
+        "sleep_while_training": rollout.sleep_while_training,
         "seed": cfg.trainer.seed,
     }
 
@@ -143,11 +188,7 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
 def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
     """The plain-dict config a `CriticWorker` is built from."""
     critic = cfg.critic
-    model = {
-        "path": critic.model_path or model_path,
-        "dtype": cfg.model.dtype,
-        "value_head": True,
-    }
+    model = _model_fields(cfg, critic.model_path or model_path, value_head=True)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     return {
         "engine": critic.engine,
@@ -161,20 +202,22 @@ def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
 
 def reward_model_worker_config(cfg: Any) -> dict[str, Any]:
     """The plain-dict config a `RewardModelWorker` is built from (never trained)."""
-    model = {"path": cfg.reward.model_path, "dtype": cfg.model.dtype, "value_head": True}
-    return {
-        "engine": cfg.reward.model_engine,
-        "engine_config": {
-            "model": model,
-            "optim": {"lr": 0.0},
-            "seed": cfg.trainer.seed,
-            "timeout_s": cfg.trainer.call_timeout_s,
-        },
-    }
+    model = _model_fields(cfg, cfg.reward.model_path, value_head=True)
+    engine_config = {"model": model, "seed": cfg.trainer.seed}
+    engine_config["timeout_s"] = cfg.trainer.call_timeout_s
+    return {"engine": cfg.reward.model_engine, "engine_config": _inference_only(engine_config)}
 
 
-def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None) -> RoleGroups:
-    """Start the worker groups the config asks for and initialise their models."""
+def start_role_groups(
+    cfg: Any,
+    model_path: str,
+    pad_token_id: int | None = None,
+    timing: dict[str, float] | None = None,
+) -> RoleGroups:
+    """Start the worker groups the config asks for and initialise their models; the
+    seconds of each start-up phase (``ray_init``, ``workers_start``, ``models_init``) are
+    added to ``timing``."""
+    timing = {} if timing is None else timing
     needs_critic = cfg.algorithm.adv_estimator == "gae"
     actor = ClassWithInitArgs(
         ActorRolloutWorker, actor_worker_config(cfg, model_path, pad_token_id)
@@ -196,19 +239,22 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
                 f"trainer.num_workers={trainer.num_workers}: the local backend runs exactly one "
                 "worker in this process; use trainer.backend=ray for more"
             )
+        workers_start = time.perf_counter()
         groups = _local_groups(roles)
-        for group in groups.values():
-            group.init_model()
+        timing["workers_start"] = time.perf_counter() - workers_start
+        _init_models(groups, timing)
     else:
         import ray
 
         from rl_core.single_controller.ray import ensure_ray
 
-        owned_ray = ensure_ray(trainer.ray_num_cpus)
+        with timed(timing, "ray_init"):
+            owned_ray = ensure_ray(trainer.ray_num_cpus)
         try:
+            workers_start = time.perf_counter()
             groups = _ray_groups(trainer, roles, needs_critic)
-            for group in groups.values():
-                group.init_model()
+            timing["workers_start"] = time.perf_counter() - workers_start
+            _init_models(groups, timing)
         except BaseException:  # a failure or Ctrl-C while starting: stop what started
             if owned_ray:
                 ray.shutdown()  # the actors go with it
@@ -223,28 +269,46 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
     )
 
 
+def _init_models(groups: dict[str, WorkerGroup], timing: dict[str, float]) -> None:
+    with timed(timing, "models_init"):
+        for group in groups.values():
+            group.init_model()
+
+
 def _ray_groups(
     trainer: Any, roles: dict[str, ClassWithInitArgs], needs_critic: bool
 ) -> dict[str, WorkerGroup]:
+    """The Ray worker groups of `roles` (colocated, or the critic apart when split)."""
+    import ray
+
     from rl_core.single_controller.ray import RayWorkerGroup
 
-    pool = ResourcePool(
-        [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker
-    )
+    # the workers' nodes decide the platform (never the driver's hardware)
+    platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
+    log.info("worker platform: %s", platform)
+
+    def pool_of(process_on_nodes: list[int]) -> ResourcePool:
+        return ResourcePool(
+            process_on_nodes,
+            cpus_per_process=trainer.cpus_per_worker,
+            accelerators_per_process=trainer.gpus_per_worker,
+            platform=platform,
+        )
+
     kwargs = {"call_timeout_s": trainer.call_timeout_s}
     if trainer.placement == "split":
         # The critic gets its own pool; the reward model stays with the actor.
         colocated = {k: v for k, v in roles.items() if k != "critic"}
     else:
         colocated = roles
+    pool = pool_of([trainer.num_workers] * trainer.nnodes)
     if len(colocated) > 1:
         groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
     else:
         groups = {"actor": RayWorkerGroup(pool, roles["actor"], name_prefix="actor", **kwargs)}
     if needs_critic and trainer.placement == "split":
-        critic_pool = ResourcePool([trainer.critic_workers], cpus_per_process=trainer.cpus_per_worker)
         groups["critic"] = RayWorkerGroup(
-            critic_pool, roles["critic"], name_prefix="critic", **kwargs
+            pool_of([trainer.critic_workers]), roles["critic"], name_prefix="critic", **kwargs
         )
     return groups
 

@@ -29,6 +29,7 @@ from rl_core.engine.config import (
 )
 from rl_core.engine.functional import (
     entropy_from_logits,
+    linear_log_probs_and_entropy,
     partition_by_count,
     partition_by_token_budget,
     token_log_probs,
@@ -52,6 +53,7 @@ __all__ = [
     "check_batch",
     "check_outputs",
     "entropy_from_logits",
+    "linear_log_probs_and_entropy",
     "local_micro_batch_count",
     "partition_by_count",
     "partition_by_token_budget",
