@@ -18,6 +18,7 @@ forever. A joined cluster (``RAY_ADDRESS``) is never touched.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,7 @@ def ensure_ray(
                 threading.current_thread().name,
             )
         _mark_this_driver()
+        _start_watchdog()  # before Ray: a driver killed while Ray starts is covered too
         ray.init(
             address="local",
             num_cpus=num_cpus,
@@ -82,21 +85,20 @@ def ensure_ray(
             include_dashboard=False,
             **init_kwargs,
         )
-    _start_watchdog()
     return True
 
 
-class _keep_sigterm_handler:
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
     """`ray.init` replaces the main thread's SIGTERM handler with ``sys.exit``; an
     application's own handler (installed before) is put back."""
-
-    def __enter__(self) -> None:
-        self.main = threading.current_thread() is threading.main_thread()
-        self.previous = signal.getsignal(signal.SIGTERM) if self.main else None
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.main and callable(self.previous):
-            signal.signal(signal.SIGTERM, self.previous)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _mark_this_driver() -> str:
