@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,19 +87,24 @@ def running(pids: set[int]) -> set[int]:
     return {p for p in pids if p in table and table[p][1] not in ("Z", "X")}
 
 
-def start_driver(mode: str, ray_address: str | None = None) -> subprocess.Popen:
+def start_driver(mode: str, log: Path, ray_address: str | None = None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RL_RAY_DRIVER")}
     env.update(RAY_AUTH_MODE="disabled", RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
-    return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, mode], env=env, stdout=subprocess.PIPE, text=True
-    )
+    with open(log, "w") as err:
+        driver = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, mode], env=env, stdout=subprocess.PIPE, stderr=err
+        )
+    driver.log = log  # type: ignore[attr-defined]
+    return driver
 
 
 def report(driver: subprocess.Popen) -> dict:
     line = driver.stdout.readline()
-    assert line, f"driver {driver.pid} exited with {driver.wait()} before reporting"
+    if not line:
+        tail = driver.log.read_text()[-3000:]  # type: ignore[attr-defined]
+        pytest.fail(f"driver {driver.pid} exited with {driver.wait()} before reporting:\n{tail}")
     return json.loads(line)
 
 
@@ -111,16 +117,16 @@ def wait_gone(pids: set[int], limit_s: float) -> float:
     return time.monotonic() - start
 
 
-def test_embedded_ray_dies_with_its_driver_and_a_joined_cluster_is_left_alone():
+def test_embedded_ray_dies_with_its_driver_and_a_joined_cluster_is_left_alone(tmp_path):
     drivers: list[subprocess.Popen] = []
     try:
-        a = start_driver("group")
+        a = start_driver("group", tmp_path / "a.log")
         drivers.append(a)
         info_a = report(a)
         assert info_a["started"] is True and info_a["again"] is False
         assert info_a["watchdog"] is not None and info_a["sigterm_kept"] is True
-        b = start_driver("none", ray_address=info_a["gcs"])
-        c = start_driver("none")
+        b = start_driver("none", tmp_path / "b.log", ray_address=info_a["gcs"])
+        c = start_driver("none", tmp_path / "c.log")
         drivers += [b, c]
         info_b, info_c = report(b), report(c)
         # B joined A's cluster and watches nothing; C never joins the stray cluster A runs
