@@ -161,12 +161,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _stop_on_signals(args.command):
             return args.func(config)
-    except StopSignal as stop:
+    except KeyboardInterrupt as stop:  # a StopSignal, or Ray's own for SIGINT in ray.get
+        signum = getattr(stop, "signum", signal.SIGINT)
         print(
-            f"rl {args.command}: stopped by {stop}; the workers and Ray were shut down",
+            f"rl {args.command}: stopped by {signal.Signals(signum).name}; the workers and "
+            "Ray were shut down",
             file=sys.stderr,
         )
-        return 128 + stop.signum
+        return 128 + signum
 
 
 if __name__ == "__main__":
