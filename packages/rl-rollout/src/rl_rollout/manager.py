@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
 import os
 import threading
 import time
@@ -69,7 +68,6 @@ from rl_rollout.tools.base import Tool, build_tool
 
 __all__ = ["RolloutManager", "RolloutManagerConfig", "RolloutReplicaError", "RolloutTimeoutError"]
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed", "n")
 
@@ -228,6 +226,12 @@ class RolloutManager:
         self.pad_token_id = self._pad_token_id()
         self._thread = _LoopThread()
         self.replicas: list[LocalReplica | RayReplica] = []
+        if config.mode == "ray":
+            # in this (the caller's) thread: Ray's head processes die with the thread
+            # that started them, and the event-loop thread ends at shutdown()
+            from rl_core.single_controller.ray import ensure_ray
+
+            ensure_ray()
         try:
             self._thread.run(self._start(engine_factory), config.start_timeout_s + 30)
         except BaseException:
@@ -249,16 +253,6 @@ class RolloutManager:
     async def _start(self, engine_factory: EngineFactory | None) -> None:
         cfg = self.config
         if cfg.mode == "ray":
-            import ray
-
-            if not ray.is_initialized():
-                # RAY_ADDRESS: that cluster; else a new local instance, never a stray one
-                address = os.environ.get("RAY_ADDRESS")
-                log.info("starting Ray for the rollout replicas (%s)", address or "local")
-                if address:
-                    ray.init(address=address)
-                else:
-                    ray.init(address="local", include_dashboard=False)
             self.replicas = [
                 RayReplica(
                     i,

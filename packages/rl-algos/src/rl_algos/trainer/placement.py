@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -249,54 +248,32 @@ def start_role_groups(
     uses_reference = actor.args[0]["ref"] is not None
     trainer = cfg.trainer
     owned_ray = False
-    workers_start = time.perf_counter()
     if trainer.backend == "local":
         if trainer.num_workers != 1:
             raise ValueError(
                 f"trainer.num_workers={trainer.num_workers}: the local backend runs exactly one "
                 "worker in this process; use trainer.backend=ray for more"
             )
+        workers_start = time.perf_counter()
         groups = _local_groups(roles)
+        timing["workers_start"] = time.perf_counter() - workers_start
+        _init_models(groups, timing)
     else:
         import ray
 
-        from rl_core.single_controller.ray import RayWorkerGroup
+        from rl_core.single_controller.ray import ensure_ray
 
-        if not ray.is_initialized():
-            with timed(timing, "ray_init"):
-                _init_ray(trainer.ray_num_cpus)
-            owned_ray = True
-        # the workers' nodes decide the platform (never the driver's hardware)
-        platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
-        log.info("worker platform: %s", platform)
-
-        def pool_of(process_on_nodes: list[int]) -> ResourcePool:
-            return ResourcePool(
-                process_on_nodes,
-                cpus_per_process=trainer.cpus_per_worker,
-                accelerators_per_process=trainer.gpus_per_worker,
-                platform=platform,
-            )
-
-        pool = pool_of([trainer.num_workers] * trainer.nnodes)
-        workers_start = time.perf_counter()
-        kwargs = {"call_timeout_s": trainer.call_timeout_s}
-        if trainer.placement == "split":
-            # The critic gets its own pool; the reward model stays with the actor.
-            colocated = {k: v for k, v in roles.items() if k != "critic"}
-        else:
-            colocated = roles
-        if len(colocated) > 1:
-            groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
-        else:
-            groups = {"actor": RayWorkerGroup(pool, actor, name_prefix="actor", **kwargs)}
-        if needs_critic and trainer.placement == "split":
-            critic_pool = pool_of([trainer.critic_workers])
-            groups["critic"] = RayWorkerGroup(critic_pool, critic, name_prefix="critic", **kwargs)
-    timing["workers_start"] = time.perf_counter() - workers_start
-    with timed(timing, "models_init"):
-        for group in groups.values():
-            group.init_model()
+        with timed(timing, "ray_init"):
+            owned_ray = ensure_ray(trainer.ray_num_cpus)
+        try:
+            workers_start = time.perf_counter()
+            groups = _ray_groups(trainer, roles, needs_critic)
+            timing["workers_start"] = time.perf_counter() - workers_start
+            _init_models(groups, timing)
+        except BaseException:  # a failure or Ctrl-C while starting: stop what started
+            if owned_ray:
+                ray.shutdown()  # the actors go with it
+            raise
     return RoleGroups(
         actor=groups["actor"],
         critic=groups.get("critic"),
@@ -307,17 +284,48 @@ def start_role_groups(
     )
 
 
-def _init_ray(num_cpus: int | None) -> None:
-    """Join the cluster at ``RAY_ADDRESS``, else start an embedded one. Without
-    ``address="local"``, `ray.init()` would silently join whatever cluster was started last
-    on this machine (``/tmp/ray/ray_current_cluster``), e.g. another user's."""
+def _init_models(groups: dict[str, WorkerGroup], timing: dict[str, float]) -> None:
+    with timed(timing, "models_init"):
+        for group in groups.values():
+            group.init_model()
+
+
+def _ray_groups(
+    trainer: Any, roles: dict[str, ClassWithInitArgs], needs_critic: bool
+) -> dict[str, WorkerGroup]:
+    """The Ray worker groups of `roles` (colocated, or the critic apart when split)."""
     import ray
 
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)  # the cluster's own resources apply
+    from rl_core.single_controller.ray import RayWorkerGroup
+
+    # the workers' nodes decide the platform (never the driver's hardware)
+    platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
+    log.info("worker platform: %s", platform)
+
+    def pool_of(process_on_nodes: list[int]) -> ResourcePool:
+        return ResourcePool(
+            process_on_nodes,
+            cpus_per_process=trainer.cpus_per_worker,
+            accelerators_per_process=trainer.gpus_per_worker,
+            platform=platform,
+        )
+
+    kwargs = {"call_timeout_s": trainer.call_timeout_s}
+    if trainer.placement == "split":
+        # The critic gets its own pool; the reward model stays with the actor.
+        colocated = {k: v for k, v in roles.items() if k != "critic"}
     else:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+        colocated = roles
+    pool = pool_of([trainer.num_workers] * trainer.nnodes)
+    if len(colocated) > 1:
+        groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
+    else:
+        groups = {"actor": RayWorkerGroup(pool, roles["actor"], name_prefix="actor", **kwargs)}
+    if needs_critic and trainer.placement == "split":
+        groups["critic"] = RayWorkerGroup(
+            pool_of([trainer.critic_workers]), roles["critic"], name_prefix="critic", **kwargs
+        )
+    return groups
 
 
 def _local_groups(roles: dict[str, ClassWithInitArgs]) -> dict[str, WorkerGroup]:
