@@ -35,7 +35,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -104,6 +104,9 @@ class TrainEngine(ABC):
     """
 
     config: EngineConfig
+    #: Whether `load` restores a checkpoint written at another world size (the
+    #: conformance suite then checks 2 -> 1 ranks; otherwise such a load must raise).
+    supports_resharding: ClassVar[bool] = False
 
     @property
     @abstractmethod

@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -134,6 +134,8 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 class FSDPEngine(TrainEngine):
     """FSDP2 training engine for Hugging Face causal LMs and value models."""
+
+    supports_resharding: ClassVar[bool] = True  # torch.distributed.checkpoint reshards
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
