@@ -115,6 +115,23 @@ def tests_rl_rollout_vllm(session: nox.Session) -> None:
     session.run("pytest", *VLLM_TESTS, "-m", "vllm", *session.posargs, env=env)
 
 
+THIRD_PARTY_ENGINE = "examples/third_party_engine"
+
+
+@nox.session(name="third-party-engine", python="3.11")
+def third_party_engine(session: nox.Session) -> None:
+    """The example engine outside the workspace, installed into a clean venv beside only
+    `rl-core[testing]` (its locked versions), runs rl-core's conformance suite."""
+    reqs = Path(session.create_tmp()) / "rl-core-testing.txt"
+    session.run(
+        "uv", "export", "--locked", "--package", "rl-core", "--extra", "testing",
+        "--no-hashes", "--no-emit-workspace", "--no-default-groups", "-q", "-o", str(reqs),
+        external=True,
+    )  # fmt: skip
+    session.install("-r", str(reqs), "./packages/rl-core[testing]", f"./{THIRD_PARTY_ENGINE}")
+    session.run("pytest", f"{THIRD_PARTY_ENGINE}/tests", "-p", "no:cacheprovider", *session.posargs)
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and the import rule between packages."""
@@ -169,5 +186,6 @@ nox.options.sessions = [
     *[f"tests-{key}" for key in PACKAGES],
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
+    "third-party-engine",  # ~3 minutes on 2 CPUs (one-process engine, 32 conformance cases)
     "build",
 ]
