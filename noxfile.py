@@ -141,6 +141,14 @@ def lint(session: nox.Session) -> None:
     session.run("python", "tools/check_imports.py")
 
 
+@nox.session(python="3.11")
+def api(session: nox.Session) -> None:
+    """Public API of every package against its last release tag or recorded snapshot
+    (griffe, static: nothing is imported); see tools/api_snapshot.py."""
+    session.install("griffe>=1.5")
+    session.run("python", "tools/api_snapshot.py", *session.posargs)
+
+
 @nox.session(python=False)
 def lock(session: nox.Session) -> None:
     """uv.lock is current with every pyproject.toml."""
@@ -182,6 +190,7 @@ def build(session: nox.Session) -> None:
 nox.options.sessions = [
     "lint",
     "lock",
+    "api",
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
