@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import api_snapshot  # noqa: E402
+import api_snapshot
 
 BASE = "packages/rl-core/src/rl_core/engine/base.py"
 CONFIG = "packages/rl-core/src/rl_core/engine/config.py"

@@ -35,7 +35,7 @@ def test_release_in_a_temporary_clone(tmp_path):
     assert _run(sys.executable, "tools/api_snapshot.py", "rl-engines", cwd=clone).returncode == 0
     # the same tag again, and a dirty tree, are refused
     again = _run(*release, "--version", "0.2.0", cwd=clone, check=False)
-    assert again.returncode != 0 and "unreleased" in again.stderr  # heading already dated
+    assert again.returncode != 0 and "already exists" in again.stderr
     (clone / "README.md").write_text("dirty")
     dirty = _run(*release, "--bump", "patch", cwd=clone, check=False)
     assert dirty.returncode != 0 and "uncommitted changes" in dirty.stderr

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import api_snapshot  # noqa: E402
+import api_snapshot
 
 ROOT = api_snapshot.ROOT
 
