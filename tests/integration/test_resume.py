@@ -70,7 +70,7 @@ def _engine_state(checkpoint: Path, scratch: Path) -> dict[str, Any]:
 
     out = scratch / f"{checkpoint.parent.parent.parent.name}-{checkpoint.name}.pt"
     dcp_to_torch_save(checkpoint, out)
-    return _flat(torch.load(out, weights_only=False))
+    return _flat(torch.load(out, weights_only=True))
 
 
 def test_resume_in_a_new_process_continues_exactly(ray_cluster, raw_config, tmp_path):
@@ -85,8 +85,8 @@ def test_resume_in_a_new_process_continues_exactly(ray_cluster, raw_config, tmp_
     root = parts_dir / "checkpoints"
     assert (root / "latest").read_text() == "step_3"
     # a later checkpoint write that died midway left its temporary files behind
-    shutil.copytree(root / "step_3", root / ".step_6.tmp")
-    (root / ".step_6.tmp" / "trainer_state.json").unlink()
+    shutil.copytree(root / "step_3", root / ".step_6.partial")
+    (root / ".step_6.partial" / "manifest.json").unlink()
     (root / "latest.tmp").write_text("step_6")
     config_file = tmp_path / "parts.yaml"
     OmegaConf.save(OmegaConf.create(parts), config_file)
@@ -143,4 +143,4 @@ def test_resume_in_a_new_process_continues_exactly(ray_cluster, raw_config, tmp_
     )
     # the interrupted write never became `latest`; the resumed run replaced it
     assert (root / "latest").read_text() == "step_6"
-    assert not (root / ".step_6.tmp").exists()
+    assert not (root / ".step_6.partial").exists()

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 import torch
 
+from rl_algos.trainer.checkpoints import find_resume_checkpoint
 from rl_algos.trainer.loop import RLTrainer
+from rl_core.checkpoint import CheckpointError, verify_manifest
 from rl_core.protocol import DataProto
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -205,6 +207,7 @@ def test_grpo_learns_and_keeps_its_checkpoints_atomic(ray_cluster, make_config, 
         assert state["global_step"] == 10
         assert state["dataloader"]["epoch"] * 8 + state["dataloader"]["position"] == 10
         assert (root / "step_10" / "actor" / "meta.json").is_file()
+        verify_manifest(root / "step_10")  # the trainer's manifest covers the engine's
         assert not (root / "step_10" / "critic").exists()
         assert (out / "metrics.png").read_bytes()[:4] == b"\x89PNG"
         assert len((out / "metrics.jsonl").read_text().splitlines()) == 11
@@ -219,12 +222,12 @@ def test_grpo_learns_and_keeps_its_checkpoints_atomic(ray_cluster, make_config, 
             raise RuntimeError("killed while writing the checkpoint")
 
         trainer.groups.actor.save_checkpoint = dies_midway
-        with pytest.raises(RuntimeError, match="killed"):
+        with pytest.raises(CheckpointError, match=r"killed.*kept the earlier checkpoints: step_10"):
             trainer.save_checkpoint()
-        assert (root / ".step_11.tmp" / "actor" / "half-written").is_file()
+        assert not (root / ".step_11.partial").exists()  # the staging directory is removed
         assert not (root / "step_11").exists()
         assert (root / "latest").read_text() == "step_10"
-        assert trainer._resolve_resume("latest") == root / "step_10"
+        assert find_resume_checkpoint(root, "latest") == root / "step_10"
         trainer.groups.actor.save_checkpoint = save
         assert trainer.save_checkpoint() == root / "step_11"
         assert sorted(p.name for p in root.iterdir()) == ["latest", "step_11"]

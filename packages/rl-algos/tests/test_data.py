@@ -19,6 +19,7 @@ from rl_algos.data import (
     write_task,
 )
 from rl_algos.data.generate import main as generate_main
+from rl_algos.errors import DataError
 from rl_algos.rewards import REWARDS
 
 
@@ -152,7 +153,7 @@ def test_dataset_applies_the_chat_template_and_filters_long_prompts(tokenizer):
 
 
 def test_dataset_input_errors_and_plain_text(tokenizer):
-    with pytest.raises(KeyError, match="row 0: no 'data_source' field"):
+    with pytest.raises(DataError, match="data row 0, column 'data_source': missing"):
         PromptDataset([{"prompt": "hi"}], tokenizer, 64)
     with pytest.raises(ValueError, match="must be text or a list of"):
         PromptDataset([{"prompt": 5, "data_source": "x"}], tokenizer, 64)

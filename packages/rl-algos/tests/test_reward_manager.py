@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from rl_algos.rewards import OverlongBuffer, RewardManager, ScoringPool, load_reward_function
+from rl_algos.rewards.manager import (
+    InvalidScoreError,
+    RewardFailureError,
+    ScoreLimits,
+)
 from rl_core import DataProto
 
 USER_REWARD = """
@@ -24,6 +30,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         return "not a number"
     if "exit" in solution_str:
         os._exit(3)
+    if solution_str.startswith("value"):
+        text = solution_str.split()[1]  # "value 1e301", "value nan", "value 10**400"
+        return eval(text) if "**" in text else float(text)
     return {"score": float(solution_str == ground_truth), "length": len(solution_str)}
 """
 
@@ -78,7 +87,14 @@ def test_scores_land_on_the_last_response_token_in_process(tokenizer, user_fn):
 def test_worker_processes_survive_hangs_crashes_and_errors(tokenizer, user_fn):
     responses = ["ok", "sleep", "raise", "ok", "bad", "exit", "no"]
     truths = ["ok"] * len(responses)
-    manager = RewardManager(tokenizer, user_fn, num_workers=2, timeout_s=2.0, error_score=-0.5)
+    manager = RewardManager(
+        tokenizer,
+        user_fn,
+        num_workers=2,
+        timeout_s=2.0,
+        error_score=-0.5,
+        limits=ScoreLimits(max_failure_fraction=1.0),  # 4 of 7 fail: go on anyway
+    )
     try:
         out = manager(make_batch(tokenizer, responses, truths))
         final = out.token_level_scores.sum(-1).tolist()
@@ -163,3 +179,64 @@ def test_builtin_scoring_by_data_source_and_plain_ground_truth(tokenizer):
     out = RewardManager(tokenizer, num_workers=0)(data)
     assert out.token_level_scores.sum(-1).tolist() == [1.0, 0.0]
     assert out.extra["acc"].tolist() == [1.0, 0.0]
+
+
+def _values(tokenizer, texts):
+    return make_batch(tokenizer, texts, ["x"] * len(texts), width=16)
+
+
+def test_nonfinite_and_out_of_range_scores_are_counted_and_clipped(tokenizer, user_fn):
+    texts = ["value 1e301", "value -1e301", "value nan", "value inf"]
+    texts += ["value 10**400", "value 0.25", "value 7"]
+    limits = ScoreLimits(min_score=-5.0, max_score=5.0, policy="clip")
+    manager = RewardManager(tokenizer, user_fn, num_workers=0, error_score=-1.0, limits=limits)
+    out = manager(_values(tokenizer, texts))
+    # by hand: clipped to [-5, 5]; NaN cannot be clipped and scores error_score
+    assert out.token_level_scores.sum(-1).tolist() == [5.0, -5.0, -1.0, 5.0, 5.0, 0.25, 5.0]
+    assert torch.isfinite(out.token_level_scores).all()
+    assert out.metrics["reward/nonfinite"] == 3.0  # nan, inf, 10**400 (beyond a float)
+    assert out.metrics["reward/out_of_range"] == 3.0  # 1e301, -1e301, 7
+    assert out.metrics["reward/errors"] == 0.0
+
+
+def test_invalid_score_policies_error_score_and_raise(tokenizer, user_fn):
+    texts = ["value 1e301", "value 0.5"]
+    replace = ScoreLimits(policy="error_score")
+    manager = RewardManager(tokenizer, user_fn, num_workers=0, error_score=-1.0, limits=replace)
+    assert manager(_values(tokenizer, texts)).token_level_scores.sum(-1).tolist() == [-1.0, 0.5]
+    strict = RewardManager(tokenizer, user_fn, num_workers=0, limits=ScoreLimits(policy="raise"))
+    with pytest.raises(InvalidScoreError, match=r"sample 0 .* is 1e\+301; expected a finite"):
+        strict(_values(tokenizer, texts))
+
+
+def test_error_score_must_be_finite_and_in_range(tokenizer):
+    for bad in (float("nan"), float("inf"), 1e5):
+        with pytest.raises(ValueError, match="error_score="):
+            RewardManager(tokenizer, None, num_workers=0, error_score=bad)
+
+
+def test_more_failures_than_allowed_fail_the_batch_loudly(tokenizer, user_fn):
+    texts = ["raise", "bad", "value 1", "x"]  # 2 of 4 fail: exactly the limit is allowed
+    manager = RewardManager(tokenizer, user_fn, num_workers=0)
+    assert manager(_values(tokenizer, texts)).metrics["reward/errors"] == 2.0
+    with pytest.raises(RewardFailureError, match=r"3 of 4 reward calls failed .*0\.5; first: "):
+        manager(_values(tokenizer, ["raise", "bad", "raise", "x"]))
+
+
+def test_a_batch_deadline_bounds_the_whole_batch(tokenizer, user_fn):
+    # 6 hanging calls on 2 workers: one per-call limit each would take 3 x 2 s in series;
+    # the batch deadline of 3 s stops the batch after about 3 s
+    texts = ["sleep"] * 6 + ["x"] * 6
+    limits = ScoreLimits(batch_timeout_s=3.0, max_failure_fraction=1.0)
+    manager = RewardManager(tokenizer, user_fn, num_workers=2, timeout_s=2.0, limits=limits)
+    try:
+        start = time.monotonic()
+        out = manager(_values(tokenizer, texts))
+        took = time.monotonic() - start
+        assert out.metrics["reward/timeouts"] == 12.0  # nothing else got a worker in time
+        assert 2.9 < took < 15, took  # not 6 x 2 s
+        again = manager(_values(tokenizer, ["x", "value 1"]))  # replaced workers go on
+        assert again.token_level_scores.sum(-1).tolist() == [1.0, 1.0]
+    finally:
+        manager.close()
+    assert all(not w.process.is_alive() for w in manager._pool._workers)

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 
+from rl_algos.errors import ConfigError
 from rl_algos.rewards import (
     REWARDS,
     default_compute_score,
@@ -217,8 +218,9 @@ def test_user_reward_function_from_a_file(tmp_path):
     restored = pickle.loads(pickle.dumps(fn))  # travels to worker processes as path + name
     assert restored("d", "yes", "yes", None) == 1.0
     with pytest.raises(
-        AttributeError, match="no function 'compute_scor'; did you mean 'compute_score'"
+        ConfigError,
+        match=r"reward.function_name: invalid value 'compute_scor'.*did you mean 'compute_score'",
     ):
         load_reward_function(path, "compute_scor")
-    with pytest.raises(FileNotFoundError, match=r"reward\.custom_function\.path: no such file"):
+    with pytest.raises(ConfigError, match=r"reward\.function_path: invalid value .*no such file"):
         load_reward_function(tmp_path / "missing.py")

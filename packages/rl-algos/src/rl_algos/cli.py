@@ -7,6 +7,10 @@
 ``key=value`` overrides use dotted paths into the config (``actor.optim.lr=1e-5``,
 ``algorithm.preset=dapo``); a wrong key or value fails before anything starts, naming the
 key, the value, what is allowed and the closest valid key.
+
+Errors caused by user input (config, data, plugins, paths, resources, a broken reward
+function) print one line and exit with status 2; other failures print one line and exit
+with 1. ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
+
+from rl_algos.errors import ConfigError
 
 __all__ = ["main"]
 
@@ -57,9 +64,8 @@ def _eval(config) -> int:
 
     trainer = RLTrainer(config)
     try:
-        resume = trainer._resolve_resume(config.trainer.resume)
-        if resume is not None:
-            trainer._load_checkpoint(resume)
+        if trainer._resume_from is not None:
+            trainer._load_checkpoint(trainer._resume_from)
         metrics = trainer.validate()
     finally:
         trainer.close()
@@ -73,6 +79,9 @@ def _eval(config) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rl", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--debug", action="store_true", help="print tracebacks of errors (and debug logging)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, func, text in (
         ("train", _train, "train with a YAML config and key=value overrides"),
@@ -88,6 +97,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    from rl_algos.errors import UserInputError
+    from rl_core.checkpoint import CheckpointCorruptError
+    from rl_core.registry import PluginLoadError, UnknownPluginError
+
+    return (
+        UserInputError,
+        FileNotFoundError,
+        NotADirectoryError,
+        PermissionError,
+        CheckpointCorruptError,
+        UnknownPluginError,
+        PluginLoadError,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, ValueError | RuntimeError) else f"{type(exc).__name__}: {text}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["data"]:
@@ -96,19 +126,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         return data_main(argv[1:], prog="rl data")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose or args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # see rl_algos.trainer
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    user_errors = _user_error_types()
     try:
         config = _load(args.config, args.overrides)
-    except (ValueError, FileNotFoundError, KeyError, TypeError) as exc:
-        # Configuration errors: one clear line, no traceback.
-        print(f"rl {args.command}: config error: {exc}", file=sys.stderr)
+        return args.func(config)
+    except (*user_errors, KeyError, TypeError, ValueError) as exc:
+        if args.debug:
+            traceback.print_exc()
+        kind = "config error" if isinstance(exc, ConfigError) else "error"
+        if not isinstance(exc, user_errors) and not _from_config(exc):
+            print(f"rl {args.command}: error: {_one_line(exc)}{_HINT}", file=sys.stderr)
+            return 1
+        print(f"rl {args.command}: {kind}: {_one_line(exc)}", file=sys.stderr)
         return 2
-    return args.func(config)
+    except KeyboardInterrupt:
+        print(f"rl {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            traceback.print_exc()
+        cause = _user_cause(exc, user_errors)
+        if cause is not None:  # raised in a worker, re-raised here by Ray
+            print(f"rl {args.command}: error: {_one_line(cause)}", file=sys.stderr)
+            return 2
+        print(f"rl {args.command}: error: {_one_line(exc)}{_HINT}", file=sys.stderr)
+        return 1
+
+
+_HINT = " (run with --debug for the traceback)"
+
+
+def _from_config(exc: BaseException) -> bool:
+    """Whether `exc` came out of loading the config (where every error is the user's)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if (
+            tb.tb_frame.f_code.co_name == "_load"
+            and tb.tb_frame.f_globals.get("__name__") == __name__
+        ):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _user_cause(exc: BaseException, types: tuple[type[BaseException], ...]) -> BaseException | None:
+    """A user-input error inside `exc` (its cause chain, a worker group's `original`
+    exception, or Ray's wrapped `cause`)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, types):
+            return current
+        inner = getattr(current, "original", None) or getattr(current, "cause", None)
+        current = inner or current.__cause__
+    return None
 
 
 if __name__ == "__main__":

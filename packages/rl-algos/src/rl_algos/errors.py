@@ -1,5 +1,6 @@
-"""The error every config and argument check raises: key path, value, what is allowed,
-and a close-match suggestion."""
+"""The errors user input causes: `ConfigError` (a config key: path, value, what is
+allowed, a close-match suggestion) and `DataError` (a data file: the row and column).
+Both are `UserInputError`s: the CLI prints them as one line and exits 2."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ConfigError", "check_field", "suggest"]
+__all__ = ["ConfigError", "DataError", "InputError", "UserInputError", "check_field", "suggest"]
 
 
 def suggest(word: str, candidates: Iterable[str]) -> str:
@@ -16,7 +17,25 @@ def suggest(word: str, candidates: Iterable[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
-class ConfigError(ValueError):
+class UserInputError(Exception):
+    """An error caused by what the user gave (config, data, plugins, paths, resources),
+    with a message that names the field, the value and what was expected."""
+
+
+class InputError(UserInputError, ValueError):
+    """Any other error in reading what the user gave (data files, model, paths), re-raised
+    with its type and message by the trainer's start-up checks."""
+
+
+class DataError(UserInputError, ValueError):
+    """A bad row of a data file: `source` (file or split name), `row` index, `column`."""
+
+    def __init__(self, source: str, row: int, column: str, detail: str) -> None:
+        self.source, self.row, self.column, self.detail = source, row, column, detail
+        super().__init__(f"{source} row {row}, column {column!r}: {detail}")
+
+
+class ConfigError(UserInputError, ValueError):
     """A bad key or value. `key` is the dotted path (relative to where it was raised;
     the config loader prefixes the section path), `detail` the rest of the message."""
 

@@ -36,6 +36,7 @@ __all__ = ["AGENT_LOOPS", "GROUP_ESTIMATORS", "check_plugins", "load_config"]
 # The agent-loop registry lives in rl-rollout; this view of its entry point group lets the
 # config check names without importing that package.
 AGENT_LOOPS: Registry[Any] = Registry("rl.agent_loops", kind="agent loop")
+TOOLS: Registry[Any] = Registry("rl.tools", kind="tool")
 
 # Estimators whose baseline is computed within the samples of one prompt.
 GROUP_ESTIMATORS = (
@@ -151,13 +152,14 @@ def _check_consistency(cfg: RLConfig) -> None:
         )
     generate = cfg.data.generate
     if generate.task is not None:
-        from rl_algos.data.tasks import TASKS
+        from rl_algos.data.tasks import GENERATED_TASKS, TASKS
 
-        if generate.task not in TASKS:
+        tasks = sorted(TASKS) + GENERATED_TASKS.names()
+        if generate.task not in tasks:
             raise ConfigError(
                 "data.generate.task",
-                f"invalid value {generate.task!r}; expected one of {sorted(TASKS)}"
-                f"{suggest(generate.task, sorted(TASKS))}",
+                f"invalid value {generate.task!r}; expected one of {tasks}"
+                f"{suggest(generate.task, tasks)}",
             )
         if cfg.data.train_files:
             raise ConfigError(
@@ -273,18 +275,26 @@ def load_config(
 
 def check_plugins(cfg: RLConfig) -> None:
     """Check the names that other packages provide (engines, rollout backends, sequence
-    generators, agent loops) against what is installed; call when the trainer starts."""
+    generators, agent loops, tools, datasets) against what is installed; call before Ray
+    starts."""
+    from rl_algos.data.dataset import DATASETS
     from rl_core.engine import ENGINES
     from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
 
     checks = [
+        ("data.dataset", cfg.data.dataset, DATASETS, "rl-multimodal"),
         ("actor.engine", cfg.actor.engine, ENGINES, "rl-engines[fsdp]"),
         ("rollout.backend", cfg.rollout.backend, ROLLOUTS, "rl-rollout[hf]"),
         ("rollout.generator", cfg.rollout.generator, SEQUENCE_GENERATORS, "rl-rollout"),
         ("rollout.agent_loop", cfg.rollout.agent_loop, AGENT_LOOPS, "rl-rollout"),
     ]
+    checks += [
+        (f"rollout.tools.{name}", name, TOOLS, "rl-rollout") for name in dict(cfg.rollout.tools)
+    ]
     if cfg.uses_critic:
         checks.append(("critic.engine", cfg.critic.engine, ENGINES, "rl-engines[fsdp]"))
+    if cfg.reward.model_path is not None:
+        checks.append(("reward.model_engine", cfg.reward.model_engine, ENGINES, "rl-engines[fsdp]"))
     for key, name, registry, package in checks:
         names = registry.names()
         if name not in names:

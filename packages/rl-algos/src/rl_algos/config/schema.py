@@ -60,13 +60,15 @@ class ModelConfig:
     the rollout's own dtype is `rollout.dtype`); attn_implementation: the Hugging Face
     attention kernel ("auto": the platform's preferred one, e.g. flash_attention_2 where
     flash-attn is installed); use_remove_padding: padding-free packing (null: when the
-    attention kernel is a varlen one)."""
+    attention kernel is a varlen one); freeze_vision_tower: a vision-language model's
+    vision encoder is not trained."""
 
     path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attn_implementation: str = "auto"
     use_remove_padding: bool | None = None
+    freeze_vision_tower: bool = False
 
 
 @dataclass
@@ -92,6 +94,8 @@ class DataConfig:
     """Prompts: verl-style parquet/jsonl files (see rl_algos.data).
 
     train_batch_size: prompts per step (each sampled `rollout.n` times).
+    dataset: the prompt dataset by name (``rl.datasets``): ``prompt``, or ``vlm`` (rows with
+    images, from rl-multimodal).
     max_prompt_length: longer prompts are dropped (counted) or rejected
     (`filter_overlong_prompts: false`); max_response_length: generation budget."""
 
@@ -106,6 +110,7 @@ class DataConfig:
     apply_chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     filter_overlong_prompts: bool = True
+    dataset: str = "prompt"
     generate: DataGenerateConfig = field(default_factory=DataGenerateConfig)
 
     def __post_init__(self) -> None:
@@ -209,17 +214,28 @@ class RewardConfig:
     """Rule-based rewards. `function_path` null: each sample's function is chosen by its
     `data_source` (rl_algos.rewards); else `function_name` from that Python file, with
     verl's signature. Each call runs in one of `num_workers` processes for at most
-    `timeout_s` seconds; a failing or timed-out call scores `error_score`."""
+    `timeout_s` seconds, and a whole batch for at most `batch_timeout_s`; a failing or
+    timed-out call scores `error_score`. When more than `max_failure_fraction` of a
+    batch's calls fail, the run stops with `RewardFailureError`.
+
+    A score outside [`min_score`, `max_score`] or not finite is counted
+    (`reward/out_of_range`, `reward/nonfinite`) and handled by `invalid_score_policy`:
+    `clip` (to the bounds; NaN scores `error_score`), `error_score`, or `raise`."""
 
     function_path: str | None = None
     function_name: str = "compute_score"
     num_workers: int = 4
     timeout_s: float = 30.0
+    batch_timeout_s: float = 600.0
     error_score: float = 0.0
+    max_failure_fraction: float = 0.5
+    min_score: float = -1e4
+    max_score: float = 1e4
+    invalid_score_policy: Literal["clip", "error_score", "raise"] = "clip"
     model_path: str | None = None
     """A reward model (scalar head, RLHF-style) run by `model_engine` on the actor's
     workers: its score of each response is added to the rule-based score, times
-    `model_weight` (null: no reward model)."""
+    `model_weight` (null: no reward model). Its tokenizer must be the policy's."""
     model_engine: str = "fsdp"
     model_weight: float = 1.0
     rule_based: bool = True
@@ -234,6 +250,34 @@ class RewardConfig:
             "true unless reward.model_path is set (something must score the responses)",
         )
         check_field(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
+        check_field(
+            self.batch_timeout_s >= self.timeout_s,
+            "batch_timeout_s",
+            self.batch_timeout_s,
+            f">= reward.timeout_s={self.timeout_s} seconds",
+        )
+        for name in ("min_score", "max_score"):
+            value = getattr(self, name)
+            check_field(abs(value) <= 1e30, name, value, "a finite number, |x| <= 1e30")
+        check_field(
+            self.min_score < self.max_score,
+            "max_score",
+            self.max_score,
+            f"> reward.min_score={self.min_score}",
+        )
+        check_field(
+            self.min_score <= self.error_score <= self.max_score,
+            "error_score",
+            self.error_score,
+            f"a finite number in [reward.min_score, reward.max_score] = "
+            f"[{self.min_score}, {self.max_score}]",
+        )
+        check_field(
+            0 <= self.max_failure_fraction <= 1,
+            "max_failure_fraction",
+            self.max_failure_fraction,
+            "in [0, 1] (the share of a batch's reward calls that may fail)",
+        )
 
 
 @dataclass

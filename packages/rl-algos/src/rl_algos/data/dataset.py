@@ -8,10 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from rl_algos.data.io import read_rows
+from rl_algos.errors import DataError
+from rl_core.registry import Registry
 
-__all__ = ["PromptDataset"]
+__all__ = ["DATASETS", "PromptDataset"]
 
 logger = logging.getLogger(__name__)
+
+
+def _ground_truth(row: dict[str, Any]) -> Any:
+    info = row.get("reward_model")
+    if isinstance(info, dict) and info.get("ground_truth") is not None:
+        return info["ground_truth"]
+    return row.get("ground_truth")
 
 
 class PromptDataset:
@@ -22,7 +31,9 @@ class PromptDataset:
     `chat_template_kwargs`, e.g. ``{"enable_thinking": False}``); a plain-text prompt is
     tokenized as is when `apply_chat_template` is false, or wrapped as one user message.
     Prompts longer than `max_prompt_length` tokens are dropped and counted
-    (`num_filtered`), or raise when `filter_overlong_prompts` is false.
+    (`num_filtered`), or raise when `filter_overlong_prompts` is false. With
+    `require_ground_truth` (rule-based rewards), a row without
+    ``reward_model.ground_truth`` (or a ``ground_truth`` column) raises `DataError`.
     """
 
     def __init__(
@@ -35,6 +46,7 @@ class PromptDataset:
         apply_chat_template: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
         filter_overlong_prompts: bool = True,
+        require_ground_truth: bool = False,
         name: str = "data",
     ) -> None:
         if max_prompt_length < 1:
@@ -42,6 +54,7 @@ class PromptDataset:
         is_rows = not isinstance(source, (str, Path)) and all(isinstance(r, dict) for r in source)
         rows = [dict(r) for r in source] if is_rows else read_rows(source)  # type: ignore[arg-type]
         self.name = name
+        self.require_ground_truth = require_ground_truth
         self.tokenizer = tokenizer
         self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
@@ -83,7 +96,15 @@ class PromptDataset:
     def _render(self, row: dict[str, Any], index: int, chat: bool, kwargs: dict[str, Any]) -> str:
         for key in (self.prompt_key, "data_source"):
             if key not in row:
-                raise KeyError(f"{self.name} row {index}: no {key!r} field (has {sorted(row)})")
+                raise DataError(self.name, index, key, f"missing (the row has {sorted(row)})")
+        if self.require_ground_truth and _ground_truth(row) is None:
+            raise DataError(
+                self.name,
+                index,
+                "reward_model.ground_truth",
+                "missing; expected the answer the rule-based reward compares with (or set "
+                "reward.rule_based=false to score with reward.model_path alone)",
+            )
         prompt = row["raw_prompt"] = row[self.prompt_key]
         if isinstance(prompt, str):
             if not chat:
@@ -124,3 +145,9 @@ class PromptDataset:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.items[index]
+
+
+DATASETS: Registry[type[PromptDataset]] = Registry("rl.datasets", kind="dataset")
+"""Prompt datasets by name (``data.dataset``): ``prompt`` (this module) or another package's,
+e.g. rl-multimodal's ``vlm``; constructed like `PromptDataset`."""
+DATASETS.register("prompt", PromptDataset)

@@ -1,8 +1,10 @@
 """Score a batch of generated responses with rule-based reward functions.
 
-TODO(model-based rewards): a reward-model worker (a sequence-classification model run by
-a TrainEngine's no-grad forward) belongs with the role workers; it will return
-`rm_scores` [B, R] that the trainer adds to (or uses instead of) these scores.
+Reward functions are untrusted: a call may hang, raise, return the wrong type, NaN or
+1e301. Each outcome is counted in the metrics; failures score `error_score`, scores
+outside [min_score, max_score] or not finite follow `invalid_score_policy`; a batch has
+a deadline, and a batch where more than `max_failure_fraction` of the calls failed
+raises `RewardFailureError` (the run stops instead of training on error scores).
 """
 
 from __future__ import annotations
@@ -11,16 +13,24 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from rl_algos.dapo import overlong_penalty
+from rl_algos.errors import UserInputError
 from rl_algos.rewards.pool import CallResult, ScoringPool
 from rl_algos.rewards.registry import reward_for_data_source
 
-__all__ = ["OverlongBuffer", "RewardManager", "RewardOutput"]
+__all__ = [
+    "InvalidScoreError",
+    "OverlongBuffer",
+    "RewardFailureError",
+    "RewardManager",
+    "RewardOutput",
+    "ScoreLimits",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +42,28 @@ class OverlongBuffer:
     length: int
     penalty_factor: float
     max_response_length: int
+
+
+@dataclass
+class ScoreLimits:
+    """What a reward may be: scores outside [`min_score`, `max_score`] or not finite are
+    clipped (`clip`; NaN becomes `error_score`), replaced by `error_score`, or `raise`
+    `InvalidScoreError`. More than `max_failure_fraction` failed calls in one batch
+    raise `RewardFailureError`. The batch has `batch_timeout_s` seconds in all."""
+
+    min_score: float = -1e4
+    max_score: float = 1e4
+    policy: Literal["clip", "error_score", "raise"] = "clip"
+    max_failure_fraction: float = 0.5
+    batch_timeout_s: float | None = None
+
+
+class RewardFailureError(UserInputError, RuntimeError):
+    """Too many reward calls of one batch failed (the reward function is broken)."""
+
+
+class InvalidScoreError(UserInputError, ValueError):
+    """A reward function returned a score out of range (policy `raise`)."""
 
 
 @dataclass
@@ -82,7 +114,14 @@ class RewardManager:
         error_score: float = 0.0,
         data_source_key: str = "data_source",
         overlong: OverlongBuffer | None = None,
+        limits: ScoreLimits | None = None,
     ) -> None:
+        self.limits = limits or ScoreLimits()
+        if not self.limits.min_score <= float(error_score) <= self.limits.max_score:
+            raise ValueError(
+                f"error_score={error_score!r}: expected a finite number in "
+                f"[{self.limits.min_score}, {self.limits.max_score}]"
+            )
         self.tokenizer = tokenizer
         self.compute_score = compute_score
         self.error_score = float(error_score)
@@ -102,7 +141,7 @@ class RewardManager:
         non_tensor = data.non_tensor_batch
         if self.data_source_key not in non_tensor:
             raise KeyError(
-                f"the batch has no {self.data_source_key!r} field (reward.data_source_key)"
+                f"the batch has no {self.data_source_key!r} field (a data row needs a data source column)"
             )
         extra_infos = non_tensor.get("extra_info")
         calls = [
@@ -120,11 +159,17 @@ class RewardManager:
         return self.compute_score or reward_for_data_source(data_source)
 
     def _run(self, calls: list[dict[str, Any]]) -> list[CallResult]:
+        deadline = self.limits.batch_timeout_s
         if self._pool is not None:
-            return self._pool.run([(self._function(c["data_source"]), c) for c in calls])
+            functions = [(self._function(c["data_source"]), c) for c in calls]
+            return self._pool.run(functions, deadline_s=deadline)
         results = []
+        end = time.monotonic() + deadline if deadline is not None else float("inf")
         for kwargs in calls:
             start = time.monotonic()
+            if start >= end:  # in-process calls cannot be interrupted: stop starting them
+                results.append(CallResult("timeout", error="not started: batch deadline passed"))
+                continue
             try:
                 value = self._function(kwargs["data_source"])(**kwargs)
                 results.append(CallResult("ok", value=value))
@@ -134,7 +179,7 @@ class RewardManager:
         return results
 
     def _score(self, result: CallResult) -> tuple[float | None, dict[str, Any]]:
-        """(score or None if unusable, extras); turns bad return values into errors."""
+        """(score as returned or None if unusable, extras); bad return types become errors."""
         if result.status != "ok":
             return None, {}
         value = result.value
@@ -142,13 +187,33 @@ class RewardManager:
         if isinstance(value, dict):
             extras = dict(value)
             value = value.get("score")
-        if isinstance(value, (bool, int, float, np.number)) and np.isfinite(float(value)):
-            return float(value), extras
+        if isinstance(value, (bool, int, float, np.number)):
+            try:
+                return float(value), extras
+            except OverflowError:  # an int beyond float range
+                return float("inf") if value > 0 else float("-inf"), extras
         result.status, result.error = (
             "error",
-            f"returned {result.value!r}, expected a float or a dict with 'score'",
+            f"returned {str(result.value)[:80]!r} ({type(result.value).__name__}), expected a "
+            "number or a dict with a numeric 'score'",
         )
         return None, {}
+
+    def _limit(self, score: float, index: int, data_source: Any) -> tuple[float, str | None]:
+        """The score to use and what was wrong with it (None: nothing)."""
+        lo, hi = self.limits.min_score, self.limits.max_score
+        if lo <= score <= hi:
+            return score, None
+        problem = "nonfinite" if not np.isfinite(score) else "out_of_range"
+        if self.limits.policy == "raise":
+            raise InvalidScoreError(
+                f"reward for sample {index} (data_source={data_source!r}) is {score:.6g}; "
+                f"expected a finite score in [reward.min_score, reward.max_score] = [{lo}, {hi}] "
+                "(reward.invalid_score_policy=raise)"
+            )
+        if self.limits.policy == "error_score" or np.isnan(score):
+            return self.error_score, problem
+        return min(max(score, lo), hi), problem
 
     def __call__(self, data: Any) -> RewardOutput:
         """Score every sample of `data` (a DataProto with prompts, responses,
@@ -159,9 +224,24 @@ class RewardManager:
         results = self._run(calls)
         scores = torch.zeros(len(calls), dtype=torch.float32)
         extras: list[dict[str, Any]] = []
+        problems = {"nonfinite": 0, "out_of_range": 0}
         for i, result in enumerate(results):
             score, extra = self._score(result)
-            scores[i] = self.error_score if score is None else score
+            if score is None:
+                score = self.error_score
+            else:
+                score, problem = self._limit(score, i, calls[i]["data_source"])
+                if problem is not None:
+                    problems[problem] += 1
+                    logger.warning(
+                        "reward for sample %d (data_source=%r) is %r (%s); used %r",
+                        i,
+                        calls[i]["data_source"],
+                        str(result.value)[:40],
+                        problem,
+                        score,
+                    )
+            scores[i] = score
             extras.append(extra)
             if result.status != "ok":
                 logger.warning(
@@ -172,11 +252,21 @@ class RewardManager:
                     result.error,
                     self.error_score,
                 )
+        failed = [r for r in results if r.status != "ok"]
         metrics = {
             "reward/errors": float(sum(r.status == "error" for r in results)),
             "reward/timeouts": float(sum(r.status == "timeout" for r in results)),
+            "reward/nonfinite": float(problems["nonfinite"]),
+            "reward/out_of_range": float(problems["out_of_range"]),
             "reward/score_mean": float(scores.mean()) if len(calls) else 0.0,
         }
+        if calls and len(failed) / len(calls) > self.limits.max_failure_fraction:
+            raise RewardFailureError(
+                f"{len(failed)} of {len(calls)} reward calls failed "
+                f"({int(metrics['reward/errors'])} errors, {int(metrics['reward/timeouts'])} "
+                f"time-outs), more than reward.max_failure_fraction="
+                f"{self.limits.max_failure_fraction}; first: {failed[0].error}"
+            )
         if self.overlong is not None:
             penalty = overlong_penalty(
                 lengths,

@@ -119,11 +119,14 @@ class ScoringPool:
             raise RuntimeError(f"a scoring worker process failed to start: {payload}")
         worker.ready = True
 
-    def run(self, calls: list[Call]) -> list[CallResult]:
+    def run(self, calls: list[Call], deadline_s: float | None = None) -> list[CallResult]:
         """Run every `fn(**kwargs)` of `calls`. Each fn must be picklable by reference
-        (a module-level function, a functools.partial of one, a FileRewardFunction)."""
+        (a module-level function, a functools.partial of one, a FileRewardFunction).
+        After `deadline_s` seconds in all, calls still running are stopped (their workers
+        replaced) and calls not started are not run: both come back as timeouts."""
         if not calls:
             return []
+        batch_end = time.monotonic() + deadline_s if deadline_s is not None else float("inf")
         for fn, _ in calls:
             if not any(fn is known for known in self._warmup):
                 self._warmup.append(fn)
@@ -144,6 +147,7 @@ class ScoringPool:
             starting = [w for w in self._workers if not w.ready]
             deadlines = [start + self.timeout_s for _, start in busy.values()]
             deadlines += [w.started + self.startup_timeout_s for w in starting]
+            deadlines.append(batch_end)
             conns = [w.conn for w in busy] + [w.conn for w in starting]
             ready = wait(conns, timeout=max(0.0, min(deadlines) - time.monotonic()))
             now = time.monotonic()
@@ -171,15 +175,27 @@ class ScoringPool:
                     error=None if ok else payload,
                     seconds=now - start,
                 )
+            past_deadline = now >= batch_end
             for worker, (index, start) in list(busy.items()):
-                if now - start >= self.timeout_s:
+                if now - start >= self.timeout_s or past_deadline:
                     del busy[worker]
+                    limit = (
+                        f"the batch deadline of {deadline_s:g} s"
+                        if past_deadline and now - start < self.timeout_s
+                        else f"{self.timeout_s:g} s"
+                    )
                     results[index] = CallResult(
                         "timeout",
-                        error=f"timed out after {self.timeout_s:g} s (worker killed and replaced)",
+                        error=f"timed out after {limit} (worker killed and replaced)",
                         seconds=now - start,
                     )
                     self._replace(worker)
+            if past_deadline:
+                while pending:
+                    results[pending.popleft()] = CallResult(
+                        "timeout",
+                        error=f"not started within the batch deadline of {deadline_s:g} s",
+                    )
         return [r for r in results if r is not None]
 
     def close(self) -> None:

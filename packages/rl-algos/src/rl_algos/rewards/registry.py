@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_algos.errors import suggest
+from rl_algos.errors import ConfigError, suggest
 from rl_algos.rewards.user_function import FileRewardFunction
 from rl_core.registry import Registry, UnknownPluginError
 
@@ -53,8 +53,8 @@ def reward_for_data_source(data_source: str) -> RewardFn:
         known = sorted(set(REWARDS.names()) | set(DATA_SOURCE_ALIASES))
         raise ValueError(
             f"no reward function for data_source {data_source!r}; known data sources: "
-            f"{', '.join(known)}{suggest(data_source, known)} Register one in the "
-            "'rl.rewards' entry point group or set reward.custom_function.path"
+            f"{', '.join(known)}{suggest(data_source, known)} (register one in the "
+            "'rl.rewards' entry point group or set reward.function_path)"
         ) from None
 
 
@@ -77,7 +77,15 @@ def load_reward_function(
     `kwargs` are bound as keyword arguments (e.g. a format weight)."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"reward.custom_function.path: no such file {str(file)!r}")
+        raise ConfigError("reward.function_path", f"invalid value {str(path)!r}: no such file")
     fn = FileRewardFunction(file, name)
-    fn.resolve()
+    try:
+        fn.resolve()
+    except AttributeError as exc:
+        raise ConfigError("reward.function_name", f"invalid value {name!r}: {exc}") from None
+    except Exception as exc:
+        raise ConfigError(
+            "reward.function_path",
+            f"invalid value {str(path)!r}: importing it failed: {type(exc).__name__}: {exc}",
+        ) from None
     return functools.partial(fn, **kwargs) if kwargs else fn

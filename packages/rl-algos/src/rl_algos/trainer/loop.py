@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -31,8 +30,10 @@ import torch
 
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
+from rl_algos.errors import InputError, UserInputError
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
+from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
 from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
 from rl_core.protocol import DataProto
@@ -40,18 +41,37 @@ from rl_core.protocol import DataProto
 __all__ = ["RLTrainer"]
 
 log = logging.getLogger(__name__)
-CHECKPOINT_STATE = "trainer_state.json"
 
 
 class RLTrainer:
     """Runs an RL experiment described by a validated `rl_algos.config.RLConfig`."""
 
     def __init__(self, config: Any) -> None:
+        self.config = config
+        try:
+            self._prepare(config)  # no process, no Ray yet
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            if isinstance(exc, UserInputError):
+                raise
+            # everything here reads what the user gave: config, data, model, paths
+            raise InputError(f"{type(exc).__name__}: {exc}") from exc
+        self.groups: RoleGroups = start_role_groups(
+            config, self.model_path, timing=self.setup_timing
+        )
+        self.global_step = 0
+        self._train_iter = None
+
+    def _prepare(self, config: Any) -> None:
+        """Check user input and load what the driver needs: the data, the tokenizer, the
+        reward functions, the checkpoint to resume from."""
         from transformers import AutoTokenizer
 
-        from rl_algos.data import PromptDataLoader, PromptDataset
+        from rl_algos.data import PromptDataLoader
+        from rl_algos.data.dataset import DATASETS
         from rl_algos.rewards import RewardManager
+        from rl_algos.rewards.manager import ScoreLimits
         from rl_algos.trainer.model_source import resolve_model_path
+        from rl_algos.trainer.preflight import check_data_sources, check_same_tokenizer
 
         self.config = cfg = config
         # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
@@ -62,7 +82,11 @@ class RLTrainer:
         _seed_everything(cfg.trainer.seed)
         from rl_algos.config import check_plugins
 
-        check_plugins(cfg)  # engine/rollout/generator names, before any process starts
+        # Everything user input can get wrong is checked here, before Ray or a worker starts.
+        check_plugins(cfg)  # engine/rollout/generator/tool names
+        self._resume_from = find_resume_checkpoint(
+            self.output_dir / "checkpoints", cfg.trainer.resume
+        )
         with timed(setup, "data_generate"):
             _materialize_generated_task(cfg, self.output_dir)
         with timed(setup, "model_resolve"):
@@ -71,6 +95,10 @@ class RLTrainer:
                 cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
         with timed(setup, "tokenizer"):
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            if cfg.reward.model_path is not None:
+                check_same_tokenizer(
+                    self.tokenizer, AutoTokenizer.from_pretrained(cfg.reward.model_path)
+                )
 
         data = cfg.data
         common = dict(
@@ -80,34 +108,44 @@ class RLTrainer:
             apply_chat_template=data.apply_chat_template,
             chat_template_kwargs=dict(data.chat_template_kwargs),
             filter_overlong_prompts=data.filter_overlong_prompts,
+            require_ground_truth=cfg.reward.rule_based,
         )
         with timed(setup, "datasets"):
-            self.train_set = PromptDataset(list(data.train_files), name="train", **common)
+            dataset = DATASETS.get(data.dataset)
+            self.train_set = dataset(list(data.train_files), name="data.train_files", **common)
             self.train_loader = PromptDataLoader(
                 self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
             )
             self.val_set = (
-                PromptDataset(list(data.val_files), name="val", **common)
+                dataset(list(data.val_files), name="data.val_files", **common)
                 if data.val_files
                 else None
             )
+        user_function = _user_reward_function(cfg.reward)
+        if cfg.reward.rule_based and user_function is None:
+            check_data_sources(self.train_set, self.val_set)
+        rc = cfg.reward
         with timed(setup, "reward_workers"):
             self.reward = RewardManager(
                 self.tokenizer,
-                _user_reward_function(cfg.reward),
-                num_workers=cfg.reward.num_workers,
-                timeout_s=cfg.reward.timeout_s,
-                error_score=cfg.reward.error_score,
+                user_function,
+                num_workers=rc.num_workers,
+                timeout_s=rc.timeout_s,
+                error_score=rc.error_score,
                 overlong=_overlong(cfg),
+                limits=ScoreLimits(
+                    min_score=rc.min_score,
+                    max_score=rc.max_score,
+                    policy=rc.invalid_score_policy,
+                    max_failure_fraction=rc.max_failure_fraction,
+                    batch_timeout_s=rc.batch_timeout_s,
+                ),
             )
         self.kl_ctrl = None
         if cfg.algorithm.use_kl_in_reward:
             kc = cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
-        self.groups: RoleGroups = start_role_groups(cfg, self.model_path, timing=setup)
-        self.global_step = 0
-        self._train_iter = None
 
     # ------------------------------------------------------------------ dataflow
 
@@ -310,55 +348,28 @@ class RLTrainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self) -> Path:
-        """Atomically write the whole training state of this step (see `_load_checkpoint`)."""
-        root = self.output_dir / "checkpoints"
-        final = root / f"step_{self.global_step}"
-        tmp = root / f".step_{self.global_step}.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        self.groups.actor.save_checkpoint(str(tmp / "actor"))
-        if self.groups.critic is not None:
-            self.groups.critic.save_checkpoint(str(tmp / "critic"))
+        """Atomically write the whole training state of this step (rl_algos.trainer.checkpoints)."""
+
+        def write_engines(staging: Path) -> None:
+            self.groups.actor.save_checkpoint(str(staging / "actor"))
+            if self.groups.critic is not None:
+                self.groups.critic.save_checkpoint(str(staging / "critic"))
+
         state = {
             "global_step": self.global_step,
             "dataloader": self.train_loader.state_dict(),
             "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
         }
-        (tmp / CHECKPOINT_STATE).write_text(json.dumps(state, indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        latest_tmp = root / "latest.tmp"
-        latest_tmp.write_text(final.name)
-        os.replace(latest_tmp, root / "latest")  # readers never see a half-written pointer
-        keep = self.config.trainer.max_checkpoints
-        if keep:
-            steps = sorted(int(p.name.split("_")[1]) for p in root.glob("step_*"))
-            for old in steps[:-keep]:
-                shutil.rmtree(root / f"step_{old}", ignore_errors=True)
-        return final
-
-    def _resolve_resume(self, resume: str | None) -> Path | None:
-        if not resume:
-            return None
-        root = self.output_dir / "checkpoints"
-        if resume == "latest":
-            pointer = root / "latest"
-            if not pointer.exists():
-                log.info("resume=latest: no checkpoint in %s, starting fresh", root)
-                return None
-            return root / pointer.read_text().strip()
-        path = Path(resume)
-        if not (path / CHECKPOINT_STATE).is_file():
-            raise FileNotFoundError(
-                f"trainer.resume={resume!r}: not a checkpoint directory (no {CHECKPOINT_STATE}); "
-                "use 'latest' or a path like <output_dir>/checkpoints/step_N"
-            )
-        return path
+        return save_step(
+            self.output_dir / "checkpoints",
+            self.global_step,
+            write_engines,
+            state,
+            self.config.trainer.max_checkpoints,
+        )
 
     def _load_checkpoint(self, path: Path) -> None:
-        state = json.loads((path / CHECKPOINT_STATE).read_text())
+        state = read_state(path)
         self.groups.actor.load_checkpoint(str(path / "actor"))
         if self.groups.critic is not None:
             self.groups.critic.load_checkpoint(str(path / "critic"))
@@ -374,7 +385,7 @@ class RLTrainer:
     def fit(self) -> list[dict[str, float]]:
         """Train for ``trainer.total_steps``; returns every step's metrics."""
         cfg = self.config
-        resume_from = self._resolve_resume(cfg.trainer.resume)
+        resume_from = self._resume_from  # verified before the workers started
         if resume_from is not None:
             self._load_checkpoint(resume_from)
             log.info("resumed from %s at step %d", resume_from, self.global_step)
@@ -449,17 +460,49 @@ def _divisible(batch: DataProto, dp_size: int) -> DataProto:
 
 
 def _materialize_generated_task(cfg: Any, output_dir: Path) -> None:
-    """Write ``data.generate``'s task once and point the data files at it."""
+    """Write ``data.generate``'s task and point the data files at it. The options are
+    recorded beside the files (``generate.json``): data written with other options is
+    regenerated, or, when resuming (the checkpoint's data order refers to it), refused."""
     gen = cfg.data.generate
     if gen.task is None:
         return
     from rl_algos.data import write_task
+    from rl_algos.errors import ConfigError
 
     out = output_dir / "data" / gen.task
-    train, test = out / "train.parquet", out / "test.parquet"
-    if not (train.exists() and test.exists()):
-        options = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(gen.options).items()}
-        write_task(gen.task, out, gen.train_size, gen.test_size, gen.seed, **options)
+    train, test, record = out / "train.parquet", out / "test.parquet", out / "generate.json"
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(gen.options).items()}
+    wanted = json.loads(
+        json.dumps(
+            {
+                "task": gen.task,
+                "train_size": gen.train_size,
+                "test_size": gen.test_size,
+                "seed": gen.seed,
+                "options": options,
+            },
+            sort_keys=True,
+        )
+    )
+    have = json.loads(record.read_text()) if record.is_file() else None
+    if not (train.exists() and test.exists() and have == wanted):
+        if have is not None and cfg.trainer.resume:
+            changed = sorted(k for k in wanted if have.get(k) != wanted[k])
+            raise ConfigError(
+                f"data.generate.{changed[0]}" if changed else "data.generate",
+                f"differs from the data this run was trained on ({out}: {have}); expected the "
+                "same data.generate settings when resuming (or a new trainer.output_dir)",
+            )
+        if have is not None:
+            log.warning("data.generate changed (%s -> %s): regenerating %s", have, wanted, out)
+        record.unlink(missing_ok=True)
+        try:
+            write_task(gen.task, out, gen.train_size, gen.test_size, gen.seed, **options)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("data.generate.options", f"invalid value {options}: {exc}") from None
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(wanted, indent=1, sort_keys=True))
+        os.replace(tmp, record)  # written last: files without it are regenerated
     cfg.data.train_files = [str(train)]
     if not cfg.data.val_files:
         cfg.data.val_files = [str(test)]

@@ -31,7 +31,7 @@ from rl_core.protocol import DataProto
 from rl_core.rollout import RolloutConfig, build_rollout_engine, build_sequence_generator
 from rl_core.single_controller import Dispatch, Worker, register
 
-__all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker"]
+__all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker", "score_on_last_token"]
 
 
 def _metrics_proto(metrics: dict[str, float], rank: int) -> DataProto:
@@ -281,9 +281,19 @@ class RewardModelWorker(Worker):
         values = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0).batch[
             "values"
         ]
-        mask = batch.batch["response_mask"]
-        last = (mask.sum(-1) - 1).clamp(min=0).long()
-        scores = torch.zeros_like(values)
-        rows = torch.arange(len(values))
-        scores[rows, last] = values[rows, last] * (mask.sum(-1) > 0).to(values.dtype)
-        return DataProto.from_dict({"rm_scores": scores})
+        return DataProto.from_dict({"rm_scores": score_on_last_token(values, batch)})
+
+
+def score_on_last_token(values: torch.Tensor, batch: DataProto) -> torch.Tensor:
+    """[B, R] zeros with each row's value at its last response token, found by the
+    attention mask (in multi-turn rollouts `response_mask` is 0 on tool tokens, so
+    counting it would land mid-response); rows with no response score 0."""
+    width = values.shape[-1]
+    attention = batch.batch["attention_mask"][:, -width:].to(torch.long)
+    positions = torch.arange(width, device=attention.device).expand_as(attention)
+    last = (positions * attention).argmax(-1)
+    has_response = attention.sum(-1) > 0
+    scores = torch.zeros_like(values)
+    rows = torch.arange(len(values))
+    scores[rows, last] = values[rows, last] * has_response.to(values.dtype)
+    return scores

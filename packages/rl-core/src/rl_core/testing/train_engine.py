@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from typing import Any, ClassVar
 
 import pytest
 import torch
 
+from rl_core.checkpoint import CheckpointCorruptError, staging_path, verify_manifest
 from rl_core.engine import EngineConfig, LossContext, TrainEngine, build_engine
 from rl_core.protocol import DataProto
 from rl_core.testing.spawn import SpawnRunner
@@ -332,7 +334,12 @@ def check_save_load(spec: dict[str, Any]) -> None:
     for b in batches[:2]:
         first.train_batch(_shard(b, first), loss_fn)
     first.save(path)
-    assert not os.path.exists(path + ".partial") and os.path.isdir(path)
+    # rl_core.checkpoint's contract: published atomically, with a manifest that verifies
+    assert not os.path.exists(staging_path(path)) and os.path.isdir(path)
+    manifest = verify_manifest(path)
+    assert manifest["files"], manifest
+    first.save(path)  # a re-save of the same path replaces it and still verifies
+    assert verify_manifest(path)["files"].keys() == manifest["files"].keys()
     expected = [first.train_batch(_shard(b, first), loss_fn) for b in batches[2:]]
     expected_w = _weights(first)
     first.close()
@@ -346,6 +353,23 @@ def check_save_load(spec: dict[str, Any]) -> None:
             assert m1[key] == m2[key], (key, m1[key], m2[key])
     for name in expected_w:
         assert torch.equal(expected_w[name], got_w[name]), name
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    second.close()
+    # a corrupted file (the largest: model/optimizer data) is refused with its name; rank 0
+    # corrupts it before building its engine, so no rank loads before it is corrupted
+    victim = max(manifest["files"], key=lambda name: manifest["files"][name]["size"])
+    if rank == 0:
+        with open(os.path.join(path, victim), "r+b") as f:
+            f.seek(manifest["files"][victim]["size"] // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    third = build_engine(spec["engine"], cfg)
+    try:
+        with pytest.raises(CheckpointCorruptError, match=re.escape(victim)):
+            third.load(path)
+    finally:
+        third.close()
 
 
 def check_export(spec: dict[str, Any]) -> None:

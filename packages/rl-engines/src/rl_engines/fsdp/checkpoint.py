@@ -4,12 +4,18 @@ Layout of a checkpoint directory::
 
     <path>/                 DCP files: model and optimizer state, each rank its shards
     <path>/extra_rank{r}.pt step, LR scheduler, RNG states of rank r
-    <path>/meta.json        world size, data-parallel layout, step (written last)
+    <path>/meta.json        world size, data-parallel layout, step
+    <path>/manifest.json    sizes and sha256 of every file above (written last)
 
-Everything is written into ``<path>.partial`` and renamed to ``<path>`` only after every
-rank finished (a crash leaves the previous checkpoint intact, never a half-written one).
-Paths must be on a file system every rank sees. Loading into a different world size works
-for model and optimizer (DCP reshards); the RNG states are then taken from rank 0's file.
+The rules are rl-core's checkpoint contract (`rl_core.checkpoint`): every rank writes into
+a staging directory next to ``<path>``; after a barrier rank 0 fsyncs it, writes the
+manifest and publishes it atomically (an existing ``<path>`` is exchanged, never deleted
+first), so ``<path>`` is at every instant the old complete checkpoint or the new one.
+Loading verifies the manifest first (rank 0, the verdict is broadcast): a truncated or
+corrupt file raises `CheckpointCorruptError` naming it. Per-rank state is read with
+``torch.load(weights_only=True)``. Paths must be on a file system every rank sees.
+Loading into a different world size works for model and optimizer (DCP reshards); the
+RNG states are then taken from rank 0's file.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 from typing import Any
 
 import numpy as np
@@ -25,8 +30,19 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rl_core.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointError,
+    describe_write_failure,
+    discard_staging,
+    publish,
+    staging_path,
+    verify_manifest,
+    write_manifest,
+)
 from rl_core.platform import get_platform
 
 __all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
@@ -35,10 +51,12 @@ META = "meta.json"
 
 
 def rng_state() -> dict[str, Any]:
-    """Host and device RNG states (the device's through the platform)."""
+    """Host and device RNG states (the device's through the platform), as tensors and
+    plain values (loadable with weights_only=True)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
         "python": random.getstate(),
     }
     device_state = get_platform().get_rng_state()
@@ -49,7 +67,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])
     if "device" in state:
         get_platform().set_rng_state(state["device"])
@@ -59,6 +78,22 @@ def _rank_error(what: str, path: str, exc: BaseException) -> RuntimeError:
     return RuntimeError(f"rank {dist.get_rank()}: {what} {path!r} failed: {exc}")
 
 
+def _dcp_cause(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException."""
+    failures = getattr(exc, "failures", None) if isinstance(exc, CheckpointException) else None
+    if failures:
+        first = failures[min(failures)]
+        return first[0] if isinstance(first, tuple) else first
+    return exc
+
+
+def _broadcast_error(error: str | None) -> str | None:
+    """Rank 0's error text (or None) on every rank."""
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def save_checkpoint(
     path: str,
     model: nn.Module,
@@ -66,45 +101,72 @@ def save_checkpoint(
     extra: dict[str, Any],
     meta: dict[str, Any],
 ) -> None:
-    """Collective: write model/optimizer shards and per-rank ``extra`` atomically to ``path``."""
+    """Collective: write model/optimizer shards and per-rank ``extra`` atomically to ``path``.
+
+    A failure on any rank (e.g. a full disk) removes the staging directory, leaves an
+    existing checkpoint at ``path`` untouched and raises `CheckpointError` on every rank."""
     path = os.path.abspath(path.rstrip("/"))
-    partial = path + ".partial"
+    partial = str(staging_path(path))
     rank = dist.get_rank()
+    error = None
     if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-    dist.barrier()
-    try:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
-        torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
-    except Exception as exc:
-        raise _rank_error("saving checkpoint", path, exc) from exc
-    dist.barrier()
-    if rank == 0:
-        with open(os.path.join(partial, META), "w") as f:
-            json.dump({**meta, "world_size": dist.get_world_size()}, f, indent=1)
-        old = path + ".old"
-        if os.path.exists(path):
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(path, old)
-        os.rename(partial, path)
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            discard_staging(path)
+            os.makedirs(partial)
+        except OSError as exc:
+            error = f"rank 0: creating {partial!r} failed: {exc}"
+    error = _broadcast_error(error)
+    if error is None:
+        try:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
+            torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
+            local_ok = 1
+        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+            local_ok = 0
+            local_error = f"rank {rank}: {describe_write_failure(partial, _dcp_cause(exc))}"
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.int64)
+        flags[rank] = 1 - local_ok
+        dist.all_reduce(flags)  # which ranks failed
+        if flags.any():
+            bad = [int(r) for r in flags.nonzero().flatten()]
+            error = local_error if not local_ok else f"rank(s) {bad} failed to write their shards"
+        elif rank == 0:
+            try:
+                with open(os.path.join(partial, META), "w") as f:
+                    json.dump({**meta, "world_size": dist.get_world_size()}, f, indent=1)
+                write_manifest(partial, {"engine": meta.get("engine")})
+                publish(partial, path)
+            except Exception as exc:
+                error = f"rank 0: {describe_write_failure(partial, exc)}"
+        if not flags.any():
+            error = _broadcast_error(error)
+    if error is not None:
+        if rank == 0:
+            discard_staging(path)
+        dist.barrier()
+        kept = "the previous checkpoint there is intact" if os.path.isdir(path) else "nothing"
+        raise CheckpointError(f"saving checkpoint {path!r} failed: {error} ({kept} was kept)")
     dist.barrier()
 
 
 def load_checkpoint(
     path: str, model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Collective: restore model and optimizer from ``path``; return (extra, meta)."""
+    """Collective: verify ``path``'s manifest, restore model and optimizer from it; return
+    (extra, meta). A bad checkpoint raises `CheckpointCorruptError` on every rank."""
     path = os.path.abspath(path.rstrip("/"))
-    meta_file = os.path.join(path, META)
-    if not os.path.isfile(meta_file):
-        raise FileNotFoundError(
-            f"rank {dist.get_rank()}: {path!r} is not a complete checkpoint (no {META}): "
-            "expected a directory written by TrainEngine.save"
-        )
-    with open(meta_file) as f:
+    rank = dist.get_rank()
+    verdict = None
+    if rank == 0:
+        try:
+            verify_manifest(path)
+        except CheckpointCorruptError as exc:
+            verdict = json.dumps([exc.path, exc.file, exc.reason])
+    verdict = _broadcast_error(verdict)
+    if verdict is not None:
+        raise CheckpointCorruptError(*json.loads(verdict))
+    with open(os.path.join(path, META)) as f:
         meta = json.load(f)
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -113,12 +175,14 @@ def load_checkpoint(
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
         raise _rank_error("loading checkpoint", path, exc) from exc
-    rank = dist.get_rank()
     same_world = meta.get("world_size") == dist.get_world_size()
     extra_file = os.path.join(path, f"extra_rank{rank if same_world else 0}.pt")
-    extra = torch.load(extra_file, weights_only=False)
+    try:
+        extra = torch.load(extra_file, weights_only=True)
+    except Exception as exc:
+        raise _rank_error("loading", extra_file, exc) from exc
     if not same_world:
         extra.pop("rng", None)
     return extra, meta
