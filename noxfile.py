@@ -208,6 +208,6 @@ nox.options.sessions = [
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
     "tests-faults",  # fault injection, budget ~4 minutes on 2 CPUs
-    "third-party-engine",  # ~3 minutes on 2 CPUs (one-process engine, 32 conformance cases)
+    "third-party-engine",  # 32 conformance cases, one process: 12 min on the loaded shared dev box
     "build",
 ]
