@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -105,6 +105,9 @@ class TrainEngine(ABC):
     """
 
     config: EngineConfig
+    #: Whether `load` restores a checkpoint written at another world size (the
+    #: conformance suite then checks 2 -> 1 ranks; otherwise such a load must raise).
+    supports_resharding: ClassVar[bool] = False
 
     @property
     @abstractmethod

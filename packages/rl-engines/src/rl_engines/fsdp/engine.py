@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -148,6 +148,8 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 class FSDPEngine(TrainEngine):
     """FSDP2 training engine for Hugging Face causal LMs and value models."""
+
+    supports_resharding: ClassVar[bool] = True  # torch.distributed.checkpoint reshards
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
