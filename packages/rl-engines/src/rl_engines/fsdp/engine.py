@@ -31,6 +31,7 @@ from rl_core.engine import (
     TrainEngine,
     check_batch,
     check_outputs,
+    iter_layer_buckets,
     local_micro_batch_count,
     split_micro_batches,
 )
@@ -349,9 +350,13 @@ class FSDPEngine(TrainEngine):
         self._require_onloaded("export_weights")
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected an integer >= 1")
+        # whole layers per bucket (rl-core's one bucketing helper): a fused parameter of the
+        # rollout engine (qkv, gate_up) never straddles two buckets
+        yield from iter_layer_buckets(self._full_weights(dtype), bucket_bytes)
+
+    def _full_weights(self, dtype: Any) -> Iterator[tuple[str, Tensor]]:
+        """(name, full tensor) pairs, gathered one at a time (a collective on every rank)."""
         seen: set[int] = set()
-        bucket: list[tuple[str, Tensor]] = []
-        size = 0
         for name, value in self.model.state_dict().items():
             if id(value) in seen or (self.tied_embeddings and name == "lm_head.weight"):
                 continue  # tied weights are exported once, under the input embedding's name
@@ -360,15 +365,7 @@ class FSDPEngine(TrainEngine):
                 full = value.to(self.device).full_tensor()  # CPU-offloaded shards too
             else:
                 full = value
-            full = full.detach().to(dtype) if dtype is not None else full.detach()
-            nbytes = full.numel() * full.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, full))
-            size += nbytes
-        if bucket:
-            yield bucket
+            yield name, (full.detach().to(dtype) if dtype is not None else full.detach())
 
     # ---- checkpoints --------------------------------------------------------------
     def save(self, path: str) -> None:
