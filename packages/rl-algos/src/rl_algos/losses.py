@@ -62,6 +62,10 @@ class PolicyLossConfig:
     tis_cap: truncated importance sampling against the rollout engine's log-probs: each
         token's loss is weighted by min(exp(old_log_prob - rollout_log_prob), tis_cap)
         (None: off).
+    behav_imp_weight_cap: decoupled PPO (AReaL): the clip stays around the proximal policy
+        (``old_log_prob``, recomputed by the trainer) and each token's loss is weighted by
+        the behaviour weight exp(old_log_prob - rollout_log_prob); tokens whose weight
+        exceeds the cap are dropped (None: off). Set from ``async.correction``.
     """
 
     name: str = "ppo"
@@ -74,6 +78,7 @@ class PolicyLossConfig:
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "k3"
     tis_cap: float | None = None
+    behav_imp_weight_cap: float | None = None
 
     def __post_init__(self) -> None:
         check_field(
@@ -99,16 +104,46 @@ class PolicyLossConfig:
         check_field(
             self.tis_cap is None or self.tis_cap > 0, "tis_cap", self.tis_cap, "> 0 or null"
         )
+        check_field(
+            self.behav_imp_weight_cap is None or self.behav_imp_weight_cap > 1,
+            "behav_imp_weight_cap",
+            self.behav_imp_weight_cap,
+            "> 1 or null",
+        )
+        check_field(
+            self.tis_cap is None or self.behav_imp_weight_cap is None,
+            "behav_imp_weight_cap",
+            self.behav_imp_weight_cap,
+            "null when tis_cap is set (one off-policy correction)",
+        )
 
 
-def _tis_weights(
-    old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, cap: float | None
+def _off_policy_weights(
+    old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, config: PolicyLossConfig
 ) -> torch.Tensor | None:
+    """Per-token weights of the off-policy correction: truncated IS, min(w, tis_cap), or
+    decoupled PPO's behaviour weight, w where w <= cap and 0 where it exceeds the cap;
+    w = pi_old / pi_rollout. None when neither is configured."""
+    cap = config.tis_cap if config.tis_cap is not None else config.behav_imp_weight_cap
     if cap is None:
         return None
     if rollout_log_probs is None:
-        raise ValueError("loss.tis_cap is set but the batch has no 'rollout_log_probs'")
-    return torch.exp(old_log_prob - rollout_log_probs).clamp(max=cap).detach()
+        raise ValueError("an off-policy correction is set but the batch has no 'rollout_log_probs'")
+    weights = torch.exp((old_log_prob - rollout_log_probs).clamp(-20.0, 20.0)).detach()
+    if config.tis_cap is not None:
+        return weights.clamp(max=cap)
+    return torch.where(weights <= cap, weights, torch.zeros_like(weights))
+
+
+def _weight_metrics(
+    weights: torch.Tensor, mask: torch.Tensor, scale: LossScale, config: PolicyLossConfig
+) -> dict[str, float]:
+    if config.tis_cap is not None:
+        return {"actor/tis_weight": _partial(weights, mask, scale)}
+    return {
+        "actor/behav_imp_weight": _partial(weights, mask, scale),
+        "actor/behav_imp_weight_dropped": _partial((weights == 0).float(), mask, scale),
+    }
 
 
 def _partial(value: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> float:
@@ -136,7 +171,7 @@ def compute_ppo_policy_loss(
     clip_loss = torch.maximum(loss_unclipped, loss_clipped)
     dual_bound = -advantages * config.clip_ratio_c
     pg_losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -148,7 +183,7 @@ def compute_ppo_policy_loss(
         "actor/ppo_kl": _partial(-log_ratio, mask, scale),
     }
     if weights is not None:
-        metrics["actor/tis_weight"] = _partial(weights, mask, scale)
+        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -177,7 +212,7 @@ def compute_gspo_policy_loss(
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -187,7 +222,7 @@ def compute_gspo_policy_loss(
         "actor/ppo_kl": _partial(-log_ratio, mask, scale),
     }
     if weights is not None:
-        metrics["actor/tis_weight"] = _partial(weights, mask, scale)
+        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -257,8 +292,8 @@ def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
         scale = LossScale.from_context(ctx, config.agg_norm_constant)
         log_prob = outputs["log_probs"]
         rollout = None
-        if config.tis_cap is not None:
-            rollout = _field(batch, "rollout_log_probs", "loss.tis_cap")
+        if config.tis_cap is not None or config.behav_imp_weight_cap is not None:
+            rollout = _field(batch, "rollout_log_probs", "the off-policy correction")
         loss, metrics = policy_loss(
             log_prob=log_prob,
             old_log_prob=_field(batch, "old_log_probs", "the importance ratio"),

@@ -6,6 +6,9 @@
   (one Ray actor per process hosts all roles; the hybrid engine);
 * ``split``: the critic gets its own pool of ``trainer.critic_workers`` processes.
 
+``rollout.placement`` (see `rl_algos.trainer.rollout_client`): ``colocated`` puts a rollout
+engine into every actor worker; ``split`` and ``remote`` leave the actor workers without one.
+
 ``trainer.backend``: ``ray`` (the default; embedded, or the cluster at ``RAY_ADDRESS``)
 or ``local`` (one in-process worker, for debugging).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +31,13 @@ from rl_core.single_controller import (
     create_colocated_worker_cls,
 )
 
-__all__ = ["RoleGroups", "actor_worker_config", "critic_worker_config", "start_role_groups"]
+__all__ = [
+    "RoleGroups",
+    "actor_worker_config",
+    "critic_worker_config",
+    "rollout_generator_config",
+    "start_role_groups",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +55,7 @@ class RoleGroups:
 
     def shutdown(self) -> None:
         try:
-            self.actor.shutdown_rollout()
+            self.actor.shutdown_rollout()  # colocated engines (a no-op elsewhere)
         except Exception as exc:  # the group may already be gone
             log.warning("rollout shutdown failed: %s", exc)
         for group in (self.actor, self.critic, self.reward_model):
@@ -97,48 +107,67 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     if uses_reference:
         ref = _engine_config(cfg.actor, model, cfg, total_updates)
         ref["optim"]["lr"] = 0.0  # never stepped: only infer_batch is called
-    rollout = cfg.rollout
     return {
         "engine": cfg.actor.engine,
         "engine_config": _engine_config(cfg.actor, model, cfg, total_updates),
         "ref": ref,
-        "generator": rollout.generator,
-        "rollout": {
-            "rollout": {
-                "model_path": model_path,
-                "backend": rollout.backend,
-                "dtype": cfg.model.dtype,
-                "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
-                "seed": cfg.trainer.seed,
-                "tensor_parallel_size": rollout.tensor_parallel_size,
-                "gpu_memory_utilization": rollout.gpu_memory_utilization,
-                "engine_kwargs": dict(rollout.engine_kwargs),
-            },
-            "mode": "local",
-            "agent_loop": rollout.agent_loop,
-            "loop": {
-                "response_length": cfg.data.max_response_length,
-                "max_turns": rollout.max_turns,
-                "max_parallel_calls": rollout.max_parallel_calls,
-                "max_tool_response_tokens": rollout.max_tool_response_tokens,
-            },
-            "sampling": {
-                "temperature": rollout.temperature,
-                "top_p": rollout.top_p,
-                "top_k": rollout.top_k,
-                "max_tokens": cfg.data.max_response_length,
-                "stop_token_ids": list(rollout.stop_token_ids),
-            },
-            "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
-            "pad_token_id": pad_token_id,
-            "request_timeout_s": cfg.trainer.call_timeout_s,
-        },
+        "generator": cfg.rollout.generator,
+        "rollout": rollout_generator_config(cfg, model_path, pad_token_id),
+        "colocated_rollout": cfg.rollout.placement == "colocated",
         "loss": loss,
         "mini_batch_size": cfg.actor.mini_batch_size * n,
         "epochs": cfg.actor.epochs,
         "offload_when_generating": cfg.actor.offload_when_generating,
         "seed": cfg.trainer.seed,
     }
+
+
+def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
+    """The sequence generator's config mapping: local (one engine inside each actor
+    worker) for the colocated placement, a Ray rollout pool for split, servers for remote."""
+    rollout = cfg.rollout
+    config: dict[str, Any] = {
+        "rollout": {
+            "model_path": model_path,
+            "backend": rollout.backend,
+            "dtype": cfg.model.dtype,
+            "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
+            "seed": cfg.trainer.seed,
+            "tensor_parallel_size": rollout.tensor_parallel_size,
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "engine_kwargs": dict(rollout.engine_kwargs),
+        },
+        "mode": "local",
+        "agent_loop": rollout.agent_loop,
+        "loop": {
+            "response_length": cfg.data.max_response_length,
+            "max_turns": rollout.max_turns,
+            "max_parallel_calls": rollout.max_parallel_calls,
+            "max_tool_response_tokens": rollout.max_tool_response_tokens,
+        },
+        "sampling": {
+            "temperature": rollout.temperature,
+            "top_p": rollout.top_p,
+            "top_k": rollout.top_k,
+            "max_tokens": cfg.data.max_response_length,
+            "stop_token_ids": list(rollout.stop_token_ids),
+        },
+        "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
+        "pad_token_id": pad_token_id,
+        "request_timeout_s": cfg.trainer.call_timeout_s,
+    }
+    if rollout.placement == "split":
+        config.update(
+            mode="ray",
+            num_replicas=rollout.num_replicas,
+            num_cpus_per_replica=rollout.cpus_per_replica,
+            num_gpus_per_replica=rollout.gpus_per_replica,
+        )
+    elif rollout.placement == "remote":
+        config.update(
+            mode="remote", remote_urls=list(rollout.remote_urls), remote_model=rollout.remote_model
+        )
+    return config
 
 
 def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
@@ -204,7 +233,11 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         from rl_core.single_controller.ray import RayWorkerGroup
 
         if not ray.is_initialized():
-            _init_ray(trainer.ray_num_cpus)
+            num_cpus = trainer.ray_num_cpus
+            if num_cpus is not None and cfg.rollout.placement == "split":
+                # the rollout pool's actors come on top of the training workers
+                num_cpus += math.ceil(cfg.rollout.num_replicas * cfg.rollout.cpus_per_replica)
+            _init_ray(num_cpus)
             owned_ray = True
         pool = ResourcePool(
             [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker

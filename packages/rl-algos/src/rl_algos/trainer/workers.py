@@ -1,9 +1,10 @@
 """Role workers: the SPMD processes the trainer drives through worker groups.
 
 * `ActorRolloutWorker`: the hybrid engine: a training engine (the actor), a rollout engine
-  with its sequence generator, and optionally the reference model, in one process.
-  Weights move trainer -> rollout in process (`sync_weights`), the training state can be
-  offloaded while generating.
+  with its sequence generator (colocated placement only), and optionally the reference
+  model, in one process. Weights move trainer -> rollout in process (`sync_weights`) or,
+  with a rollout pool of its own (split placement), to that pool's actors (`push_weights`);
+  either way one update session per sync, in whole-layer buckets.
 * `CriticWorker`: a value model (PPO's critic).
 * `RewardModelWorker`: a scalar-head model that scores whole responses (RLHF-style).
 
@@ -113,8 +114,8 @@ class ActorRolloutWorker(_TrainedRole):
     ``config`` keys: ``engine`` (name), ``engine_config`` (EngineConfig dict), ``ref``
     (EngineConfig dict or None), ``generator`` (name), ``rollout`` (the generator's config
     mapping; its ``rollout`` entry is the RolloutConfig), ``loss`` (PolicyLossConfig dict),
-    ``mini_batch_size``, ``epochs``, ``offload_when_generating`` and
-    ``weight_bucket_bytes``.
+    ``mini_batch_size``, ``epochs``, ``offload_when_generating``, ``weight_bucket_bytes``
+    and ``colocated_rollout`` (False: the rollout runs elsewhere, no engine here).
     """
 
     prefix = "actor"
@@ -130,6 +131,9 @@ class ActorRolloutWorker(_TrainedRole):
         self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
         if cfg.get("ref") is not None:
             self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
+        self.loss_fn = make_actor_loss_fn(PolicyLossConfig(**cfg["loss"]))
+        if not cfg.get("colocated_rollout", True):
+            return  # split/remote placement: the rollout lives outside this process
         from transformers import AutoTokenizer
 
         rollout_cfg = dict(cfg["rollout"]["rollout"])
@@ -139,8 +143,7 @@ class ActorRolloutWorker(_TrainedRole):
         self.generator = build_sequence_generator(
             cfg["generator"], cfg["rollout"], tokenizer=tokenizer, engine=engine
         )
-        self.loss_fn = make_actor_loss_fn(PolicyLossConfig(**cfg["loss"]))
-        self.sync_weights()  # the rollout starts from exactly the actor's weights
+        self.sync_weights(0)  # the rollout starts from exactly the actor's weights
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, batch: DataProto) -> DataProto:
@@ -174,19 +177,33 @@ class ActorRolloutWorker(_TrainedRole):
     def update_actor(self, batch: DataProto) -> DataProto:
         return self._update(batch, self.loss_fn)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sync_weights(self) -> float:
-        """Full weights from the training engine into this process's rollout engine."""
-        start = time.perf_counter()
+    def _buckets(self) -> Any:
         bucket_bytes = int(self.config.get("weight_bucket_bytes", 256 * 1024 * 1024))
-        for bucket in self.engine.export_weights(bucket_bytes=bucket_bytes):
-            self.generator.update_weights(bucket)
+        return self.engine.export_weights(bucket_bytes=bucket_bytes)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_weights(self, version: int | None = None) -> float:
+        """Full weights from the training engine into this process's rollout engine: one
+        update session (``version``: the policy version they are)."""
+        start = time.perf_counter()
+        self.generator.update_weights(
+            (pair for bucket in self._buckets() for pair in bucket), version
+        )
         return time.perf_counter() - start
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.engine.load(path)
-        self.sync_weights()
+    def push_weights(self, sender: Any, version: int) -> float:
+        """Full weights to a rollout pool in other processes (split placement): every rank
+        takes part in the gather, rank 0 sends each bucket through ``sender`` (the
+        generator's `weight_sender`: one session per replica, bounded in flight)."""
+        start = time.perf_counter()
+        buckets = self._buckets()
+        if self.rank == 0:
+            sender(buckets, version)
+        else:
+            for _ in buckets:  # the gather is collective: consume in lockstep
+                pass
+        return time.perf_counter() - start
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_rollout(self) -> None:
