@@ -151,9 +151,10 @@ def staleness_metrics(batch: DataProto, version: int, max_staleness: int) -> dic
     """Staleness histogram/mean/max, partial-rollout share and importance-ratio stats of a
     batch trained with weights of `version`. Raises if a sample is staler than allowed."""
     t = batch.batch
+    keys = set(t.keys())  # older TensorDicts refuse `key in td`
     start = int(batch.meta_info.get("rollout_version", version))
     rows = len(batch)
-    if "policy_version" in t.keys():
+    if "policy_version" in keys:
         oldest = t["policy_version"].clone()
         oldest[oldest < 0] = start  # rows without policy tokens
     else:
@@ -172,13 +173,13 @@ def staleness_metrics(batch: DataProto, version: int, max_staleness: int) -> dic
     }
     for k in range(max_staleness + 1):
         metrics[f"async/staleness/hist_{k}"] = float((staleness == k).float().mean())
-    if "rollout_weight_versions" in t.keys():
+    if "rollout_weight_versions" in keys:
         versions = t["rollout_weight_versions"]
         mask = versions >= 0
         newest = versions.masked_fill(~mask, -1).max(dim=1).values
         partial = (newest > t["policy_version"]) & (t["policy_version"] >= 0)
         metrics["async/partial_rollout_frac"] = float(partial.float().mean())
-    if "old_log_probs" in t.keys() and "rollout_log_probs" in t.keys():
+    if "old_log_probs" in keys and "rollout_log_probs" in keys:
         mask = t["response_mask"].bool()
         if mask.any():
             log_ratio = (t["old_log_probs"] - t["rollout_log_probs"])[mask].double()
@@ -212,7 +213,7 @@ def save_batches(batches: list[DataProto], directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     index = []
     for i, batch in enumerate(batches):
-        tensors = {k: batch.batch[k].clone() for k in batch.batch.keys()}
+        tensors = {k: batch.batch[k].clone() for k in set(batch.batch.keys())}
         torch.save(tensors, directory / f"batch_{i}.pt")
         index.append(
             {
