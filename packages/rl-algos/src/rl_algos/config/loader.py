@@ -41,7 +41,12 @@ AGENT_LOOPS: Registry[Any] = Registry("rl.agent_loops", kind="agent loop")
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 
 
+_SECTION_ALIASES = {"async": "async_"}  # YAML section -> field (a Python keyword)
+_YAML_NAMES = {v: k for k, v in _SECTION_ALIASES.items()}
+
+
 def _join(path: str, key: str) -> str:
+    key = _YAML_NAMES.get(key, key) if not path else key
     return f"{path}.{key}" if path else key
 
 
@@ -81,6 +86,8 @@ _TYPE_WORDS = {"Float": "a number", "Integer": "an integer", "Boolean": "true or
 
 def _from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
     key = str(getattr(exc, "full_key", "") or "")
+    head, _, rest = key.partition(".")
+    key = ".".join(filter(None, [_YAML_NAMES.get(head, head), rest]))
     value = getattr(exc, "value", None)
     message = str(getattr(exc, "msg", None) or exc).split("\n")[0]
     choices = re.search(r"expected one of \[(.*)\]", message)
@@ -253,7 +260,6 @@ def _overrides(items: Sequence[str]) -> DictConfig:
         raise ConfigError("", f"could not parse the overrides {list(items)}: {exc}") from None
 
 
-_SECTION_ALIASES = {"async": "async_"}  # YAML section -> field (a Python keyword)
 
 
 def _python_names(merged: DictConfig) -> DictConfig:
