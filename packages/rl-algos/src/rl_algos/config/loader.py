@@ -260,8 +260,6 @@ def _overrides(items: Sequence[str]) -> DictConfig:
         raise ConfigError("", f"could not parse the overrides {list(items)}: {exc}") from None
 
 
-
-
 def _python_names(merged: DictConfig) -> DictConfig:
     """Rename sections whose YAML name is a Python keyword (``async`` -> ``async_``)."""
     data = OmegaConf.to_container(merged, resolve=False)
