@@ -52,6 +52,26 @@ def test_vllm_engine_args_from_rollout_config():
     assert "enable_chunked_prefill" not in args
 
 
+def test_vllm_engine_args_select_the_native_weight_transfer_backend():
+    config = RolloutConfig(
+        model_path="/m", backend="vllm", engine_kwargs={"weight_transfer": "nccl"}
+    )
+    assert "weight_transfer_config" not in vllm_engine_args(config, False)  # files (CPU)
+    for backend in ("ipc", "nccl"):
+        args = vllm_engine_args(config, False, transfer=backend)
+        assert args["weight_transfer_config"] == {"backend": backend}
+        assert "weight_transfer" not in args  # our option, not vLLM's
+
+
+def test_vllm_ipc_update_info_names_dtypes_shapes_and_checks_the_device():
+    import torch
+
+    from rl_rollout.backends.vllm_engine import ipc_update_info
+
+    with pytest.raises(ValueError, match=r"'w' is on cpu; expected a tensor on the rollout's cuda"):
+        ipc_update_info([("w", torch.zeros(2, 3))], "GPU-0", "cuda")
+
+
 def test_vllm_engine_args_on_cpu_turn_chunked_prefill_off(tmp_path):
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 16384}')
     config = RolloutConfig(model_path=str(tmp_path), backend="vllm")

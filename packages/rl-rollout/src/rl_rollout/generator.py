@@ -93,12 +93,18 @@ class AgentLoopGenerator(SequenceGenerator):
         """One update session per replica, streamed in whole-layer buckets (bounded memory)."""
         self.manager.update_weights(iter_layer_buckets(weights, self.bucket_bytes), version)
 
-    def weight_sender(self) -> RayPoolSender | None:
+    def weight_sender(self) -> Any:
         """Split placement (``mode="ray"``): a picklable sender to the rollout pool's
         actors, for the trainer's rank 0; None otherwise (weights load in process)."""
-        if self.manager.config.mode != "ray":
+        config = self.manager.config
+        if config.mode != "ray":
             return None
-        return RayPoolSender(self.manager.weight_receivers(), self.manager.config.request_timeout_s)
+        receivers, timeout = self.manager.weight_receivers(), config.request_timeout_s
+        if config.rollout.engine_kwargs.get("weight_transfer") == "nccl":  # vllm, GPU
+            from rl_rollout.backends.vllm_transfer import VLLMNcclSender
+
+            return VLLMNcclSender(receivers, config.rollout.tensor_parallel_size, timeout)
+        return RayPoolSender(receivers, timeout)
 
     def sleep(self, level: int = 1) -> None:
         self.manager.sleep(level)

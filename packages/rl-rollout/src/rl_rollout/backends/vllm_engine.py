@@ -56,7 +56,7 @@ __all__ = ["VLLMRolloutEngine", "vllm_engine_args", "vllm_sampling_kwargs"]
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "rl_rollout.backends.vllm_worker.RLWorkerExtension"
 _OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s", "weight_transfer")
-_TRANSFERS = ("auto", "ipc", "files")
+_TRANSFERS = ("auto", "ipc", "nccl", "files")
 
 
 def _model_max_len(model_path: str) -> int:
@@ -92,8 +92,8 @@ def vllm_engine_args(
         "enable_sleep_mode": sleep_mode_available,
         "disable_log_stats": True,
     }
-    if transfer == "ipc":
-        args["weight_transfer_config"] = {"backend": "ipc"}
+    if transfer in ("ipc", "nccl"):
+        args["weight_transfer_config"] = {"backend": transfer}
     if cpu:
         model_len = config.max_model_len or _model_max_len(config.model_path)
         args["enable_chunked_prefill"] = False
@@ -206,10 +206,10 @@ class VLLMRolloutEngine(RolloutEngine):
             )
         if transfer == "auto":
             transfer = "files" if current_platform.is_cpu() else "ipc"
-        if transfer == "ipc" and current_platform.is_cpu():
+        if transfer in ("ipc", "nccl") and current_platform.is_cpu():
             raise ValueError(
-                "RolloutConfig.engine_kwargs['weight_transfer']='ipc' needs an accelerator "
-                "(CUDA-IPC); on CPU use 'files' (or 'auto')"
+                f"RolloutConfig.engine_kwargs['weight_transfer']={transfer!r} needs an "
+                "accelerator (CUDA-IPC / NCCL); on CPU use 'files' (or 'auto')"
             )
         self._transfer = transfer
         self._transfer_ready = False
@@ -353,6 +353,64 @@ class VLLMRolloutEngine(RolloutEngine):
         finally:
             await _maybe_await(self._llm.finish_weight_update())
         return loaded
+
+    # -- split placement over NCCL: the trainer's rank 0 broadcasts (rl_rollout.backends.
+    #    vllm_transfer.VLLMNcclSender drives these through the replica actor) -----------
+
+    async def init_nccl_weight_transfer(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int
+    ) -> None:
+        """Join the trainer's NCCL group (trainer rank 0, this engine's workers from
+        ``rank_offset``); the trainer joins concurrently."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if self._transfer != "nccl":
+            raise ValueError(
+                "init_nccl_weight_transfer: start the engine with "
+                "engine_kwargs={'weight_transfer': 'nccl'}"
+            )
+        info = {
+            "master_address": master_address,
+            "master_port": int(master_port),
+            "rank_offset": int(rank_offset),
+            "world_size": int(world_size),
+        }
+        await _maybe_await(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(info)))
+        self._transfer_ready = True
+
+    async def begin_nccl_update(self) -> None:
+        """Open one session: pause requests (kept), ``start_weight_update``."""
+        if not self._transfer_ready:
+            raise RuntimeError("begin_nccl_update: call init_nccl_weight_transfer first")
+        await self._update_lock.acquire()
+        try:
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+            await _maybe_await(self._llm.start_weight_update())
+        except BaseException:
+            self._update_lock.release()
+            raise
+
+    async def receive_nccl_bucket(self, names: list[str], dtypes: list[str], shapes: list) -> None:
+        """Receive one bucket the trainer broadcasts now (packed, vLLM's default buffers)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        info = {"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": True}
+        await asyncio.wait_for(
+            _maybe_await(self._llm.update_weights(WeightTransferUpdateRequest(info))),
+            self._update_timeout_s,
+        )
+
+    async def finish_nccl_update(self, version: int | None = None) -> None:
+        """Close the session, reset the caches, record ``version``, resume requests."""
+        try:
+            await _maybe_await(self._llm.finish_weight_update())
+            await self._llm.reset_prefix_cache(reset_running_requests=True)
+            self.weight_version = self.weight_version + 1 if version is None else version
+        finally:
+            try:
+                await self._llm.resume_generation()
+            finally:
+                self._update_lock.release()
 
     async def _rpc(self, method: str, *args: Any) -> Any:
         try:
