@@ -20,8 +20,11 @@ engine's overhead against the plain loop. Run with (needs ~10 GB RAM, minutes of
 
     flock /tmp/rl-heavy.lock uv run python benchmarks/fsdp2_step.py [--steps 3 --rounds 2]
 
-On an accelerator machine, ``--mfu`` instead measures model-FLOPs utilisation of a
-~0.5B Qwen2 (random weights) in bf16 with world size 1.
+On an accelerator machine, ``--mfu`` instead measures, side by side in one run, the
+engine (world size 1) and a plain PyTorch loop (autocast bf16, fp32 master weights, fused
+AdamW) on a ~0.5B Qwen2 (Qwen2-0.5B shapes, random weights), 16 x 2048 tokens in
+micro-batches of 4, and prints both MFUs and their ratio. ``--packed`` adds the engine
+with padding-free packing (flash-attn varlen when installed).
 """
 
 from __future__ import annotations
@@ -180,50 +183,122 @@ def cpu_table(steps: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def mfu(steps: int) -> str:
-    """bf16 MFU of a ~0.5B Qwen2 (Qwen2-0.5B shapes, random weights) on one accelerator."""
+QWEN2_05B = {
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
+
+
+def _plain_accelerator_step(shape: dict[str, Any], batch: Any, micro: int):
+    """The plain loop: HF model in fp32 on the device, autocast bf16, fused AdamW, the
+    same loss and micro-batching as the engine."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rl_core.engine import token_log_probs
+    from rl_core.platform import get_platform
+
+    platform = get_platform()
+    device = platform.process_device()
+    fields = dict(shape)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=OPTIM["lr"], weight_decay=OPTIM["weight_decay"], fused=True)
+    t = {k: v.to(device) for k, v in batch.batch.items()}
+    n = t["input_ids"].shape[0]
+
+    def step() -> None:
+        total = t["response_mask"].sum()
+        for start in range(0, n, micro):
+            rows = slice(start, start + micro)
+            with torch.autocast(device.type, torch.bfloat16):
+                logits = model(
+                    input_ids=t["input_ids"][rows],
+                    attention_mask=t["attention_mask"][rows],
+                    position_ids=t["position_ids"][rows],
+                    logits_to_keep=RESPONSE_LEN + 1,
+                ).logits[:, :-1]
+            logp = token_log_probs(logits, t["responses"][rows])
+            mask = t["response_mask"][rows].float()
+            (-(logp * t["advantages"][rows] * mask).sum() / total).backward()
+        torch.nn.utils.clip_grad_norm_(params, OPTIM["grad_clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        platform.synchronize()
+
+    return step, sum(p.numel() for p in params)
+
+
+def mfu(steps: int, packed: bool) -> str:
+    """Engine vs plain loop, bf16, on a Qwen2-0.5B shape on one accelerator."""
     from rl_core.engine import build_engine
+    from rl_core.platform import get_platform
     from rl_core.testing.train_engine import pg_loss
 
-    shape = {
-        "model_type": "qwen2",
-        "vocab_size": 151936,
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": True,
-    }
-    seqs, seq_len = 16, 2048
+    platform = get_platform()
+    shape, seqs, seq_len, micro = QWEN2_05B, 16, 2048, 4
     global PROMPT_LEN, RESPONSE_LEN
     PROMPT_LEN, RESPONSE_LEN = seq_len // 2, seq_len // 2
-    config = {
-        "model": {"config": shape, "compute_dtype": "bfloat16"},
-        "optim": OPTIM,
-        "micro_batch": {"micro_batch_size": 4},
-    }
-    engine = build_engine("fsdp", config)
-    params = sum(p.numel() for p in engine.model.parameters())
     batch = make_batch(shape["vocab_size"], num_seqs=seqs)
-    timing = _timed(lambda: engine.train_batch(batch, pg_loss), steps)
-    step_s = statistics.median(timing["times"])
     tokens = seqs * seq_len
-    # forward + backward = 6 FLOPs per parameter per token for the layers; the (tied) LM
-    # head runs only on the response positions; causal attention 6 * layers * hidden * seq.
-    embed = shape["vocab_size"] * shape["hidden_size"]
-    flops = (
-        6 * (params - embed) * tokens
-        + 6 * embed * seqs * (RESPONSE_LEN + 1)
-        + 6 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_len * tokens
-    )
     peak = float(os.environ.get("RL_PEAK_TFLOPS", "989")) * 1e12
-    return (
+
+    def flops(params: int) -> float:
+        # 6 FLOPs per parameter per token for the layers; the (tied) LM head runs only on
+        # the response positions; causal attention 6 * layers * hidden * seq per token
+        embed = shape["vocab_size"] * shape["hidden_size"]
+        return (
+            6 * (params - embed) * tokens
+            + 6 * embed * seqs * (RESPONSE_LEN + 1)
+            + 6 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_len * tokens
+        )
+
+    rows = []
+    plain_step, params = _plain_accelerator_step(shape, batch, micro)
+    plain_s = statistics.median(_timed(plain_step, steps)["times"])
+    rows.append(("plain PyTorch (autocast bf16, fused AdamW)", plain_s))
+    del plain_step
+    platform.empty_cache()
+    variants = [("engine", {})]
+    if packed:
+        variants.append(("engine, packed", {"use_remove_padding": True}))
+    for label, model_extra in variants:
+        config = {
+            "model": {"config": shape, "compute_dtype": "bfloat16", **model_extra},
+            "optim": OPTIM,
+            "micro_batch": {"micro_batch_size": micro},
+        }
+        engine = build_engine("fsdp", config)
+
+        def step(engine=engine) -> None:
+            engine.train_batch(batch, pg_loss)
+            platform.synchronize()
+
+        rows.append((label, statistics.median(_timed(step, steps)["times"])))
+        engine.close()
+        del engine
+        platform.empty_cache()
+    lines = [
         f"Qwen2-0.5B-shaped ({params / 1e6:.0f}M params) bf16, {seqs} x {seq_len} tokens, "
-        f"micro-batch 4: {step_s:.3f} s/step, {tokens / step_s:.0f} tokens/s, "
-        f"MFU {100 * flops / step_s / peak:.1f}% of {peak / 1e12:.0f} TFLOP/s"
-    )
+        f"micro-batch {micro}, median of {steps} steps; peak {peak / 1e12:.0f} TFLOP/s",
+        "",
+        "| loop | s/step | tokens/s | MFU | vs plain |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, step_s in rows:
+        lines.append(
+            f"| {label} | {step_s:.3f} | {tokens / step_s:.0f} | "
+            f"{100 * flops(params) / step_s / peak:.1f}% | {step_s / plain_s:.2f}x |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -231,8 +306,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (best kept)")
     parser.add_argument("--mfu", action="store_true", help="accelerator MFU of a ~0.5B model")
+    parser.add_argument("--packed", action="store_true", help="--mfu: also padding-free")
     args = parser.parse_args()
-    print(mfu(args.steps) if args.mfu else cpu_table(args.steps, args.rounds), flush=True)
+    table = mfu(args.steps, args.packed) if args.mfu else cpu_table(args.steps, args.rounds)
+    print(table, flush=True)
 
 
 if __name__ == "__main__":

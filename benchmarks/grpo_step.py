@@ -8,8 +8,20 @@ GRPO without a reference model (as in the main job; ``--ref`` adds one), one opt
 step per RL step.
 
 The numbers come from the trainer's own metrics (``timing/*``, ``perf/*``,
-``reward/seconds``): the median over ``--steps`` steps after one warm-up step. Printed as a
-markdown table; ``--json FILE`` also writes them. Run only under the heavy-work lock::
+``reward/seconds``): the median over ``--steps`` steps after one warm-up step, the set-up
+time before step 1 and each worker's peak memory. Printed as a markdown table; ``--json
+FILE`` also writes them (``median.timing/step_s`` is the step time).
+
+In the same run, unless ``--no-lower-bound``, the driver times what plain PyTorch needs for
+the same work on the same model, as lower bounds of the two big phases: one batched
+``generate`` of prompts x samples x new tokens (KV cache, sampling), and one forward +
+backward + AdamW step over the same number of sequences and tokens. The ratios say how
+close the trainer is to them.
+
+Baselines per machine kind live in ``benchmarks/baselines/grpo_step-<kind>.json``
+(``--save-baseline`` writes one; later runs print each phase as a ratio to it, so a
+regression shows up as a number above 1). ``--kind`` names the machine (default:
+``cpu<N>`` from the CPU count, or the GPU's name). Run only under the heavy-work lock::
 
     flock /tmp/rl-heavy.lock uv run python benchmarks/grpo_step.py [--steps 4]
 """
@@ -20,9 +32,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -80,7 +92,8 @@ def build_config(args: argparse.Namespace, output_dir: str) -> Any:
             "output_dir": output_dir,
             "total_steps": args.steps + 1,
             "num_workers": args.workers,
-            "ray_num_cpus": args.workers,
+            "ray_num_cpus": max(args.workers, os.cpu_count() or 1),
+            "cpus_per_worker": max(1.0, (os.cpu_count() or 1) / args.workers),
             "progress_bar": False,
             "loggers": [],
             "val_before_train": False,
@@ -108,25 +121,45 @@ def summarize(steps: list[dict[str, float]]) -> dict[str, float]:
         s["timing/gen_and_reward_s"] - s.get("reward/seconds", 0.0) for s in steps
     )
     out["response_length/mean"] = median("response_length/mean")
+    out["prompt_length/mean"] = median("prompt_length/mean")
     return out
 
 
-def markdown(summary: dict[str, float], args: argparse.Namespace, device: str) -> str:
+def _phase_value(summary: dict[str, float], key: str | None) -> float:
+    return summary.get(key, float("nan")) if key else summary["generate"]
+
+
+def markdown(
+    summary: dict[str, float],
+    args: argparse.Namespace,
+    kind: str,
+    baseline: dict[str, float] | None,
+) -> str:
     step = summary["timing/step_s"]
+    ratio_head = " vs baseline |" if baseline else ""
     lines = [
         f"GRPO step, {args.model}, {args.prompts} prompts x {args.samples} samples x "
-        f"{args.new_tokens} new tokens, {args.workers} workers ({device}); median of "
+        f"{args.new_tokens} new tokens, {args.workers} workers ({kind}); median of "
         f"{args.steps} steps after 1 warm-up",
         "",
-        "| phase | seconds | share of step |",
-        "|---|---:|---:|",
+        f"| phase | seconds | share of step |{ratio_head}",
+        "|---|---:|---:|" + ("---:|" if baseline else ""),
     ]
+
+    def ratio(key: str) -> str:
+        if not baseline or not baseline.get(key):
+            return ""
+        return f" {summary[key] / baseline[key]:.2f}x |"
+
     for label, key in PHASES:
-        value = summary.get(key, float("nan")) if key else summary["generate"]
+        value = _phase_value(summary, key)
         if value == value:  # not NaN: the phase ran
-            lines.append(f"| {label} | {value:.2f} | {value / step:.0%} |")
+            lines.append(
+                f"| {label} | {value:.2f} | {value / step:.0%} |{ratio(key or 'generate')}"
+            )
     lines += [
-        f"| **step** | **{step:.2f}** | 100% |",
+        f"| **step** | **{step:.2f}** | 100% |{ratio('timing/step_s')}",
+        f"| set-up before step 1 | {summary['setup_s']:.1f} | |{ratio('setup_s')}",
         "",
         "| throughput | tokens/s |",
         "|---|---:|",
@@ -136,7 +169,87 @@ def markdown(summary: dict[str, float], args: argparse.Namespace, device: str) -
         "",
         f"mean response length: {summary['response_length/mean']:.1f} tokens",
     ]
+    phases = {k[6:-2]: v for k, v in summary.items() if k.startswith("setup/")}
+    if phases:
+        lines.append("set-up phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
+    peaks = [v for k, v in sorted(summary.items()) if k.startswith("memory/peak_gib_rank")]
+    if peaks:
+        lines.append("peak memory per worker: " + ", ".join(f"{p:.2f} GiB" for p in peaks))
+    if "plain/generate_s" in summary:
+        gen, update = summary["generate"], summary["timing/update_actor_s"]
+        lines += [
+            "",
+            "| lower bound (plain PyTorch, same work, this run) | seconds | trainer / plain |",
+            "|---|---:|---:|",
+            f"| batched generate | {summary['plain/generate_s']:.2f} | "
+            f"{gen / summary['plain/generate_s']:.2f}x |",
+            f"| forward + backward + AdamW | {summary['plain/update_s']:.2f} | "
+            f"{update / summary['plain/update_s']:.2f}x |",
+        ]
     return "\n".join(lines)
+
+
+def plain_lower_bounds(args: argparse.Namespace, prompt_len: int) -> dict[str, float]:
+    """Plain PyTorch on the driver, same model and shapes: one batched sampled generate
+    (no early stop), and one forward + backward + AdamW step (median of 3 each)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl_algos.trainer.model_source import resolve_model_path
+    from rl_core.platform import get_platform
+
+    platform = get_platform()
+    device = platform.process_device()
+    dtype = platform.auto_dtype
+    path = resolve_model_path(args.model)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    rows = args.prompts * args.samples
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, vocab - 10, (rows, prompt_len), generator=g).to(device)
+    times: dict[str, list[float]] = {"generate": [], "update": []}
+    model.eval()
+    for _ in range(3):
+        platform.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad(), torch.autocast(device.type, dtype, enabled=dtype != torch.float32):
+            model.generate(
+                prompts,
+                attention_mask=torch.ones_like(prompts),
+                do_sample=True,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                pad_token_id=0,
+            )
+        platform.synchronize()
+        times["generate"].append(time.perf_counter() - start)
+    model.train()
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    seqs = torch.randint(10, vocab - 10, (rows, prompt_len + args.new_tokens), generator=g)
+    seqs = seqs.to(device)
+    for _ in range(3):
+        platform.synchronize()
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype, enabled=dtype != torch.float32):
+            logits = model(seqs, logits_to_keep=args.new_tokens + 1).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, seqs[:, -args.new_tokens :, None])
+        (-logp.mean()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        platform.synchronize()
+        times["update"].append(time.perf_counter() - start)
+    return {f"plain/{k}_s": statistics.median(v) for k, v in times.items()}
+
+
+def machine_kind() -> str:
+    from rl_core.platform import get_platform
+
+    platform = get_platform()
+    if platform.device_type == "cpu":
+        return f"cpu{os.cpu_count()}"
+    name = platform.torch_module().get_device_name(0)
+    return "-".join(name.lower().replace("nvidia", "").split())
 
 
 def main() -> int:
@@ -150,27 +263,50 @@ def main() -> int:
     parser.add_argument("--max-prompt-length", type=int, default=96)
     parser.add_argument("--ref", action="store_true", help="add a reference model (KL loss)")
     parser.add_argument("--json", help="also write the medians to this file")
+    parser.add_argument("--kind", help="machine kind for the baseline (default: detected)")
+    parser.add_argument("--save-baseline", action="store_true", help="record this run")
+    parser.add_argument("--no-lower-bound", action="store_true", help="skip plain PyTorch")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. actor.epochs=2")
     args = parser.parse_args()
 
+    from rl_algos.config import load_config
     from rl_algos.trainer.loop import RLTrainer
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="grpo-step-") as output_dir:
-        trainer = RLTrainer(build_config(args, output_dir))
+        config = build_config(args, output_dir)
+        if args.overrides:
+            config = load_config(config.to_dict(), list(args.overrides))
+        trainer = RLTrainer(config)
         setup_s = time.perf_counter() - start
+        setup_phases = dict(trainer.setup_timing)
         try:
             trainer.train_step()  # warm-up
             steps = [trainer.train_step() for _ in range(args.steps)]
+            peaks = trainer.groups.actor.peak_memory()
         finally:
             trainer.close()
     summary = summarize(steps)
     summary["setup_s"] = setup_s
-    device = f"{os.cpu_count()} CPUs" if sys.platform == "linux" else sys.platform
-    print(markdown(summary, args, device))
-    print(f"\nsetup (Ray, workers, models): {setup_s:.1f} s")
+    summary.update({f"setup/{k}_s": v for k, v in setup_phases.items()})
+    for rank, peak in enumerate(peaks):
+        summary[f"memory/peak_gib_rank{rank}"] = peak["peak_bytes"] / 2**30
+    if not args.no_lower_bound:
+        prompt_len = round(summary["prompt_length/mean"])  # the trainer's real prompts
+        summary.update(plain_lower_bounds(args, prompt_len))
+    kind = args.kind or machine_kind()
+    baseline_file = Path(__file__).parent / "baselines" / f"grpo_step-{kind}.json"
+    baseline = None
+    if baseline_file.exists() and not args.save_baseline:
+        baseline = json.loads(baseline_file.read_text())["median"]
+    print(markdown(summary, args, kind, baseline))
+    record = {"args": vars(args), "kind": kind, "median": summary}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "median": summary}, f, indent=1)
+        Path(args.json).write_text(json.dumps(record, indent=1))
+    if args.save_baseline:
+        baseline_file.parent.mkdir(exist_ok=True)
+        baseline_file.write_text(json.dumps(record, indent=1))
+        print(f"baseline written: {baseline_file}")
     return 0
 
 

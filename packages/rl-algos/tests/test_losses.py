@@ -238,7 +238,7 @@ def test_policy_loss_config_errors_name_the_field():
 
 def micro_batch(**tensors):
     batch = TensorDict(tensors, batch_size=[next(iter(tensors.values())).shape[0]])
-    return SimpleNamespace(batch=batch)
+    return SimpleNamespace(batch=batch, meta_info={})
 
 
 def ctx_for(mask, num_micro_batches=1):

@@ -210,6 +210,7 @@ class _EchoEngine(TrainEngine):
         self.config = config
 
     dp_rank = dp_size = is_collect_rank = global_step = property(lambda self: 0)
+    device = property(lambda self: torch.device("cpu"))
     train_batch = infer_batch = export_weights = save = load = offload = onload = None
 
 

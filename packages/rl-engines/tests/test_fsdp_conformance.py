@@ -31,3 +31,22 @@ class TestFSDPPackedConformance(TrainEngineConformance):
     @classmethod
     def model_type(cls, request) -> str:
         return request.param
+
+
+@pytest.mark.slow
+class TestFSDPChunkedHeadConformance(TrainEngineConformance):
+    """Log-probs and entropy from the chunked LM head with chunks far smaller than a
+    micro-batch (every chunk recomputed in backward), padded and packed."""
+
+    engine_name = "fsdp"
+    engine_options = {"engine_kwargs": {"logprob_chunk_tokens": 7}}
+
+    @pytest.fixture(scope="class", params=[1], ids=lambda n: f"world{n}")
+    @classmethod
+    def world_size(cls, request) -> int:
+        return request.param
+
+    @pytest.fixture(scope="class", params=["qwen2"])
+    @classmethod
+    def model_type(cls, request) -> str:
+        return request.param

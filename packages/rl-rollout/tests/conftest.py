@@ -24,3 +24,16 @@ def tiny_model_path(tmp_path_factory):
     from rl_core.testing.rollout_engine import save_tiny_causal_lm
 
     return save_tiny_causal_lm(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2")
+
+
+@pytest.fixture
+def require_bwrap():
+    """bubblewrap is the sandbox's default backend: skip without it, but fail under CI=true
+    (CI installs it, so a missing one is a broken CI image, not a reason to skip)."""
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        message = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)

@@ -97,6 +97,7 @@ ADD = FunctionTool(
 )
 
 
+@pytest.mark.usefixtures("require_bwrap")
 def test_tool_loop_stream_is_the_concatenation_of_turns(tokenizer):
     tok = tokenizer
     python = PythonSandboxTool()

@@ -99,6 +99,7 @@ def test_function_tools_run_sync_and_async_functions():
     assert times.name == "mul"
 
 
+@pytest.mark.usefixtures("require_bwrap")
 def test_registry_knows_the_python_tool_and_rejects_unknown_names():
     assert "python" in TOOLS.names()
     assert build_tool("python").name == "python"

@@ -281,7 +281,10 @@ def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
 
     Reads `old_log_probs`, `advantages`, `response_mask` (and `ref_log_prob`,
     `rollout_log_probs` when the KL loss or TIS is on) from the micro-batch, and
-    `log_probs` (and `entropy`) from the engine's outputs."""
+    `log_probs` (and `entropy`) from the engine's outputs. A batch whose
+    ``meta_info["old_log_probs_from_update"]`` is true (one optimizer step on fresh
+    samples: see `rl_algos.trainer.placement.recomputes_old_log_probs`) has no
+    `old_log_probs`: they are the update's own log-probs, detached."""
     policy_loss = POLICY_LOSSES.get(config.name)
 
     def loss_fn(
@@ -294,9 +297,13 @@ def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
         rollout = None
         if config.tis_cap is not None or config.behav_imp_weight_cap is not None:
             rollout = _field(batch, "rollout_log_probs", "the off-policy correction")
+        if micro_batch.meta_info.get("old_log_probs_from_update"):
+            old_log_prob = log_prob.detach()  # the proximal policy of decoupled PPO too
+        else:
+            old_log_prob = _field(batch, "old_log_probs", "the importance ratio")
         loss, metrics = policy_loss(
             log_prob=log_prob,
-            old_log_prob=_field(batch, "old_log_probs", "the importance ratio"),
+            old_log_prob=old_log_prob,
             advantages=_field(batch, "advantages", "the policy gradient"),
             response_mask=mask,
             config=config,

@@ -37,6 +37,7 @@ __all__ = [
     "Platform",
     "PlatformUnavailableError",
     "get_platform",
+    "platform_for_cluster",
 ]
 
 PLATFORM_ENV = "RL_PLATFORM"
@@ -127,6 +128,67 @@ class Platform(ABC):
 
     def current_device(self) -> int:
         return int(self.torch_module().current_device())
+
+    def local_device_index(self, local_rank: int, local_world_size: int) -> int:
+        """Which of the devices this process sees belongs to local rank ``local_rank``.
+
+        A worker picks its device from what it can see, never from the node's numbering:
+        a process that sees exactly as many devices as it needs (a Ray actor whose
+        visible-devices variable was narrowed to its own GPU) uses index 0; a process that
+        sees every device of the node (torchrun, or one actor per node) uses
+        ``local_rank``. Anything else is an error naming the counts.
+        """
+        if not isinstance(local_rank, int) or not isinstance(local_world_size, int):
+            raise TypeError(
+                f"local_rank={local_rank!r}, local_world_size={local_world_size!r}: "
+                "expected integers"
+            )
+        if not 0 <= local_rank < max(local_world_size, 1):
+            raise ValueError(
+                f"local_rank={local_rank} is out of range for local_world_size="
+                f"{local_world_size}: expected 0 <= local_rank < local_world_size"
+            )
+        count = self.device_count()
+        if count < 1:
+            raise PlatformUnavailableError(
+                f"platform {self.name!r}: this process sees no device "
+                f"({self.visible_devices_env}="
+                f"{os.environ.get(self.visible_devices_env or '', '<unset>')})"
+            )
+        if count == 1:
+            return 0
+        if local_world_size <= count:
+            return local_rank
+        raise ValueError(
+            f"platform {self.name!r}: local rank {local_rank} of {local_world_size} processes "
+            f"on this node sees {count} devices: expected 1 device (narrowed by "
+            f"{self.visible_devices_env}) or at least {local_world_size}"
+        )
+
+    def select_device(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
+        """This process's device (made current): see `local_device_index`."""
+        index = self.local_device_index(local_rank, local_world_size)
+        self.set_device(index)
+        return self.device(index)
+
+    def process_device(self) -> torch.device:
+        """`select_device` for this process, from ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (set
+        by the worker group or torchrun; unset: rank 0 of 1)."""
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return self.select_device(local_rank, local_world_size)
+
+    @property
+    def auto_dtype(self) -> torch.dtype:
+        """The compute/rollout dtype that "auto" means here: bfloat16 on accelerators."""
+        return torch.float32 if self.device_type == "cpu" else torch.bfloat16
+
+    def get_rng_state(self) -> torch.Tensor | None:
+        """The device RNG state of the current device (None on CPU: torch's own covers it)."""
+        return self.torch_module().get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.torch_module().set_rng_state(state)
 
     def set_device(self, index: int) -> None:
         """Make device `index` current for this process (call once, before any allocation)."""
@@ -245,6 +307,12 @@ class CpuPlatform(Platform):
     def set_device(self, index: int) -> None:
         self.device(index)
 
+    def get_rng_state(self) -> torch.Tensor | None:
+        return None
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        return None
+
     def synchronize(self) -> None:
         return None
 
@@ -328,3 +396,33 @@ def get_platform(name: str | None = None) -> Platform:
                 f"platform {platform.name!r}: is_available() raised {exc!r}", stacklevel=2
             )
     return _instance("cpu")
+
+
+def platform_for_cluster(resources: Mapping[str, float], name: str | None = None) -> str:
+    """The platform worker groups should use on a cluster with these Ray ``resources``.
+
+    The workers' nodes decide, not the driver's hardware: ``name`` (a config's explicit
+    choice, e.g. ``trainer.platform``) wins; else the one installed platform whose Ray
+    resource the cluster offers (``GPU`` -> cuda or rocm, ``NPU`` -> npu); else CPU. Two
+    installed platforms claiming the same offered resource need an explicit ``name``.
+    """
+    if name is not None:
+        PLATFORMS.get(name)  # an unknown name fails here, listing the installed ones
+        return name
+    offered: dict[str, list[str]] = {}
+    for candidate in PLATFORMS.names():
+        try:
+            resource = PLATFORMS.get(candidate).ray_resource
+        except Exception as exc:
+            warnings.warn(f"platform {candidate!r} could not be loaded: {exc}", stacklevel=2)
+            continue
+        if resource and float(resources.get(resource, 0) or 0) > 0:
+            offered.setdefault(resource, []).append(candidate)
+    if not offered:
+        return "cpu"
+    if len(offered) > 1 or any(len(names) > 1 for names in offered.values()):
+        raise ValueError(
+            f"the cluster offers {sorted(offered)} and several installed platforms match "
+            f"({offered}): name one explicitly (trainer.platform / RL_PLATFORM)"
+        )
+    return next(iter(offered.values()))[0]

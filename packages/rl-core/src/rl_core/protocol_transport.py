@@ -64,11 +64,13 @@ def tensor_to_carrier(tensor: torch.Tensor) -> tuple[Any, ...]:
 
     Only tensors that are not contiguous, live on an accelerator or carry a conjugate or
     negative bit are copied first. Sparse and other non-strided layouts fall back to torch's
-    own pickling.
+    own pickling (after a move to host memory). The device is always ``"cpu"``: a tensor
+    travels through host memory and the receiver decides where it goes next (the sender's
+    device string, e.g. ``cuda:1``, means nothing in another process).
     """
     if tensor.layout != torch.strided:
-        return (tensor, None, None, None)
-    device = str(tensor.device)
+        return (tensor.detach().cpu(), None, None, "cpu")
+    device = "cpu"
     src = tensor.detach()
     if src.device.type != "cpu":
         src = src.cpu()
@@ -101,10 +103,7 @@ def carrier_to_tensor(
             warnings.simplefilter("ignore", UserWarning)
             source = torch.from_numpy(carrier)  # read only from here on
         flat = torch.empty_like(source).copy_(source)
-    tensor = flat.view(dtype).reshape(shape)
-    if device != "cpu":
-        tensor, readonly = tensor.to(device), False
-    return tensor, readonly
+    return flat.view(dtype).reshape(shape), readonly
 
 
 def non_tensor_on_receive(array: np.ndarray, zero_copy_receive: bool) -> np.ndarray:
@@ -121,7 +120,8 @@ def get_state(dp: Any) -> dict[str, Any]:
     batch_device = None
     if dp.batch is not None:
         batch_size = tuple(dp.batch.batch_size)
-        batch_device = None if dp.batch.device is None else str(dp.batch.device)
+        # tensors always travel to host memory (see `tensor_to_carrier`)
+        batch_device = None if dp.batch.device is None else "cpu"
         for key, tensor in dp.batch.items(include_nested=True, leaves_only=True):
             tensors.append((key, tensor_to_carrier(tensor)))
     return {
@@ -147,7 +147,9 @@ def set_state(dp: Any, state: dict[str, Any]) -> None:
     readonly: set[Key] = set()
     batch = None
     if state["batch_size"] is not None:
-        batch = TensorDict({}, batch_size=state["batch_size"], device=state["batch_device"])
+        # host memory whatever the sender's device was (see `tensor_to_carrier`)
+        device = None if state["batch_device"] is None else "cpu"
+        batch = TensorDict({}, batch_size=state["batch_size"], device=device)
         for key, carrier in state["tensors"]:
             tensor, is_readonly = carrier_to_tensor(*carrier, zero_copy_receive=mapped)
             batch.set(key, tensor)

@@ -24,13 +24,10 @@ def device_and_backend() -> tuple[str, str]:
     return platform.device_type, platform.dist_backend
 
 
-def local_device(device_type: str) -> torch.device:
-    """This rank's device: ``cpu``, or accelerator number LOCAL_RANK (made current)."""
-    if device_type == "cpu":
-        return torch.device("cpu")
-    index = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.get_device_module(device_type).set_device(index)
-    return torch.device(device_type, index)
+def local_device() -> torch.device:
+    """This rank's device, chosen by the platform from the devices this process sees
+    (`Platform.process_device`) and made current."""
+    return get_platform().process_device()
 
 
 def _free_port() -> int:

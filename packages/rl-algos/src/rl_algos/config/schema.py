@@ -56,10 +56,18 @@ class ModelConfig:
 
     path: a Hugging Face model directory, ``gguf:<file.gguf>`` / ``gguf:<package>``, or
     the alias ``smollm2-135m-instruct`` (see rl_algos.trainer.model_source).
-    dtype: weights and compute dtype of the engines (float32 on CPU)."""
+    dtype: the master weights and optimizer state of trained models (keep float32);
+    compute_dtype: forward/backward ("auto": bfloat16 on accelerators, float32 on CPU;
+    the rollout's own dtype is `rollout.dtype`); attn_implementation: the Hugging Face
+    attention kernel ("auto": the platform's preferred one, e.g. flash_attention_2 where
+    flash-attn is installed); use_remove_padding: padding-free packing (null: when the
+    attention kernel is a varlen one)."""
 
     path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attn_implementation: str = "auto"
+    use_remove_padding: bool | None = None
 
 
 @dataclass
@@ -120,6 +128,13 @@ class ActorConfig:
     epochs: int = 1
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     offload_when_generating: bool = False
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The engine's own options (e.g. fsdp: ``logprob_chunk_tokens``)."""
+    recompute_old_log_probs: bool | None = None
+    """Run a separate no-grad pass for the old log-probs. null (auto): only when it can
+    change the result (several mini-batches or epochs, a KL penalty in the reward);
+    otherwise the update's own forward pass provides them (detached), as on-policy
+    trainers do. true: always (e.g. for the rollout-vs-trainer mismatch metrics)."""
 
     def __post_init__(self) -> None:
         _positive(self, "mini_batch_size", "epochs")
@@ -140,6 +155,7 @@ class CriticConfig:
     on_nan: Literal["raise", "skip"] = "raise"
     epochs: int = 1
     loss: ValueLossConfig = field(default_factory=ValueLossConfig)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _positive(self, "epochs")
@@ -159,8 +175,13 @@ class RolloutConfig:
     for evaluation and agents: their weights never follow the policy)."""
 
     backend: str = "hf"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Generation dtype ("auto": bfloat16 on accelerators, float32 on CPU)."""
     generator: str = "agent_loop"
     agent_loop: str = "single_turn"
+    sleep_while_training: bool | None = None
+    """Colocated hybrid engine: the rollout sleeps (frees its KV cache and device weights)
+    after generating and wakes at the next weight sync (null: on accelerators only)."""
     n: int = 4
     temperature: float = 1.0
     top_p: float = 1.0
@@ -374,6 +395,11 @@ class TrainerConfig:
     ray_num_cpus: int | None = None
     placement: Literal["colocated", "split"] = "colocated"
     critic_workers: int = 1
+    platform: str | None = None
+    """Workers' hardware platform (cpu, cuda, rocm, npu; null: from the cluster's
+    resources, never from the driver's hardware)."""
+    gpus_per_worker: float | None = None
+    """Accelerators per worker process (null: 1 on accelerator platforms, 0 on CPU)."""
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "nnodes", "num_workers", "critic_workers")
@@ -383,6 +409,12 @@ class TrainerConfig:
             check_field(value >= 0, name, value, ">= 0 (0: never)" if "every" in name else ">= 0")
         check_field(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "> 0 seconds")
         check_field(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")
+        check_field(
+            self.gpus_per_worker is None or self.gpus_per_worker >= 0,
+            "gpus_per_worker",
+            self.gpus_per_worker,
+            "null (1 on accelerator platforms) or a number >= 0",
+        )
         for i, name in enumerate(self.loggers):
             check_field(name in LOGGERS, f"loggers[{i}]", name, f"one of {list(LOGGERS)}", LOGGERS)
         check_field(

@@ -44,7 +44,7 @@ from rl_algos.trainer.async_rollout import (
     staleness_metrics,
 )
 from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
-from rl_algos.trainer.placement import RoleGroups, start_role_groups
+from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
 from rl_algos.trainer.rollout_client import RolloutClient, build_rollout_client
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
 from rl_core.protocol import DataProto
@@ -67,17 +67,23 @@ class RLTrainer:
         from rl_algos.trainer.model_source import resolve_model_path
 
         self.config = cfg = config
+        # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
+        self.setup_timing: dict[str, float] = {}
+        setup = self.setup_timing
         self.output_dir = Path(cfg.trainer.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         _seed_everything(cfg.trainer.seed)
         from rl_algos.config import check_plugins
 
         check_plugins(cfg)  # engine/rollout/generator names, before any process starts
-        _materialize_generated_task(cfg, self.output_dir)
-        self.model_path = resolve_model_path(cfg.model.path)
-        if cfg.reward.model_path is not None:
-            cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        with timed(setup, "data_generate"):
+            _materialize_generated_task(cfg, self.output_dir)
+        with timed(setup, "model_resolve"):
+            self.model_path = resolve_model_path(cfg.model.path)
+            if cfg.reward.model_path is not None:
+                cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
+        with timed(setup, "tokenizer"):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
 
         data = cfg.data
         common = dict(
@@ -88,29 +94,35 @@ class RLTrainer:
             chat_template_kwargs=dict(data.chat_template_kwargs),
             filter_overlong_prompts=data.filter_overlong_prompts,
         )
-        self.train_set = PromptDataset(list(data.train_files), name="train", **common)
-        self.train_loader = PromptDataLoader(
-            self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
-        )
-        self.val_set = (
-            PromptDataset(list(data.val_files), name="val", **common) if data.val_files else None
-        )
-        self.reward = RewardManager(
-            self.tokenizer,
-            _user_reward_function(cfg.reward),
-            num_workers=cfg.reward.num_workers,
-            timeout_s=cfg.reward.timeout_s,
-            error_score=cfg.reward.error_score,
-            overlong=_overlong(cfg),
-        )
+        with timed(setup, "datasets"):
+            self.train_set = PromptDataset(list(data.train_files), name="train", **common)
+            self.train_loader = PromptDataLoader(
+                self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
+            )
+            self.val_set = (
+                PromptDataset(list(data.val_files), name="val", **common)
+                if data.val_files
+                else None
+            )
+        with timed(setup, "reward_workers"):
+            self.reward = RewardManager(
+                self.tokenizer,
+                _user_reward_function(cfg.reward),
+                num_workers=cfg.reward.num_workers,
+                timeout_s=cfg.reward.timeout_s,
+                error_score=cfg.reward.error_score,
+                overlong=_overlong(cfg),
+            )
         self.kl_ctrl = None
         if cfg.algorithm.use_kl_in_reward:
             kc = cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        self.groups: RoleGroups = start_role_groups(cfg, self.model_path)
-        self.rollout: RolloutClient = build_rollout_client(
-            cfg, self.groups.actor, self.tokenizer, self.model_path, None
-        )
+        self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
+        self.groups: RoleGroups = start_role_groups(cfg, self.model_path, timing=setup)
+        with timed(setup, "rollout_pool"):  # split/remote placement: the driver's generator
+            self.rollout: RolloutClient = build_rollout_client(
+                cfg, self.groups.actor, self.tokenizer, self.model_path, None
+            )
         self.global_step = 0
         self._train_iter = None
         self.buffer: AsyncRolloutBuffer | None = None
@@ -224,12 +236,17 @@ class RLTrainer:
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
                 batch = batch.union(groups.actor.compute_ref_log_prob(batch))
-        with timed(timing, "old_log_prob"):
-            old = groups.actor.compute_log_prob(batch)
-            entropy = old.pop(batch_keys=["entropys"]).batch["entropys"]
-            mask = batch.batch["response_mask"].bool()
-            metrics["actor/entropy"] = float(entropy[mask].mean()) if mask.any() else 0.0
-            batch = batch.union(old)
+        if self.recompute_old_log_probs:
+            with timed(timing, "old_log_prob"):
+                old = groups.actor.compute_log_prob(batch)
+                entropy = old.pop(batch_keys=["entropys"]).batch["entropys"]
+                mask = batch.batch["response_mask"].bool()
+                metrics["actor/entropy"] = float(entropy[mask].mean()) if mask.any() else 0.0
+                batch = batch.union(old)
+        else:  # one optimizer step on fresh samples: the update's forward pass has them
+            batch.meta_info["old_log_probs_from_update"] = True
+        # importance ratios too when the old log-probs were recomputed (else the loss's
+        # actor/behav_imp_weight or actor/tis_weight report them)
         metrics.update(staleness_metrics(batch, self.rollout.version, cfg.async_.max_staleness))
         if groups.critic is not None:
             with timed(timing, "values"):

@@ -19,10 +19,13 @@ import dataclasses
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from rl_algos.trainer.batch_ops import timed
 from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
+from rl_core.platform import platform_for_cluster
 from rl_core.single_controller import (
     ClassWithInitArgs,
     LocalWorkerGroup,
@@ -35,6 +38,7 @@ __all__ = [
     "RoleGroups",
     "actor_worker_config",
     "critic_worker_config",
+    "recomputes_old_log_probs",
     "rollout_generator_config",
     "start_role_groups",
 ]
@@ -93,20 +97,55 @@ def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: in
         "seed": cfg.trainer.seed,
         "on_nan": role.on_nan,
         "timeout_s": cfg.trainer.call_timeout_s,
+        "engine_kwargs": dict(getattr(role, "engine_kwargs", None) or {}),
     }
+
+
+def _model_fields(cfg: Any, path: str, **extra: Any) -> dict[str, Any]:
+    """The engine's ModelConfig from the `model` section (precision, attention, packing)."""
+    model = cfg.model
+    return {
+        "path": path,
+        "dtype": model.dtype,
+        "compute_dtype": model.compute_dtype,
+        "attn_implementation": model.attn_implementation,
+        "use_remove_padding": model.use_remove_padding,
+        **extra,
+    }
+
+
+def _inference_only(engine_config: dict[str, Any]) -> dict[str, Any]:
+    """A never-trained model (reference policy, reward model): no optimizer state."""
+    engine_config = dict(engine_config, inference_only=True)
+    engine_config["optim"] = {"lr": 0.0}
+    return engine_config
+
+
+def recomputes_old_log_probs(cfg: Any) -> bool:
+    """Whether the step needs a separate no-grad pass for the old log-probs.
+
+    It cannot change the result when the batch makes exactly one optimizer step (one
+    epoch, one mini-batch) from the weights that generated it: the old log-probs then
+    equal the update's own log-probs, detached. A KL penalty in the reward needs them
+    before the update; ``actor.recompute_old_log_probs`` forces either way.
+    """
+    forced = cfg.actor.recompute_old_log_probs
+    if forced is not None:
+        return bool(forced)
+    one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
+    return not one_step or cfg.algorithm.use_kl_in_reward
 
 
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The plain-dict config an `ActorRolloutWorker` is built from."""
     n = cfg.rollout.n
-    model = {"path": model_path, "dtype": cfg.model.dtype}
+    model = _model_fields(cfg, model_path)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     loss = _as_dict(cfg.actor.loss)
     uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward
     ref = None
     if uses_reference:
-        ref = _engine_config(cfg.actor, model, cfg, total_updates)
-        ref["optim"]["lr"] = 0.0  # never stepped: only infer_batch is called
+        ref = _inference_only(_engine_config(cfg.actor, model, cfg, total_updates))
     return {
         "engine": cfg.actor.engine,
         "engine_config": _engine_config(cfg.actor, model, cfg, total_updates),
@@ -118,6 +157,7 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         "mini_batch_size": cfg.actor.mini_batch_size * n,
         "epochs": cfg.actor.epochs,
         "offload_when_generating": cfg.actor.offload_when_generating,
+        "sleep_while_training": cfg.rollout.sleep_while_training,
         "seed": cfg.trainer.seed,
     }
 
@@ -130,7 +170,7 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
         "rollout": {
             "model_path": model_path,
             "backend": rollout.backend,
-            "dtype": cfg.model.dtype,
+            "dtype": rollout.dtype,
             "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
             "seed": cfg.trainer.seed,
             "tensor_parallel_size": rollout.tensor_parallel_size,
@@ -173,11 +213,7 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
 def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
     """The plain-dict config a `CriticWorker` is built from."""
     critic = cfg.critic
-    model = {
-        "path": critic.model_path or model_path,
-        "dtype": cfg.model.dtype,
-        "value_head": True,
-    }
+    model = _model_fields(cfg, critic.model_path or model_path, value_head=True)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     return {
         "engine": critic.engine,
@@ -191,20 +227,22 @@ def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
 
 def reward_model_worker_config(cfg: Any) -> dict[str, Any]:
     """The plain-dict config a `RewardModelWorker` is built from (never trained)."""
-    model = {"path": cfg.reward.model_path, "dtype": cfg.model.dtype, "value_head": True}
-    return {
-        "engine": cfg.reward.model_engine,
-        "engine_config": {
-            "model": model,
-            "optim": {"lr": 0.0},
-            "seed": cfg.trainer.seed,
-            "timeout_s": cfg.trainer.call_timeout_s,
-        },
-    }
+    model = _model_fields(cfg, cfg.reward.model_path, value_head=True)
+    engine_config = {"model": model, "seed": cfg.trainer.seed}
+    engine_config["timeout_s"] = cfg.trainer.call_timeout_s
+    return {"engine": cfg.reward.model_engine, "engine_config": _inference_only(engine_config)}
 
 
-def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None) -> RoleGroups:
-    """Start the worker groups the config asks for and initialise their models."""
+def start_role_groups(
+    cfg: Any,
+    model_path: str,
+    pad_token_id: int | None = None,
+    timing: dict[str, float] | None = None,
+) -> RoleGroups:
+    """Start the worker groups the config asks for and initialise their models; the
+    seconds of each start-up phase (``ray_init``, ``workers_start``, ``models_init``) are
+    added to ``timing``."""
+    timing = {} if timing is None else timing
     needs_critic = cfg.algorithm.adv_estimator == "gae"
     actor = ClassWithInitArgs(
         ActorRolloutWorker, actor_worker_config(cfg, model_path, pad_token_id)
@@ -220,6 +258,7 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
     uses_reference = actor.args[0]["ref"] is not None
     trainer = cfg.trainer
     owned_ray = False
+    workers_start = time.perf_counter()
     if trainer.backend == "local":
         if trainer.num_workers != 1:
             raise ValueError(
@@ -237,11 +276,23 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
             if num_cpus is not None and cfg.rollout.placement == "split":
                 # the rollout pool's actors come on top of the training workers
                 num_cpus += math.ceil(cfg.rollout.num_replicas * cfg.rollout.cpus_per_replica)
-            _init_ray(num_cpus)
+            with timed(timing, "ray_init"):
+                _init_ray(num_cpus)
             owned_ray = True
-        pool = ResourcePool(
-            [trainer.num_workers] * trainer.nnodes, cpus_per_process=trainer.cpus_per_worker
-        )
+        # the workers' nodes decide the platform (never the driver's hardware)
+        platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
+        log.info("worker platform: %s", platform)
+
+        def pool_of(process_on_nodes: list[int]) -> ResourcePool:
+            return ResourcePool(
+                process_on_nodes,
+                cpus_per_process=trainer.cpus_per_worker,
+                accelerators_per_process=trainer.gpus_per_worker,
+                platform=platform,
+            )
+
+        pool = pool_of([trainer.num_workers] * trainer.nnodes)
+        workers_start = time.perf_counter()
         kwargs = {"call_timeout_s": trainer.call_timeout_s}
         if trainer.placement == "split":
             # The critic gets its own pool; the reward model stays with the actor.
@@ -253,12 +304,12 @@ def start_role_groups(cfg: Any, model_path: str, pad_token_id: int | None = None
         else:
             groups = {"actor": RayWorkerGroup(pool, actor, name_prefix="actor", **kwargs)}
         if needs_critic and trainer.placement == "split":
-            critic_pool = ResourcePool(
-                [trainer.critic_workers], cpus_per_process=trainer.cpus_per_worker
-            )
+            critic_pool = pool_of([trainer.critic_workers])
             groups["critic"] = RayWorkerGroup(critic_pool, critic, name_prefix="critic", **kwargs)
-    for group in groups.values():
-        group.init_model()
+    timing["workers_start"] = time.perf_counter() - workers_start
+    with timed(timing, "models_init"):
+        for group in groups.values():
+            group.init_model()
     return RoleGroups(
         actor=groups["actor"],
         critic=groups.get("critic"),

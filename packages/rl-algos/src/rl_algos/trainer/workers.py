@@ -15,6 +15,7 @@ process boundaries); `rl_algos.trainer.config` builds them.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -48,6 +49,7 @@ def _train_epochs(
     epochs: int,
     prefix: str,
     seed: int,
+    outputs: tuple[str, ...] | None = None,
 ) -> dict[str, float]:
     """PPO-style updates: `epochs` passes over `batch` in mini-batches of this rank's share.
 
@@ -61,7 +63,8 @@ def _train_epochs(
     for _ in range(epochs):
         order = torch.randperm(len(batch), generator=generator)
         for start in range(0, len(batch), per_rank):
-            metrics = engine.train_batch(batch[order[start : start + per_rank]], loss_fn)
+            mini_batch = batch[order[start : start + per_rank]]
+            metrics = engine.train_batch(mini_batch, loss_fn, outputs=outputs)
             steps += 1
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
@@ -85,7 +88,9 @@ class _TrainedRole(Worker):
         self.config = config
         self.engine: TrainEngine | None = None
 
-    def _update(self, batch: DataProto, loss_fn: Any) -> DataProto:
+    def _update(
+        self, batch: DataProto, loss_fn: Any, outputs: tuple[str, ...] | None = None
+    ) -> DataProto:
         cfg = self.config
         step = int(batch.meta_info.get("global_step", 0))
         metrics = _train_epochs(
@@ -96,8 +101,17 @@ class _TrainedRole(Worker):
             cfg["epochs"],
             self.prefix,
             seed=int(cfg.get("seed", 0)) * 1_000_003 + step,
+            outputs=outputs,
         )
         return _metrics_proto(metrics, self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def peak_memory(self) -> dict[str, float]:
+        """This process's peak device memory (host RSS on CPU) in bytes, and its pid."""
+        return {
+            "pid": float(os.getpid()),
+            "peak_bytes": float(self.platform.max_memory_allocated()),
+        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -114,8 +128,13 @@ class ActorRolloutWorker(_TrainedRole):
     ``config`` keys: ``engine`` (name), ``engine_config`` (EngineConfig dict), ``ref``
     (EngineConfig dict or None), ``generator`` (name), ``rollout`` (the generator's config
     mapping; its ``rollout`` entry is the RolloutConfig), ``loss`` (PolicyLossConfig dict),
-    ``mini_batch_size``, ``epochs``, ``offload_when_generating``, ``weight_bucket_bytes``
-    and ``colocated_rollout`` (False: the rollout runs elsewhere, no engine here).
+    ``mini_batch_size``, ``epochs``, ``offload_when_generating``,
+    ``sleep_while_training`` (None: on accelerators), ``weight_bucket_bytes`` and
+    ``colocated_rollout`` (False: the rollout runs elsewhere, no engine here).
+
+    The hybrid cycle: generate -> the rollout sleeps (frees its KV cache and device
+    weights) -> reference/old log-probs and the update run on the training engine ->
+    `sync_weights` wakes the rollout and loads the new weights -> generate.
     """
 
     prefix = "actor"
@@ -124,6 +143,7 @@ class ActorRolloutWorker(_TrainedRole):
         super().__init__(config)
         self.ref: TrainEngine | None = None
         self.generator: Any = None
+        self._rollout_asleep = False
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -145,8 +165,18 @@ class ActorRolloutWorker(_TrainedRole):
         )
         self.sync_weights(0)  # the rollout starts from exactly the actor's weights
 
+    def _sleeps_while_training(self) -> bool:
+        choice = self.config.get("sleep_while_training")
+        return self.platform.device_type != "cpu" if choice is None else bool(choice)
+
+    def _wake_rollout(self) -> None:
+        if self._rollout_asleep:
+            self.generator.wake_up()
+            self._rollout_asleep = False
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, batch: DataProto) -> DataProto:
+        self._wake_rollout()
         if self.config.get("offload_when_generating"):
             self.engine.offload()
         try:
@@ -154,6 +184,9 @@ class ActorRolloutWorker(_TrainedRole):
         finally:
             if self.config.get("offload_when_generating"):
                 self.engine.onload()
+            if self._sleeps_while_training():
+                self.generator.sleep(1)
+                self._rollout_asleep = True
         # Timings differ per rank and would conflict when the chunks are merged; the
         # driver times the phase, and per-sample counts travel as non-tensor fields.
         out.meta_info.pop("rollout_metrics", None)
@@ -175,7 +208,13 @@ class ActorRolloutWorker(_TrainedRole):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, batch: DataProto) -> DataProto:
-        return self._update(batch, self.loss_fn)
+        """PPO-style update. Entropy is computed in the update's forward pass when the
+        loss uses it or when no separate old-log-prob pass reported it."""
+        entropy = self.config["loss"].get("entropy_coeff", 0) != 0 or batch.meta_info.get(
+            "old_log_probs_from_update", False
+        )
+        outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
+        return self._update(batch, self.loss_fn, outputs)
 
     def _buckets(self) -> Any:
         bucket_bytes = int(self.config.get("weight_bucket_bytes", 256 * 1024 * 1024))
@@ -186,6 +225,7 @@ class ActorRolloutWorker(_TrainedRole):
         """Full weights from the training engine into this process's rollout engine: one
         update session (``version``: the policy version they are)."""
         start = time.perf_counter()
+        self._wake_rollout()
         self.generator.update_weights(
             (pair for bucket in self._buckets() for pair in bucket), version
         )

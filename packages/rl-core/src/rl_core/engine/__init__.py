@@ -29,6 +29,7 @@ from rl_core.engine.config import (
 )
 from rl_core.engine.functional import (
     entropy_from_logits,
+    linear_log_probs_and_entropy,
     partition_by_count,
     partition_by_token_budget,
     token_log_probs,
@@ -61,6 +62,7 @@ __all__ = [
     "entropy_from_logits",
     "iter_layer_buckets",
     "layer_of",
+    "linear_log_probs_and_entropy",
     "local_micro_batch_count",
     "partition_by_count",
     "partition_by_token_budget",

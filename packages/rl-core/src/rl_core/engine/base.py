@@ -18,6 +18,16 @@ Loss-function contract::
   mini-batch on all ranks, therefore gives the same gradient for any DP size and any
   micro-batch split. The returned metrics follow the same rule: the engine sums each over
   micro-batches and ranks (normalise by the global counts to report means).
+
+Where tensors live (the device contract; the conformance suite checks it):
+
+* ``train_batch``/``infer_batch`` accept batches on any device (the controller sends them
+  in host memory).
+* The loss function receives ``outputs`` **and every tensor of the micro-batch on the
+  engine's device** (`TrainEngine.device`): a loss never moves data itself.
+* `infer_batch` returns CPU tensors; so does everything else an engine hands back to its
+  caller (metrics are Python floats). `export_weights` yields tensors on the engine's
+  device (the rollout side moves them where it needs them).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 from rl_core.engine.config import EngineConfig, MicroBatchConfig
@@ -97,6 +108,11 @@ class TrainEngine(ABC):
 
     @property
     @abstractmethod
+    def device(self) -> torch.device:
+        """The device this rank computes on (chosen by the `rl_core.platform` Platform)."""
+
+    @property
+    @abstractmethod
     def dp_rank(self) -> int:
         """This rank's index among data-parallel ranks (which batch shard it gets)."""
 
@@ -119,7 +135,8 @@ class TrainEngine(ABC):
     def train_batch(
         self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
     ) -> dict[str, float]:
-        """One optimizer step on this mini-batch shard.
+        """One optimizer step on this mini-batch shard (``EngineConfig.inference_only``
+        engines raise RuntimeError: they hold no optimizer).
 
         Splits into micro-batches (`EngineConfig.micro_batch`), accumulates gradients of
         ``loss_fn`` (see the module docstring), clips by global norm, steps the optimizer
@@ -163,7 +180,8 @@ class TrainEngine(ABC):
 
     @abstractmethod
     def offload(self) -> None:
-        """Move parameters, gradients and optimizer state to host memory."""
+        """Release device memory: parameters, gradients and optimizer state go to host
+        memory (on an accelerator, device memory in use falls by their size)."""
 
     @abstractmethod
     def onload(self) -> None:

@@ -263,6 +263,8 @@ class EngineConfig:
     """Everything a training engine is built from.
 
     ``infer_micro_batch`` (None: same as ``micro_batch``) cuts `infer_batch` inputs.
+    ``inference_only``: a model that is never trained (a reference policy, a reward
+    model): no optimizer, no optimizer state, no gradients; `train_batch` raises.
     ``on_nan``: what a non-finite loss or gradient norm does: "raise" (FloatingPointError)
     or "skip" (drop the step: no optimizer/scheduler step; metrics say ``skipped=1``);
     either way parameters never take a non-finite update. ``timeout_s`` bounds every
@@ -274,6 +276,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
     infer_micro_batch: MicroBatchConfig | None = None
+    inference_only: bool = False
     seed: int = 0
     on_nan: Literal["raise", "skip"] = "raise"
     timeout_s: float = 600.0
@@ -286,6 +289,8 @@ class EngineConfig:
         self.micro_batch.validate()
         if self.infer_micro_batch is not None:
             self.infer_micro_batch.validate()
+        if not isinstance(self.inference_only, bool):
+            raise _bad(self, "inference_only", "true or false")
         if not _is_int(self.seed) or self.seed < 0:
             raise _bad(self, "seed", "an integer >= 0")
         if self.on_nan not in ON_NAN:

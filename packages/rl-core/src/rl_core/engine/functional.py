@@ -2,6 +2,9 @@
 
 * `token_log_probs` / `entropy_from_logits`: per-token log-prob of given tokens and the
   entropy of the sampling distribution, from logits at a temperature, in float32.
+* `linear_log_probs_and_entropy`: the same from hidden states and the LM head's weight,
+  a chunk of tokens at a time, so the full [tokens, vocab] logits (and their float32
+  copy) never exist at once, in forward or in backward (a fused linear + log-softmax).
 * `partition_by_count` / `partition_by_token_budget`: how a batch is cut into micro-batches.
 """
 
@@ -10,10 +13,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "entropy_from_logits",
+    "linear_log_probs_and_entropy",
     "partition_by_count",
     "partition_by_token_budget",
     "token_log_probs",
@@ -59,6 +65,71 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy of ``softmax(logits / temperature)`` over the last dimension (float32)."""
     z = _scaled(logits, temperature)
     return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+
+def _chunk_log_probs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    labels: Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor]:
+    log_probs, entropy = token_log_probs_and_entropy(
+        F.linear(hidden, weight, bias), labels, temperature, with_entropy
+    )
+    return log_probs, entropy if entropy is not None else torch.zeros_like(log_probs)
+
+
+def linear_log_probs_and_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk_tokens: int = 1024,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """`token_log_probs_and_entropy` of ``hidden @ weight.T + bias``, ``chunk_tokens``
+    tokens at a time.
+
+    ``hidden`` [..., H], ``weight`` [V, H], ``labels`` [...]. With autograd on, each chunk
+    is recomputed in backward (activation checkpointing), so peak memory holds the logits
+    of one chunk instead of all tokens. ``chunk_tokens`` <= 0 computes everything at once.
+    Returns float32 tensors shaped like ``labels``.
+    """
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"hidden has shape {tuple(hidden.shape)} and labels {tuple(labels.shape)}: "
+            "expected hidden = [..., H] with labels = [...]"
+        )
+    lead = labels.shape
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    flat_y = labels.reshape(-1)
+    total = flat_y.numel()
+    step = total if chunk_tokens <= 0 else max(1, int(chunk_tokens))
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    pieces_lp, pieces_ent = [], []
+    for start in range(0, max(total, 1), step):
+        h, y = flat_h[start : start + step], flat_y[start : start + step]
+        if grad and step < total:
+            lp, ent = checkpoint(
+                _chunk_log_probs,
+                h,
+                weight,
+                bias,
+                y,
+                temperature,
+                with_entropy,
+                use_reentrant=False,
+            )
+        else:
+            lp, ent = _chunk_log_probs(h, weight, bias, y, temperature, with_entropy)
+        pieces_lp.append(lp)
+        pieces_ent.append(ent)
+    log_probs = torch.cat(pieces_lp).reshape(lead)
+    entropy = torch.cat(pieces_ent).reshape(lead) if with_entropy else None
+    return log_probs, entropy
 
 
 def partition_by_count(num_items: int, num_parts: int) -> list[list[int]]:

@@ -54,8 +54,10 @@ class WorkerInfo:
     resources: WorkerResources = field(default_factory=WorkerResources)
 
     def dist_env(self) -> dict[str, str]:
-        """The torch.distributed ``env://`` variables for this worker."""
+        """The torch.distributed ``env://`` variables for this worker, and ``RL_PLATFORM``
+        (the group's platform: code in the worker that asks `get_platform()` gets it)."""
         return {
+            "RL_PLATFORM": self.platform,
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_RANK": str(self.local_rank),

@@ -16,7 +16,11 @@ loss against a float64 single-process Hugging Face reference (so the loss contra
 for any DP size); log-probs, entropy and values against that reference; micro-batching
 and token-budget batching give the same update as one big batch; save/load resumes
 bit-exactly; exported weights load into a fresh Hugging Face model and reproduce the
-engine's log-probs; offload/onload changes nothing; bad input and NaN losses fail clearly.
+engine's log-probs; offload/onload changes nothing; bad input and NaN losses fail clearly;
+the device contract (the loss sees every tensor on ``engine.device``, `infer_batch`
+returns CPU tensors; the reference losses use the batch exactly as given, so an engine
+that hands over host tensors fails on an accelerator); entropy in `train_batch`;
+``inference_only`` engines hold no optimizer and refuse to train.
 
 Requires pytest; transformers is imported inside functions only (engines bring it).
 """
@@ -117,17 +121,19 @@ def make_rl_batch(
 
 
 def pg_loss(outputs: dict[str, torch.Tensor], mb: DataProto, ctx: LossContext):
-    """-sum(log_prob * advantage) over response tokens / global token count (sum-style)."""
-    mask = mb.batch["response_mask"].to(outputs["log_probs"].device).float()
-    adv = mb.batch["advantages"].to(mask.device)
+    """-sum(log_prob * advantage) over response tokens / global token count (sum-style).
+
+    Uses the micro-batch as given: the engine must hand it over on its own device."""
+    mask = mb.batch["response_mask"].float()
+    adv = mb.batch["advantages"]
     loss = -(outputs["log_probs"] * adv * mask).sum() / ctx.global_num_tokens
     return loss, {"pg_tokens": float(mask.sum()) / ctx.global_num_tokens}
 
 
 def value_loss(outputs: dict[str, torch.Tensor], mb: DataProto, ctx: LossContext):
     """0.5 * squared error to the returns / global token count (sum-style)."""
-    mask = mb.batch["response_mask"].to(outputs["values"].device).float()
-    ret = mb.batch["returns"].to(mask.device)
+    mask = mb.batch["response_mask"].float()
+    ret = mb.batch["returns"]
     loss = 0.5 * (((outputs["values"] - ret) ** 2) * mask).sum() / ctx.global_num_tokens
     return loss, {}
 
@@ -422,6 +428,70 @@ def check_nan_loss(spec: dict[str, Any]) -> None:
         engine.close()
 
 
+class _DeviceCheckingLoss:
+    """`pg_loss` (or `value_loss`) that first fails unless every tensor it is given lives
+    on ``device``, and records the output kinds it saw."""
+
+    def __init__(self, device: torch.device, value: bool) -> None:
+        self.device, self.value, self.seen = torch.device(device), value, set()
+
+    def __call__(self, outputs, mb, ctx):
+        given = {f"outputs[{k!r}]": t for k, t in outputs.items()}
+        given.update({f"micro_batch[{k!r}]": t for k, t in mb.batch.items()})
+        off = {k: str(t.device) for k, t in given.items() if t.device != self.device}
+        if off:
+            raise AssertionError(f"loss got tensors off the engine's device {self.device}: {off}")
+        self.seen.update(outputs)
+        return (value_loss if self.value else pg_loss)(outputs, mb, ctx)
+
+
+def check_device_contract(spec: dict[str, Any]) -> None:
+    value = spec["value_head"]
+    engine = build_engine(spec["engine"], engine_config(spec["model_dir"], spec["options"]))
+    assert isinstance(engine.device, torch.device), engine.device
+    local = _shard(make_rl_batch(), engine)
+    loss = _DeviceCheckingLoss(engine.device, value)
+    engine.train_batch(local, loss)
+    kinds = ("values",) if value else ("log_probs", "entropy")
+    out = engine.infer_batch(local, outputs=kinds)
+    for key in kinds:
+        assert out.batch[key].device.type == "cpu", (key, out.batch[key].device)
+    if value:
+        return
+    # entropy requested in training reaches the loss and matches the reference
+    captured: dict[str, torch.Tensor] = {}
+
+    def entropy_loss(outputs, mb, ctx):
+        captured.setdefault("entropy", outputs["entropy"].detach().cpu())
+        captured.setdefault("mask", mb.batch["response_mask"].cpu())
+        return loss(outputs, mb, ctx)
+
+    cfg = engine_config(spec["model_dir"], spec["options"], optim={"lr": 0.0})
+    fresh = build_engine(spec["engine"], cfg)
+    fresh.train_batch(local, entropy_loss, outputs=("log_probs", "entropy"))
+    assert {"log_probs", "entropy"} <= loss.seen, loss.seen
+    ref = reference_outputs(spec["model_dir"], local)["entropy"]
+    if captured["entropy"].shape == ref.shape:  # one micro-batch: rows in batch order
+        mask = captured["mask"].bool()
+        torch.testing.assert_close(
+            captured["entropy"].double()[mask], ref[mask], atol=2e-5, rtol=1e-4
+        )
+
+
+def check_inference_only(spec: dict[str, Any]) -> None:
+    cfg = engine_config(spec["model_dir"], spec["options"], inference_only=True)
+    engine = build_engine(spec["engine"], cfg)
+    local = _shard(make_rl_batch(), engine)
+    kinds = ("values",) if spec["value_head"] else ("log_probs",)
+    out = engine.infer_batch(local, outputs=kinds)
+    ref = reference_outputs(spec["model_dir"], local, value_head=spec["value_head"])
+    torch.testing.assert_close(out.batch[kinds[0]].double(), ref[kinds[0]], atol=2e-5, rtol=1e-4)
+    optimizer = getattr(engine, "optimizer", None)
+    assert optimizer is None or not getattr(optimizer, "state", None), "optimizer state exists"
+    with pytest.raises(RuntimeError, match="inference_only"):
+        engine.train_batch(local, value_loss if spec["value_head"] else pg_loss)
+
+
 CHECKS = {
     "training": check_training,
     "infer_matches_hf": check_infer_matches_hf,
@@ -431,8 +501,17 @@ CHECKS = {
     "offload": check_offload,
     "bad_input": check_bad_input,
     "nan_loss": check_nan_loss,
+    "device_contract": check_device_contract,
+    "inference_only": check_inference_only,
 }
-VALUE_CHECKS = ("training", "infer_matches_hf", "micro_batching", "save_load")
+VALUE_CHECKS = (
+    "training",
+    "infer_matches_hf",
+    "micro_batching",
+    "save_load",
+    "device_contract",
+    "inference_only",
+)
 CASES = [f"{name}-lm" for name in CHECKS] + [f"{name}-value" for name in VALUE_CHECKS]
 
 

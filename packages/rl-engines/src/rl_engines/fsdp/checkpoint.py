@@ -27,28 +27,32 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rl_core.platform import get_platform
+
 __all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
 
 META = "meta.json"
 
 
-def rng_state(device_type: str) -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """Host and device RNG states (the device's through the platform)."""
     state = {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "python": random.getstate(),
     }
-    if device_type != "cpu":
-        state["device"] = torch.get_device_module(device_type).get_rng_state()
+    device_state = get_platform().get_rng_state()
+    if device_state is not None:
+        state["device"] = device_state
     return state
 
 
-def set_rng_state(state: dict[str, Any], device_type: str) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if device_type != "cpu" and "device" in state:
-        torch.get_device_module(device_type).set_rng_state(state["device"])
+    if "device" in state:
+        get_platform().set_rng_state(state["device"])
 
 
 def _rank_error(what: str, path: str, exc: BaseException) -> RuntimeError:

@@ -6,20 +6,30 @@ over ``dp_replicate`` (HSDP). Forward/backward run in ``compute_dtype`` (bf16 on
 accelerators), gradients are reduced in ``reduce_dtype`` and the master weights and
 optimizer stay in ``dtype``.
 
+Device rules (the rl-core contract): the platform picks this rank's device from the
+devices the process sees; the loss function gets the micro-batch on that device;
+`infer_batch` returns CPU tensors. Log-probs and entropy come from a chunked LM head
+(``engine_kwargs.logprob_chunk_tokens``), so full-vocabulary float32 logits never exist.
+``EngineConfig.inference_only`` builds no optimizer (reference and reward models).
+
 Not implemented here: Ulysses sequence parallelism and LoRA (use full fine-tuning; both
 are planned), tensor/pipeline parallelism (the megatron engine).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import math
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from rl_core.engine import (
@@ -35,6 +45,7 @@ from rl_core.engine import (
     local_micro_batch_count,
     split_micro_batches,
 )
+from rl_core.platform import get_platform
 from rl_core.protocol import DataProto
 from rl_engines.distributed import (
     all_reduce,
@@ -43,15 +54,51 @@ from rl_engines.distributed import (
     local_device,
 )
 from rl_engines.fsdp.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from rl_engines.fsdp.forward import forward_micro_batch, varlen_attention_available
+from rl_engines.fsdp.forward import (
+    ChunkedLMHead,
+    forward_micro_batch,
+    varlen_attention_available,
+)
 from rl_engines.fsdp.model import (
     build_device_mesh,
     build_hf_model,
+    resolve_attn_implementation,
     resolve_compute_dtype,
     shard_model,
 )
 
-__all__ = ["FSDPEngine"]
+__all__ = ["FSDPEngine", "FSDPOptions"]
+
+
+@dataclass(frozen=True)
+class FSDPOptions:
+    """The fsdp engine's own options (``EngineConfig.engine_kwargs``).
+
+    ``logprob_chunk_tokens``: tokens per chunk of the LM head when computing log-probs and
+    entropy (a micro-batch with more tokens is split, and each chunk is recomputed in
+    backward); 0 computes full logits at once.
+    """
+
+    logprob_chunk_tokens: int = 4096
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> FSDPOptions:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ValueError(
+                f"EngineConfig.engine_kwargs has unknown key(s) {unknown} for the fsdp "
+                f"engine: expected some of {sorted(names)}"
+            )
+        options = cls(**kwargs)
+        chunk = options.logprob_chunk_tokens
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
+            raise ValueError(
+                f"EngineConfig.engine_kwargs.logprob_chunk_tokens={chunk!r} is invalid: "
+                "expected an integer >= 0 (0: no chunking)"
+            )
+        return options
+
 
 RESERVED_METRICS = (
     "loss",
@@ -97,14 +144,15 @@ class FSDPEngine(TrainEngine):
                 f"ModelConfig.path={path!r} does not exist or is not a directory: expected a "
                 "local Hugging Face model directory (config.json + weights)"
             )
+        self.options = FSDPOptions.from_kwargs(config.engine_kwargs)
         self.device_type, backend = device_and_backend()
+        self._device = local_device()
         ensure_process_group(backend, config.timeout_s)
-        self.device = local_device(self.device_type)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.mesh = build_device_mesh(config.parallel, self.device_type, self.world_size)
         mcfg = config.model
         self.value_model = mcfg.value_head
-        self.compute_dtype = resolve_compute_dtype(mcfg, self.device_type)
+        self.compute_dtype = resolve_compute_dtype(mcfg)
         if config.parallel.cpu_offload and self.device_type == "cpu":
             raise ValueError(
                 "ParallelConfig.cpu_offload=True on a CPU device: expected an accelerator "
@@ -113,9 +161,11 @@ class FSDPEngine(TrainEngine):
         self.packed = (
             mcfg.use_remove_padding
             if mcfg.use_remove_padding is not None
-            else varlen_attention_available(mcfg.attn_implementation)
+            else varlen_attention_available(resolve_attn_implementation(mcfg))
         )
         model = build_hf_model(mcfg, config.seed)
+        if config.inference_only:
+            model.requires_grad_(False)
         self.hf_config = model.config
         self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         self.model = shard_model(
@@ -128,21 +178,33 @@ class FSDPEngine(TrainEngine):
             reshard_after_forward=config.parallel.reshard_after_forward,
             device=self.device,
         )
-        opt = config.optim
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=opt.lr,
-            betas=opt.betas,
-            eps=opt.eps,
-            weight_decay=opt.weight_decay,
+        self.head = (
+            None
+            if self.value_model
+            else ChunkedLMHead.install(self.model, self.options.logprob_chunk_tokens)
         )
-        _init_optimizer_state(self.optimizer)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if not config.inference_only:
+            opt = config.optim
+            self.optimizer = torch.optim.AdamW(
+                [p for p in self.model.parameters() if p.requires_grad],
+                lr=opt.lr,
+                betas=opt.betas,
+                eps=opt.eps,
+                weight_decay=opt.weight_decay,
+            )
+            _init_optimizer_state(self.optimizer)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
         self._step = 0
         self._offloaded = False
         torch.manual_seed(config.seed + self.rank)
 
     # ---- layout -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
     @property
     def dp_rank(self) -> int:
         return self.rank
@@ -173,6 +235,14 @@ class FSDPEngine(TrainEngine):
         if self._offloaded:
             raise RuntimeError(f"{what} called while the engine is offloaded: call onload() first")
 
+    def _require_trainable(self, what: str) -> None:
+        if self.optimizer is None:
+            raise RuntimeError(
+                f"rank {self.rank}: {what} on an engine built with "
+                "EngineConfig.inference_only=True (no optimizer): build it with "
+                "inference_only=False to train or checkpoint it"
+            )
+
     def _temperature(self, batch: DataProto, temperature: float | None) -> float:
         if temperature is None:
             temperature = batch.meta_info.get("temperature", 1.0)
@@ -187,6 +257,7 @@ class FSDPEngine(TrainEngine):
         self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
     ) -> dict[str, float]:
         self._require_onloaded("train_batch")
+        self._require_trainable("train_batch")
         check_batch(batch, TRAIN_KEYS)
         default = ("values",) if self.value_model else ("log_probs",)
         outputs = check_outputs(outputs or default, self.value_model)
@@ -207,6 +278,7 @@ class FSDPEngine(TrainEngine):
         metric_sums: dict[str, float] = {}
         for index, (micro_batch, _) in enumerate(micro_batches):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
+            micro_batch = micro_batch.to(self.device)  # the loss sees it on our device
             out = forward_micro_batch(
                 self.model,
                 self._tensors(micro_batch),
@@ -214,6 +286,7 @@ class FSDPEngine(TrainEngine):
                 temperature,
                 self.packed,
                 self.value_model,
+                self.head,
             )
             loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
             loss.backward()
@@ -334,6 +407,7 @@ class FSDPEngine(TrainEngine):
                 temperature,
                 self.packed,
                 self.value_model,
+                self.head,
             )
             for key in outputs:
                 pieces[key].append(out[key].cpu())
@@ -370,6 +444,7 @@ class FSDPEngine(TrainEngine):
     # ---- checkpoints --------------------------------------------------------------
     def save(self, path: str) -> None:
         self._require_onloaded("save")
+        self._require_trainable("save")
         bad = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
@@ -381,13 +456,14 @@ class FSDPEngine(TrainEngine):
         extra = {
             "step": self._step,
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(self.device_type),
+            "rng": rng_state(),
         }
         meta = {"engine": "fsdp", "step": self._step, "value_model": self.value_model}
         save_checkpoint(path, self.model, self.optimizer, extra, meta)
 
     def load(self, path: str) -> None:
         self._require_onloaded("load")
+        self._require_trainable("load")
         extra, meta = load_checkpoint(path, self.model, self.optimizer)
         if bool(meta.get("value_model")) != self.value_model:
             raise ValueError(
@@ -397,7 +473,7 @@ class FSDPEngine(TrainEngine):
         self._step = int(extra["step"])
         self.scheduler.load_state_dict(extra["scheduler"])
         if "rng" in extra:
-            set_rng_state(extra["rng"], self.device_type)
+            set_rng_state(extra["rng"])
 
     # ---- memory -------------------------------------------------------------------
     def offload(self) -> None:
@@ -413,13 +489,24 @@ class FSDPEngine(TrainEngine):
         self._offloaded = False
 
     def _move(self, device: torch.device | str) -> None:
+        """Parameters (resharded first: no gathered copy survives), gradients (dropped)
+        and optimizer state to ``device``; on the way out, the allocator's cache goes back
+        to the device."""
         if self.device_type == "cpu" or self.config.parallel.cpu_offload:
             return  # already in host memory
+        platform = get_platform()
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
         self.model.to(device)
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, Tensor) and key != "step":
-                    state[key] = value.to(device, non_blocking=True)
-        torch.get_device_module(self.device_type).synchronize()
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, Tensor) and key != "step":
+                        state[key] = value.to(device, non_blocking=True)
+        platform.synchronize()
         if str(device) == "cpu":
-            torch.get_device_module(self.device_type).empty_cache()
+            gc.collect()
+            platform.empty_cache()

@@ -11,20 +11,89 @@ Two input layouts give the same numbers:
   predict response tokens.
 
 Outputs are [b, R] (float32); positions whose response token is padding hold 0.
+
+With a `ChunkedLMHead` installed on the model, the LM head computes log-probs and entropy
+from the hidden states a chunk of tokens at a time (`linear_log_probs_and_entropy`): the
+[tokens, vocab] logits never exist in full, in forward or backward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import types
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from rl_core.engine import token_log_probs_and_entropy
+from rl_core.engine import linear_log_probs_and_entropy, token_log_probs_and_entropy
 
-__all__ = ["forward_micro_batch", "varlen_attention_available"]
+__all__ = ["ChunkedLMHead", "forward_micro_batch", "varlen_attention_available"]
 
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+# Config fields of models that transform the LM head's logits after it (soft-capping,
+# scaling): the chunked head would skip that step, so those models keep full logits.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+class ChunkedLMHead:
+    """Turns a causal LM's ``lm_head`` into a chunked log-prob/entropy head on request.
+
+    The module itself stays where it is (parameter names, FSDP sharding and weight tying
+    are untouched); only its ``forward`` is wrapped. Outside `request` it returns logits
+    as before. Inside, the model's "logits" output is [..., 2]: the log-prob of each
+    position's label and the entropy of its distribution, computed ``chunk_tokens`` tokens
+    at a time from the hidden states.
+    """
+
+    def __init__(self, lm_head: nn.Linear, chunk_tokens: int) -> None:
+        self.lm_head = lm_head
+        self.chunk_tokens = chunk_tokens
+        self._request: tuple[Tensor, float, bool] | None = None
+        plain = lm_head.forward
+
+        def forward(module: nn.Linear, hidden: Tensor) -> Tensor:
+            if self._request is None:
+                return plain(hidden)
+            labels, temperature, with_entropy = self._request
+            log_probs, entropy = linear_log_probs_and_entropy(
+                hidden,
+                module.weight,
+                labels,
+                temperature,
+                with_entropy,
+                self.chunk_tokens,
+                module.bias,
+            )
+            if entropy is None:
+                entropy = torch.zeros_like(log_probs)
+            return torch.stack([log_probs, entropy], dim=-1)
+
+        lm_head.forward = types.MethodType(forward, lm_head)
+
+    @classmethod
+    def install(cls, model: nn.Module, chunk_tokens: int) -> ChunkedLMHead | None:
+        """Wrap ``model``'s output embedding; None when the model does not allow it
+        (no linear head, or logits transformed after the head)."""
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        config = getattr(model, "config", None)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if not isinstance(head, nn.Linear) or any(
+            getattr(c, key, None) not in (None, 1.0)
+            for c in (config, text_config)
+            for key in _LOGIT_TRANSFORMS
+        ):
+            return None
+        return cls(head, chunk_tokens)
+
+    @contextlib.contextmanager
+    def request(self, labels: Tensor, temperature: float, with_entropy: bool) -> Iterator[None]:
+        """Within this block the model returns [..., 2] (log-prob of ``labels``, entropy)."""
+        self._request = (labels, temperature, with_entropy)
+        try:
+            yield
+        finally:
+            self._request = None
 
 
 def varlen_attention_available(attn_implementation: str) -> bool:
@@ -39,11 +108,30 @@ def forward_micro_batch(
     temperature: float,
     packed: bool,
     value_model: bool,
+    head: ChunkedLMHead | None = None,
 ) -> dict[str, Tensor]:
     """Run ``model`` on one micro-batch; return the requested [b, R] outputs."""
     if packed:
-        return _forward_packed(model, tensors, outputs, temperature, value_model)
-    return _forward_padded(model, tensors, outputs, temperature, value_model)
+        return _forward_packed(model, tensors, outputs, temperature, value_model, head)
+    return _forward_padded(model, tensors, outputs, temperature, value_model, head)
+
+
+def _log_probs_and_entropy(
+    model: nn.Module,
+    kwargs: dict[str, Tensor],
+    keep: int | Tensor,
+    labels: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    head: ChunkedLMHead | None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``labels`` (one per kept position) and entropy, [..., K] float32."""
+    if head is None:
+        logits = model(**kwargs, logits_to_keep=keep).logits
+        return token_log_probs_and_entropy(logits, labels, temperature, with_entropy)
+    with head.request(labels, temperature, with_entropy):
+        out = model(**kwargs, logits_to_keep=keep).logits
+    return out[..., 0], out[..., 1] if with_entropy else None
 
 
 def _response_valid(tensors: dict[str, Tensor], resp_len: int) -> Tensor:
@@ -56,6 +144,7 @@ def _forward_padded(
     outputs: Sequence[str],
     temperature: float,
     value_model: bool,
+    head: ChunkedLMHead | None,
 ) -> dict[str, Tensor]:
     responses = tensors["responses"]
     resp_len = responses.shape[1]
@@ -70,10 +159,13 @@ def _forward_padded(
         scores = model(**kwargs).logits  # [b, S, 1]
         values = scores[:, -resp_len - 1 : -1, 0].float()
         return {"values": torch.where(valid, values, 0.0)}
-    logits = model(**kwargs, logits_to_keep=resp_len + 1).logits[:, :-1, :]  # [b, R, V]
-    log_probs, entropy = token_log_probs_and_entropy(
-        logits, responses, temperature, with_entropy="entropy" in outputs
+    # the last R + 1 positions; position j predicts response token j (the last one: none)
+    labels = torch.cat([responses, responses[:, :1]], dim=1)
+    log_probs, entropy = _log_probs_and_entropy(
+        model, kwargs, resp_len + 1, labels, temperature, "entropy" in outputs, head
     )
+    log_probs = log_probs[:, :-1]
+    entropy = entropy[:, :-1] if entropy is not None else None
     result = {}
     if "log_probs" in outputs:
         result["log_probs"] = torch.where(valid, log_probs, 0.0)
@@ -88,6 +180,7 @@ def _forward_packed(
     outputs: Sequence[str],
     temperature: float,
     value_model: bool,
+    head: ChunkedLMHead | None,
 ) -> dict[str, Tensor]:
     input_ids, attention_mask = tensors["input_ids"], tensors["attention_mask"].bool()
     num_seqs, seq_len = input_ids.shape
@@ -108,12 +201,13 @@ def _forward_packed(
         values = torch.zeros((num_seqs, resp_len), dtype=torch.float32, device=scores.device)
         values = values.masked_scatter(valid, scores[keep].float())
         return {"values": values}
-    logits = model(**kwargs, logits_to_keep=keep).logits[0]  # [K, V]
-    labels = packed_ids[0, keep + 1]
-    log_probs, entropy = token_log_probs_and_entropy(
-        logits, labels, temperature, with_entropy="entropy" in outputs
+    labels = packed_ids[:, keep + 1]  # [1, K]
+    log_probs, entropy = _log_probs_and_entropy(
+        model, kwargs, keep, labels, temperature, "entropy" in outputs, head
     )
-    zeros = torch.zeros((num_seqs, resp_len), dtype=torch.float32, device=logits.device)
+    log_probs = log_probs[0]
+    entropy = entropy[0] if entropy is not None else None
+    zeros = torch.zeros((num_seqs, resp_len), dtype=torch.float32, device=log_probs.device)
     if "log_probs" in outputs:
         result["log_probs"] = zeros.masked_scatter(valid, log_probs)
     if entropy is not None:

@@ -23,19 +23,34 @@ from torch.distributed.fsdp import (
 )
 
 from rl_core.engine import ModelConfig, ParallelConfig
+from rl_core.platform import get_platform
 
-__all__ = ["build_device_mesh", "build_hf_model", "resolve_compute_dtype", "shard_model"]
+__all__ = [
+    "build_device_mesh",
+    "build_hf_model",
+    "resolve_attn_implementation",
+    "resolve_compute_dtype",
+    "shard_model",
+]
 
 
 def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_compute_dtype(config: ModelConfig, device_type: str) -> torch.dtype:
-    """``compute_dtype`` with "auto" resolved: bfloat16 on accelerators, float32 on CPU."""
+def resolve_compute_dtype(config: ModelConfig) -> torch.dtype:
+    """``compute_dtype`` with "auto" resolved by the platform: bfloat16 on accelerators,
+    float32 on CPU."""
     if config.compute_dtype == "auto":
-        return torch.float32 if device_type == "cpu" else torch.bfloat16
+        return get_platform().auto_dtype
     return _dtype(config.compute_dtype)
+
+
+def resolve_attn_implementation(config: ModelConfig) -> str:
+    """``attn_implementation`` with "auto" resolved by the platform's preference."""
+    if config.attn_implementation == "auto":
+        return get_platform().preferred_attention()
+    return config.attn_implementation
 
 
 def _hf_config(config: ModelConfig) -> Any:
@@ -71,7 +86,7 @@ def build_hf_model(config: ModelConfig, seed: int) -> nn.Module:
     auto = AutoModelForTokenClassification if config.value_head else AutoModelForCausalLM
     kwargs = {
         "dtype": _dtype(config.dtype),
-        "attn_implementation": config.attn_implementation,
+        "attn_implementation": resolve_attn_implementation(config),
         "trust_remote_code": config.trust_remote_code,
     }
     torch.manual_seed(seed)  # random init (config models, fresh value heads) equal on all ranks

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rl_core.platform import get_platform
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
@@ -87,7 +88,10 @@ class HFRolloutEngine(RolloutEngine):
                 "for the 'hf' rollout engine: expected 1 (use 'vllm' or 'sglang' for TP)"
             )
         options = dict(config.engine_kwargs)
-        self.device = torch.device(options.pop("device", "cpu"))
+        platform = get_platform()
+        device = options.pop("device", None)
+        # the device the platform picks for this process (the trainer engine's, colocated)
+        self.device = torch.device(device) if device else platform.process_device()
         self._batch_wait_s = float(options.pop("batch_wait_ms", 5.0)) / 1000.0
         options.pop("weight_bucket_bytes", None)  # the sender's bucket size (weight sync)
         if options:
@@ -95,7 +99,7 @@ class HFRolloutEngine(RolloutEngine):
                 f"RolloutConfig.engine_kwargs has unknown keys {sorted(options)} for the 'hf' "
                 "rollout engine: expected only 'device', 'batch_wait_ms', 'weight_bucket_bytes'"
             )
-        dtype = torch.float32 if config.dtype == "auto" else _DTYPES[config.dtype]
+        dtype = platform.auto_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
         self.config = config
         self.model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
         self.model.to(self.device).eval().requires_grad_(False)
@@ -226,7 +230,7 @@ class HFRolloutEngine(RolloutEngine):
             if self.device.type != "cpu":
                 await asyncio.to_thread(self.model.to, "cpu")
                 self._weights_device = torch.device("cpu")
-                torch.get_device_module(self.device).empty_cache()
+                get_platform().empty_cache()
 
     async def wake_up(self) -> None:
         self._ensure_scheduler()

@@ -12,7 +12,13 @@ from rl_rollout.tools.base import (
     ToolSchema,
     build_tool,
 )
-from rl_rollout.tools.sandbox import PythonSandboxTool, SandboxConfig, SandboxResult, run_python
+from rl_rollout.tools.sandbox import (
+    PythonSandboxTool,
+    SandboxConfig,
+    SandboxResult,
+    SandboxUnavailableError,
+    run_python,
+)
 
 __all__ = [
     "TOOLS",
@@ -20,6 +26,7 @@ __all__ = [
     "PythonSandboxTool",
     "SandboxConfig",
     "SandboxResult",
+    "SandboxUnavailableError",
     "Tool",
     "ToolArgumentError",
     "ToolResult",

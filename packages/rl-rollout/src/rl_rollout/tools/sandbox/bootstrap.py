@@ -1,25 +1,20 @@
-"""Child side of the Python sandbox; run as ``python -I -S -B sandbox_bootstrap.py RUN_ID CFG``.
+"""Child side of the Python sandbox; run as ``python -I -S -B bootstrap.py RUN_ID CFG``.
 
-This process is the run's *supervisor*. In a fresh, single-threaded interpreter, before any
-untrusted code, it
+It reads the code on stdin, sets the resource limits, installs the audit hook (a Python-level
+guard that gives clear errors; the kernel layers are what hold against native code) and runs
+the code as ``__main__`` in a module of its own (not this one, so the guard's state is out of
+reach). Two modes:
 
-1. leaves the host's network namespace (``unshare(CLONE_NEWNET)``; as non-root together with
-   a new user namespace) when the kernel allows it: the run then sees only a loopback
-   interface that is down, so no connection can leave it;
-2. waits for the code on stdin (the parent sends it only after placing this process in its
-   pids cgroup), becomes a child subreaper and forks the *worker*, which
-   - starts its own process group and sets resource limits (CPU seconds, address space,
-     file size, open files, no core dumps and, where the kernel enforces it for this user,
-     the process count),
-   - installs an audit hook (a Python-level guard, bypassable by native code, so ctypes is
-     refused as well) that refuses process creation, sockets, signals to other processes
-     and file access outside the work directory (reads are also allowed in the
-     interpreter's own library directories),
-   - runs the code as ``__main__`` with a traceback showing the user's frames;
-3. reports what it applied and the worker's pid on the status pipe, waits for the worker,
-   then kills and reaps every remaining descendant (they are re-parented to it), so no
-   process and no zombie outlives the run even where PID 1 does not reap orphans, and
-   exits with the worker's status.
+``direct`` (bubblewrap): namespaces, seccomp, no_new_privs and dropped capabilities are
+already in force; this process verifies them from ``/proc/self/status``, reports what it
+found on the status pipe, and runs the code itself (process creation is refused by seccomp,
+bubblewrap's PID 1 reaps and the parent kills the tree).
+
+``supervised`` (python-audit, weak isolation): this process is the run's *supervisor*. It
+leaves the host's network namespace (``unshare(CLONE_NEWNET)``; as non-root with a new user
+namespace) when the kernel allows it, becomes a child subreaper and forks the *worker*, which
+sets the limits, installs the guard and runs the code; it then reports the worker's pid,
+waits for it, kills and reaps every remaining descendant and exits with the worker's status.
 
 This file must not import rl_rollout: it runs in an isolated interpreter without site.
 """
@@ -56,18 +51,18 @@ BLOCKED_EVENTS = {
     "os.setuid": "changing credentials is not allowed in the sandbox",
     "os.setgid": "changing credentials is not allowed in the sandbox",
 }
-# Events whose first argument is a path the code wants to touch, and whether it writes.
+# Events whose first argument is a path the code wants to touch: (writes, index of dir_fd).
 PATH_EVENTS = {
-    "os.listdir": False,
-    "os.scandir": False,
-    "os.chdir": False,
-    "os.mkdir": True,
-    "os.remove": True,
-    "os.rmdir": True,
-    "os.chmod": True,
-    "os.chown": True,
-    "os.truncate": True,
-    "os.utime": True,
+    "os.listdir": (False, None),
+    "os.scandir": (False, None),
+    "os.chdir": (False, None),
+    "os.mkdir": (True, 2),
+    "os.remove": (True, 1),
+    "os.rmdir": (True, 1),
+    "os.chmod": (True, 2),
+    "os.chown": (True, 3),
+    "os.truncate": (True, None),
+    "os.utime": (True, 3),
 }
 READABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -107,46 +102,66 @@ def _limits(cfg):
     return limits
 
 
-def _within(path, roots):
-    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+PROCESS_EVENTS = frozenset(e for e, why in BLOCKED_EVENTS.items() if why.startswith("creating"))
 
 
-def _install_guard(work_dir, read_roots):
+def _install_guard(work_dir, read_roots, allow_subprocesses=False):
+    """Install the audit hook. Its tables are frozen copies held in this closure only."""
+    blocked = {
+        e: why
+        for e, why in BLOCKED_EVENTS.items()
+        if not (allow_subprocesses and e in PROCESS_EVENTS)
+    }
+    path_events = dict(PATH_EVENTS)
+    devices = frozenset(READABLE_DEVICES)
+    write_flags = WRITE_FLAGS
     realpath = os.path.realpath
     fspath = os.fspath
+    encoding = sys.getfilesystemencoding()
     own_pid = os.getpid()
     write_roots = (work_dir,)
     read_roots = (work_dir, *read_roots)
+    sep = os.sep
 
-    def check_path(event, path, write):
+    def within(path, roots):
+        return any(path == root or path.startswith(root.rstrip(sep) + sep) for root in roots)
+
+    def check_path(event, path, write, dir_fd=None):
         if isinstance(path, int) or path is None:
             return  # an already-open file descriptor
         path = fspath(path)
         if isinstance(path, bytes):
-            path = path.decode(sys.getfilesystemencoding(), "surrogateescape")
+            path = path.decode(encoding, "surrogateescape")
+        if dir_fd is not None and dir_fd != -1 and not path.startswith(sep):
+            raise PermissionError(f"sandbox: paths relative to dir_fd are not allowed ({event})")
         resolved = realpath(path)
-        if write and not _within(resolved, write_roots):
+        if write and not within(resolved, write_roots):
             raise PermissionError(f"sandbox: writing {path!r} is not allowed ({event})")
-        if not write and not _within(resolved, read_roots) and resolved not in READABLE_DEVICES:
+        if not write and not within(resolved, read_roots) and resolved not in devices:
             raise PermissionError(f"sandbox: reading {path!r} is not allowed ({event})")
 
     def hook(event, args):
-        if event in BLOCKED_EVENTS:
-            raise PermissionError(f"sandbox: {BLOCKED_EVENTS[event]} ({event})")
+        if event in blocked:
+            raise PermissionError(f"sandbox: {blocked[event]} ({event})")
         if event.startswith("ctypes."):
             raise PermissionError(f"sandbox: native code via ctypes is not allowed ({event})")
+        if event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents"):
+            raise PermissionError(f"sandbox: {event} is not allowed")
         if event == "open":
             path, mode, flags = args
             write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
-                isinstance(flags, int) and flags & WRITE_FLAGS
+                isinstance(flags, int) and flags & write_flags
             )
             check_path(event, path, write)
-        elif event in PATH_EVENTS:
-            check_path(event, args[0], PATH_EVENTS[event])
-        elif event in ("os.rename", "os.symlink"):
-            check_path(event, args[1], True)
-            if event == "os.rename":
-                check_path(event, args[0], True)
+        elif event in path_events:
+            write, fd_index = path_events[event]
+            dir_fd = args[fd_index] if fd_index is not None and len(args) > fd_index else None
+            check_path(event, args[0], write, dir_fd)
+        elif event == "os.symlink":
+            check_path(event, args[1], True, args[2] if len(args) > 2 else None)
+        elif event == "os.rename":
+            check_path(event, args[0], True, args[2] if len(args) > 2 else None)
+            check_path(event, args[1], True, args[3] if len(args) > 3 else None)
         elif event in ("os.kill", "os.killpg", "signal.pthread_kill") and args[0] != own_pid:
             raise PermissionError(f"sandbox: signalling other processes is not allowed ({event})")
 
@@ -156,10 +171,14 @@ def _install_guard(work_dir, read_roots):
 def _run_user_code(code, memory_mb):
     import builtins
     import linecache
+    import types
 
     filename = "<sandbox>"
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    module = types.ModuleType("__main__")
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module  # the code's own __main__, not this bootstrap
+    namespace = module.__dict__
     try:
         exec(compile(code, filename, "exec"), namespace)
     except SystemExit:
@@ -216,7 +235,8 @@ def _supervise(worker):
 
 
 def _worker(cfg, code):
-    os.setpgid(0, 0)
+    if cfg.get("setpgid", True):
+        os.setpgid(0, 0)
     for _, which, value in _limits(cfg):
         resource.setrlimit(which, value)
     sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
@@ -226,7 +246,9 @@ def _worker(cfg, code):
         # Readable: the interpreter's own library directories, the extra import paths and
         # any extra read roots the parent allowed.
         read_roots = [os.path.realpath(p) for p in [*sys.path, *cfg["read_roots"]] if p]
-        _install_guard(os.path.realpath(cfg["work_dir"]), read_roots)
+        _install_guard(
+            os.path.realpath(cfg["work_dir"]), read_roots, cfg.get("allow_subprocesses", False)
+        )
         for name in [
             m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))
         ]:
@@ -235,10 +257,46 @@ def _worker(cfg, code):
     sys.stdout.flush()
 
 
+def _verified_isolation():
+    """What the kernel reports about this process: the layers bubblewrap put in place."""
+    fields = {}
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.split()
+    found = []
+    if fields.get("NoNewPrivs") == ["1"]:
+        found.append("no-new-privs")
+    if fields.get("Seccomp") == ["2"]:
+        found.append("seccomp")
+    caps = [int(fields.get(k, ["1"])[0], 16) for k in ("CapEff", "CapPrm", "CapBnd")]
+    if caps == [0, 0, 0]:
+        found.append("caps-dropped")
+    if fields.get("Uid", [None])[0] == "65534":
+        found.append("uid-65534")
+    return found
+
+
+def _read_code():
+    code = sys.stdin.read()  # the parent sends the code once this process is in its cgroups
+    sys.stdin.close()
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - the user's stdin, empty, for the run
+    return code
+
+
 def main():
     cfg = json.loads(sys.argv[2])
     status = os.fdopen(cfg["status_fd"], "w")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if cfg["mode"] == "direct":
+        os.chdir(cfg["work_dir"])
+        code = _read_code()
+        applied = _verified_isolation() + ["rlimit-" + name for name, _, _ in _limits(cfg)]
+        status.write(json.dumps({"applied": applied}) + "\n")
+        status.close()
+        cfg["setpgid"] = False
+        _worker(cfg, code)
+        return
     libc = _libc()
     applied = []
     if not cfg["allow_network"]:
@@ -248,9 +306,7 @@ def main():
     if libc is not None and libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
         applied.append("subreaper")
     os.chdir(cfg["work_dir"])
-    code = sys.stdin.read()  # the parent sends the code once this process is in its cgroup
-    sys.stdin.close()
-    sys.stdin = open(os.devnull)  # noqa: SIM115 - the user's stdin, empty, for the run
+    code = _read_code()
     worker = os.fork()
     if worker == 0:
         status.close()
