@@ -206,6 +206,11 @@ class VLLMRolloutEngine(RolloutEngine):
             )
         if transfer == "auto":
             transfer = "files" if current_platform.is_cpu() else "ipc"
+        if transfer == "files" and not current_platform.is_cpu():
+            raise ValueError(
+                "RolloutConfig.engine_kwargs['weight_transfer']='files' is the CPU fallback: "
+                "expected 'ipc' (colocated) or 'nccl' (split pool) on accelerators"
+            )
         if transfer in ("ipc", "nccl") and current_platform.is_cpu():
             raise ValueError(
                 f"RolloutConfig.engine_kwargs['weight_transfer']={transfer!r} needs an "
