@@ -189,3 +189,21 @@ def test_sglang_output_translation():
 def test_sglang_backend_without_sglang_names_the_extra():
     with pytest.raises((ImportError, PluginLoadError), match=r"rl-rollout\[sglang\]"):
         build_rollout_engine(RolloutConfig(model_path="/m", backend="sglang"))
+
+
+# ---------------------------------------------------------------- remote (OpenAI-compatible)
+def test_remote_output_reads_token_ids_and_log_probs_of_a_completions_choice():
+    from rl_rollout.manager_replicas import RolloutReplicaError, remote_output
+
+    choice = {
+        "index": 0,
+        "finish_reason": "stop",
+        "logprobs": {"tokens": ["token_id:17", "token_id:2"], "token_logprobs": [-0.5, -1.25]},
+    }
+    out = remote_output(choice)
+    assert out.token_ids == [17, 2] and out.log_probs == [-0.5, -1.25]
+    assert out.finish_reason == "stop" and out.weight_versions is None
+    cut = remote_output({**choice, "finish_reason": "abort"})
+    assert cut.finish_reason == "abort"
+    with pytest.raises(RolloutReplicaError, match="expected 'token_id:<id>'"):
+        remote_output({**choice, "logprobs": {"tokens": ["hi"], "token_logprobs": [-1.0]}})

@@ -443,6 +443,11 @@ class RolloutManager:
         many buckets; ``version`` (default: the next one) becomes `policy_version` and is
         recorded on the tokens generated after it. Consumes ``buckets`` in this thread
         (where the trainer's gather collectives run), at most two buckets ahead."""
+        if self.config.mode == "remote":
+            raise ValueError(
+                "update_weights: the manager runs mode='remote'; the servers keep their own "
+                "weights (rollout.placement=remote is for evaluation and agents)"
+            )
         version = self.policy_version + 1 if version is None else int(version)
         timeout = timeout_s or self.config.request_timeout_s
         if self.config.mode == "ray":
