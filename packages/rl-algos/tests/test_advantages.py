@@ -137,14 +137,14 @@ def test_gae_needs_values():
         ADVANTAGE_ESTIMATORS.get("gae")(token_level_rewards=rewards, response_mask=mask)
 
 
-def test_reinforce_plus_plus_discounts_and_resets_at_the_end_of_a_response():
+def test_reinforce_plus_plus_discounts_and_ignores_rewards_on_padding():
     rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 9.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
     adv, ret = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus")(
         token_level_rewards=rewards, response_mask=mask, gamma=0.5
     )
     # row 0: G2 = 2, G1 = 0 + 0.5*2 = 1, G0 = 1 + 0.5 = 1.5
-    # row 1: the reward 9 sits on a padding token: G2 = 9 but it does not flow back
+    # row 1: the reward 9 sits on a padding token: it is not a step and does not flow back
     assert ret[0].tolist() == pytest.approx([1.5, 1.0, 2.0])
     assert ret[1, :2].tolist() == pytest.approx([1.5, 3.0])
     valid = torch.tensor([1.5, 1.0, 2.0, 1.5, 3.0], dtype=torch.float64)

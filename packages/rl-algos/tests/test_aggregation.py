@@ -18,6 +18,7 @@ MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.float64)
     ("mode", "expected"),
     [
         ("token-mean", (1 + 2 + 4) / 3),
+        ("token-sum", 1 + 2 + 4),
         ("seq-mean-token-sum", (3 + 4 + 0) / 3),
         ("seq-mean-token-mean", (1.5 + 4 + 0) / 3),  # the empty row counts as a sequence
         ("seq-mean-token-sum-norm", (3 + 4 + 0) / (3 * 4)),  # norm constant 4
@@ -67,7 +68,7 @@ def objective(kind, mode, log_prob, data, rows, scale):
     width = int((mask != 0).any(0).nonzero().max().item()) + 1 if mask.any() else 1
     cut = {k: v[rows][:, :width] for k, v in data.items()}
     lp = log_prob[rows][:, :width]
-    if kind in ("ppo", "gspo"):
+    if kind in POLICY_KINDS:
         config = PolicyLossConfig(name=kind, agg_mode=mode, clip_ratio_low=0.1, clip_ratio_high=0.2)
         loss, _ = POLICY_LOSSES.get(kind)(
             log_prob=lp,
@@ -78,9 +79,10 @@ def objective(kind, mode, log_prob, data, rows, scale):
             scale=scale,
         )
         return loss
-    if kind == "kl":
+    if kind in ("kl", "kl+"):
+        estimator = "k3" if kind == "kl" else "k3+"
         return agg_loss(
-            kl_penalty(lp, cut["ref_log_prob"], "k3"), cut["response_mask"], mode, scale
+            kl_penalty(lp, cut["ref_log_prob"], estimator), cut["response_mask"], mode, scale
         )
     loss, _ = compute_value_loss(
         lp, cut["values"], cut["returns"], cut["response_mask"], 0.2, mode, scale
@@ -88,7 +90,13 @@ def objective(kind, mode, log_prob, data, rows, scale):
     return loss
 
 
-@pytest.mark.parametrize("kind", ["ppo", "gspo", "kl", "value"])
+# the policy losses whose value does not depend on which tokens share a micro-batch
+# (Clip-Cov and KL-Cov select tokens within the micro-batch, as their reference does)
+POLICY_KINDS = ("ppo", "gspo", "gpg", "geo_mean", "cispo", "sapo", "dppo_tv", "dppo_kl", "dro")
+POLICY_KINDS += ("reinforce",)
+
+
+@pytest.mark.parametrize("kind", [*POLICY_KINDS, "kl", "kl+", "value"])
 @pytest.mark.parametrize("mode", AGG_MODES)
 @pytest.mark.parametrize(
     "layout",

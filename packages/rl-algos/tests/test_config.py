@@ -231,3 +231,62 @@ def test_rollout_placement_fields_are_checked():
         load(["rollout.placement=remote"])
     with pytest.raises(ConfigError, match=r"rollout\.num_replicas"):
         load(["rollout.num_replicas=0"])
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "algorithm.adv_estimator=opo",
+        "algorithm.adv_estimator=gpg",
+        "algorithm.adv_estimator=grpo_passk",
+        *(
+            f"actor.loss.name={name}"
+            for name in ("clip_cov", "kl_cov", "gpg", "geo_mean", "cispo", "sapo")
+        ),
+        *(f"actor.loss.name={name}" for name in ("dppo_tv", "dppo_kl", "dro", "reinforce")),
+        *(f"actor.loss.kl_loss_type={kind}" for kind in ("k1+", "k3+", "low_var_kl+")),
+        "algorithm.kl_penalty=k3+",
+        "actor.loss.agg_mode=token-sum",
+    ],
+)
+def test_new_algorithm_names_are_selectable(override):
+    cfg = load([override])
+    key, value = override.split("=")
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    assert node == value
+
+
+def test_new_loss_settings_live_under_verl_names_and_fail_with_the_key():
+    cfg = load(
+        [
+            "actor.loss.name=clip_cov",
+            "actor.loss.clip_cov_ratio=0.01",
+            "actor.loss.clip_cov_lb=0.5",
+            "actor.loss.clip_cov_ub=2",
+            "actor.loss.kl_cov_ratio=0.02",
+            "actor.loss.ppo_kl_coef=0.5",
+            "actor.loss.dro_beta=0.3",
+            "actor.loss.tau_pos=2",
+            "actor.loss.tau_neg=3",
+        ]
+    )
+    loss = cfg.actor.loss
+    assert (loss.clip_cov_ratio, loss.clip_cov_lb, loss.clip_cov_ub) == (0.01, 0.5, 2.0)
+    assert (loss.kl_cov_ratio, loss.ppo_kl_coef, loss.dro_beta) == (0.02, 0.5, 0.3)
+    assert (loss.tau_pos, loss.tau_neg) == (2.0, 3.0)
+    with pytest.raises(
+        ConfigError, match=r"^actor\.loss\.dro_beta: invalid value -1\.0; expected > 0$"
+    ):
+        load(["actor.loss.dro_beta=-1"])
+    with pytest.raises(
+        ConfigError, match=r"actor\.loss\.name: invalid value 'clip-cov'.*'clip_cov'"
+    ):
+        load(["actor.loss.name=clip-cov"])
+
+
+@pytest.mark.parametrize("estimator", ["opo", "gpg", "grpo_passk"])
+def test_group_estimators_need_several_samples(estimator):
+    with pytest.raises(ConfigError, match=r"rollout\.n: invalid value 1"):
+        load([f"algorithm.adv_estimator={estimator}", "rollout.n=1"])

@@ -35,7 +35,10 @@ __all__ = [
     "compute_advantage",
     "compute_dr_grpo_advantage",
     "compute_gae_advantage_return",
+    "compute_gpg_advantage",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_advantage",
+    "compute_opo_advantage",
     "compute_reinforce_plus_plus_advantage",
     "compute_reinforce_plus_plus_baseline_advantage",
     "compute_remax_advantage",
@@ -172,13 +175,20 @@ def compute_rloo_advantage(
 def _discounted_returns(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
 ) -> torch.Tensor:
+    """G_t = r_t + gamma * G_next over the tokens with mask 1, scanned right to left.
+
+    A masked token (a tool output inside a multi-turn response, or padding) is not a step:
+    the running return passes through it unchanged (no reward added, no discount), so the
+    reward of a later turn reaches the tokens before a tool output (verl #7278). Trailing
+    padding needs no reset: the scan starts at 0 and padding adds nothing. Masked positions
+    hold 0 in the result."""
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
-    mask = response_mask.to(token_level_rewards.dtype)
+    mask = response_mask.bool()
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * mask[:, t]
+        stepped = token_level_rewards[:, t] + gamma * running
+        running = torch.where(mask[:, t], stepped, running)
+        returns[:, t] = torch.where(mask[:, t], running, torch.zeros_like(running))
     return returns
 
 
@@ -190,7 +200,10 @@ def compute_reinforce_plus_plus_advantage(
     gamma: float = 1.0,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025): discounted token returns, whitened over the whole batch."""
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted token returns
+    G_t = sum_{k >= t, mask_k = 1} gamma^(#response tokens in [t, k)) r_k, whitened over
+    all response tokens of the batch. Masked tokens inside a response (tool outputs) carry
+    the return across instead of cutting it (see `_discounted_returns`)."""
     _check_shapes(token_level_rewards, response_mask)
     returns = _discounted_returns(token_level_rewards, response_mask, gamma)
     mask = response_mask.to(returns.dtype)
@@ -232,6 +245,95 @@ def compute_remax_advantage(
     returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
     adv = returns - baselines.to(returns.dtype).unsqueeze(-1) * mask
     return adv, returns
+
+
+@torch.no_grad()
+def compute_opo_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585):
+    the length-weighted group mean as the baseline, b = sum_j |o_j| R_j / sum_j |o_j|
+    (|o_j|: response tokens of sample j), A_i = R_i - b; a group of one has baseline 0."""
+    _check_shapes(token_level_rewards, response_mask)
+    index = _require("index", index, "opo")
+    scores = token_level_rewards.sum(dim=-1)
+    if len(index) != scores.shape[0]:
+        raise ValueError(f"index has {len(index)} entries but the batch has {scores.shape[0]}")
+    lengths = response_mask.to(scores.dtype).sum(dim=-1)
+    gid, num_groups = group_ids(index, scores.device)
+    weighted = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
+    weighted.index_add_(0, gid, lengths * scores)
+    total_len = torch.zeros_like(weighted).index_add_(0, gid, lengths)
+    count = torch.zeros_like(weighted).index_add_(0, gid, torch.ones_like(scores))
+    baseline = weighted / total_len.clamp(min=1)
+    baseline = torch.where(count > 1, baseline, torch.zeros_like(baseline))[gid]
+    adv = (scores - baseline).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_gpg_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
+    Model Reasoning", arXiv:2504.02546): A_i = alpha * (R_i - mean of its group), with
+    alpha = B / M (B: samples in the batch, M: samples with a non-zero score, at least 1)
+    and F_norm = 1, as verl computes it; a group of one has mean 0. Pair it with the `gpg`
+    policy loss (the `gpg` preset does)."""
+    _check_shapes(token_level_rewards, response_mask)
+    index = _require("index", index, "gpg")
+    scores = token_level_rewards.sum(dim=-1)
+    mean, _, count = _group_stats(scores, index)
+    mean = torch.where(count > 1, mean, torch.zeros_like(mean))
+    nonzero = torch.count_nonzero(scores).clamp(min=1).to(scores.dtype)
+    alpha = scores.shape[0] / nonzero
+    adv = (alpha * (scores - mean)).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_grpo_passk_advantage(
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    **_: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO pass@k (Tang et al. 2025, "Optimizing Language Models for Inference Time
+    Objectives using Reinforcement Learning", arXiv:2503.19595): in each group only the
+    best sample learns, with A = (R_max - R_second) / (group std + epsilon) (no division
+    with `norm_adv_by_std_in_grpo=False`); every other sample gets 0. Ties give 0. Every
+    group needs at least 2 samples."""
+    _check_shapes(token_level_rewards, response_mask)
+    index = _require("index", index, "grpo_passk")
+    scores = token_level_rewards.sum(dim=-1)
+    _, std, count = _group_stats(scores, index)
+    gid, num_groups = group_ids(index, scores.device)
+    if bool((count < 2).any()):
+        lone = np.asarray(index, dtype=object)[(count < 2).cpu().numpy()][0]
+        raise ValueError(
+            f"advantage estimator 'grpo_passk' needs >= 2 samples per group (rollout.n >= 2); "
+            f"group {lone!r} has 1"
+        )
+    adv = torch.zeros_like(scores)
+    for g in range(num_groups):
+        rows = torch.nonzero(gid == g).flatten()
+        top = torch.topk(scores[rows], 2)
+        gap = top.values[0] - top.values[1]
+        best = rows[top.indices[0]]
+        adv[best] = gap / (std[best] + epsilon) if norm_adv_by_std_in_grpo else gap
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
 
 
 def compute_advantage(data: Any, estimator: str, **params: Any) -> Any:

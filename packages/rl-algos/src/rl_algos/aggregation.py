@@ -6,6 +6,8 @@ counts over the whole mini-batch (all micro-batches, all ranks); summing the par
 gives exactly the mini-batch value, whatever the split:
 
 - ``token-mean``: sum over all tokens / global number of tokens.
+- ``token-sum``: sum over all tokens, no normalisation (Dr.GRPO-style setups that fold
+  the constant into the learning rate); the partials are plain sums.
 - ``seq-mean-token-sum``: per-sequence token sums, averaged over sequences.
 - ``seq-mean-token-mean``: per-sequence token means, averaged over sequences (a sequence
   without valid tokens contributes 0).
@@ -23,10 +25,15 @@ import torch
 __all__ = ["AGG_MODES", "AggMode", "LossScale", "agg_loss"]
 
 AggMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
 ]
 AGG_MODES: tuple[str, ...] = (
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
@@ -71,6 +78,8 @@ def agg_loss(
     num_seqs = max(scale.global_num_seqs, 1)
     if mode == "token-mean":
         return token_sums.sum() / max(scale.global_num_tokens, 1)
+    if mode == "token-sum":
+        return token_sums.sum()
     if mode == "seq-mean-token-sum":
         return token_sums.sum() / num_seqs
     if mode == "seq-mean-token-mean":

@@ -9,6 +9,12 @@ Estimators of KL(pi || pi_ref) from samples of pi, with r = pi_ref / pi (Schulma
 - ``k3`` (verl: ``low_var_kl``): r - log r - 1 >= 0; unbiased and low variance; the log
   ratio is clamped to [-20, 20] and the estimate to [-10, 10] for stability.
 - ``abs``: |log pi - log pi_ref|.
+
+Straight-through variants ``k1+``, ``k3+`` and ``low_var_kl+`` (verl's names): the value of
+k1 / k3 with the gradient of k2, i.e. ``k2 - sg(k2) + sg(k)``. k1 and k3 are unbiased
+estimates of the KL's value, but their expected gradients are not the KL's gradient; k2's
+is (Schulman's note above; Tang & Munos 2025, "On a few pitfalls in KL divergence gradient
+estimation for RL"). As a loss term, use these.
 """
 
 from __future__ import annotations
@@ -30,13 +36,18 @@ __all__ = [
     "make_kl_controller",
 ]
 
-_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
-KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3", "abs", *_ALIASES)
+_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3", "low_var_kl+": "k3+"}
+_STRAIGHT_THROUGH = ("k1+", "k3+")
+KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3", "abs", *_STRAIGHT_THROUGH, *_ALIASES)
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_type: str) -> torch.Tensor:
     """Per-token KL estimate of the given type (see the module docstring)."""
     kind = _ALIASES.get(kl_type, kl_type)
+    if kind in _STRAIGHT_THROUGH:
+        value = kl_penalty(log_prob, ref_log_prob, kind[:-1])
+        k2 = 0.5 * (log_prob - ref_log_prob).square()
+        return k2 - k2.detach() + value.detach()
     diff = log_prob - ref_log_prob
     if kind == "k1":
         return diff

@@ -51,10 +51,22 @@ POLICY_LOSSES: Registry[PolicyLossFn] = Registry("rl.policy_losses", kind="polic
 class PolicyLossConfig:
     """How the actor's loss is computed (also the `actor.loss` section of the config).
 
-    name: policy loss in POLICY_LOSSES (`ppo`, `gspo`, or a plugin's).
+    name: policy loss in POLICY_LOSSES (`ppo`, `gspo`, `clip_cov`, `kl_cov`, `gpg`,
+        `geo_mean`, `cispo`, `sapo`, `dppo_tv`, `dppo_kl`, `dro`, `reinforce`, or a
+        plugin's; see rl_algos.policy_losses for the formulas).
     clip_ratio_low / clip_ratio_high: the ratio is clipped to [1 - low, 1 + high]
-        (equal values: classic PPO; a larger high: DAPO's clip-higher).
-    clip_ratio_c: dual-clip bound on the loss of negative-advantage tokens (> 1).
+        (equal values: classic PPO; a larger high: DAPO's clip-higher). `geo_mean` clips
+        the log-ratio to [-low, high]; `dppo_tv` / `dppo_kl` read them as the divergence
+        thresholds of their trust region.
+    clip_ratio_c: dual-clip bound on the loss of negative-advantage tokens (> 1); the
+        truncation of the importance weight in `dppo_tv` / `dppo_kl`.
+    clip_cov_ratio / clip_cov_lb / clip_cov_ub: Clip-Cov: the share of tokens whose
+        gradient is detached, drawn among those with covariance in (lb, ub).
+    kl_cov_ratio / ppo_kl_coef: KL-Cov: the share of tokens with the largest covariance
+        that get the penalty ppo_kl_coef * |log pi - log pi_old|.
+    dro_beta: DRO: weight of the quadratic penalty 0.5 * beta * (log pi - log pi_old)^2.
+    tau_pos / tau_neg: SAPO: temperatures of the soft gate for positive / non-positive
+        advantages.
     agg_mode / agg_norm_constant: loss aggregation (see rl_algos.aggregation); the
         constant is used by `seq-mean-token-sum-norm` (None: the maximum response length).
     entropy_coeff: weight of the entropy bonus (subtracted from the loss).
@@ -79,10 +91,21 @@ class PolicyLossConfig:
     kl_loss_type: str = "k3"
     tis_cap: float | None = None
     behav_imp_weight_cap: float | None = None
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    dro_beta: float = 0.1
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
     def __post_init__(self) -> None:
         check_field(
-            0 <= self.clip_ratio_low < 1, "clip_ratio_low", self.clip_ratio_low, "in [0, 1)"
+            self.clip_ratio_low >= 0,
+            "clip_ratio_low",
+            self.clip_ratio_low,
+            ">= 0 (>= 1: no lower bound on the ratio, as CISPO uses)",
         )
         check_field(self.clip_ratio_high >= 0, "clip_ratio_high", self.clip_ratio_high, ">= 0")
         check_field(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "> 1 (dual-clip)")
@@ -116,6 +139,20 @@ class PolicyLossConfig:
             self.behav_imp_weight_cap,
             "null when tis_cap is set (one off-policy correction)",
         )
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            value = getattr(self, name)
+            check_field(0 < value <= 1, name, value, "a share of tokens in (0, 1]")
+        check_field(
+            self.clip_cov_lb < self.clip_cov_ub,
+            "clip_cov_lb",
+            self.clip_cov_lb,
+            f"< clip_cov_ub={self.clip_cov_ub} (the covariance window is (lb, ub))",
+        )
+        check_field(self.ppo_kl_coef >= 0, "ppo_kl_coef", self.ppo_kl_coef, ">= 0")
+        check_field(self.dro_beta > 0, "dro_beta", self.dro_beta, "> 0")
+        for name in ("tau_pos", "tau_neg"):
+            value = getattr(self, name)
+            check_field(value > 0, name, value, "> 0 (a gate temperature)")
 
 
 def _off_policy_weights(

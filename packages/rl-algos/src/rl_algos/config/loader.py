@@ -38,7 +38,15 @@ __all__ = ["AGENT_LOOPS", "GROUP_ESTIMATORS", "check_plugins", "load_config"]
 AGENT_LOOPS: Registry[Any] = Registry("rl.agent_loops", kind="agent loop")
 
 # Estimators whose baseline is computed within the samples of one prompt.
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+GROUP_ESTIMATORS = (
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus_baseline",
+    "opo",
+    "gpg",
+    "grpo_passk",
+)
 
 
 _SECTION_ALIASES = {"async": "async_"}  # YAML section -> field (a Python keyword)

@@ -308,7 +308,8 @@ class OverlongConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """The RL algorithm: `preset` (ppo, grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp)
+    """The RL algorithm: `preset` (one of rl_algos.config.PRESETS: ppo, grpo, dr_grpo, dapo,
+    gspo, rloo, reinforce_pp, remax, opo, gpg, cispo, gmpo, sapo, clip_cov, kl_cov, dppo)
     sets fields of every section; then the advantage estimator and its knobs, KL in the
     reward, DAPO's dynamic sampling and overlong shaping."""
 

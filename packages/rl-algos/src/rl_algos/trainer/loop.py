@@ -156,8 +156,33 @@ class RLTrainer:
         out = self.rollout.generate_sequences(batch)
         out.meta_info["rollout_version"] = version
         out.batch["token_level_scores"], metrics = self._score(out)
+        if cfg.algorithm.adv_estimator == "remax":
+            out.batch["reward_baselines"] = self._greedy_baselines(prompts, out, index, round_index)
+            metrics["reward/baseline_mean"] = float(out.batch["reward_baselines"].mean())
         out.meta_info["reward_metrics"] = metrics
         return out
+
+    def _greedy_baselines(
+        self, prompts: DataProto, out: DataProto, index: int, round_index: int
+    ) -> torch.Tensor:
+        """ReMax's baseline: one greedy response per prompt, scored with the same reward;
+        returns each sampled row's baseline (by its prompt's `uid`), shape [rows]."""
+        cfg = self.config
+        greedy = prompts.repeat(1, interleave=True)  # a copy that carries the prompts' uids
+        greedy.non_tensor_batch["seed"] = np.array(
+            [cfg.trainer.seed + i for i in range(len(greedy))], dtype=object
+        )
+        greedy.meta_info.update(temperature=0.0, prompt_length=cfg.data.max_prompt_length)
+        greedy_out = self.rollout.generate_sequences(greedy)
+        greedy_scores = self._score(greedy_out)[0].sum(-1)
+        by_uid = dict(zip(greedy_out.non_tensor_batch["uid"].tolist(), greedy_scores.tolist()))
+        missing = [u for u in out.non_tensor_batch["uid"].tolist() if u not in by_uid]
+        if missing:
+            raise RuntimeError(
+                f"ReMax: the greedy rollout of batch {index} (round {round_index}) "
+                f"returned no response for prompt uid {missing[0]!r}"
+            )
+        return torch.tensor([by_uid[u] for u in out.non_tensor_batch["uid"].tolist()])
 
     def _score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         """Token-level scores: rule-based functions and/or the reward model."""

@@ -15,6 +15,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from rl_core.platform import get_platform
 from rl_core.single_controller.dispatch import output_meta
 from rl_core.single_controller.errors import WorkerError
@@ -77,6 +79,9 @@ class WorkerHost:
         self._info = info
         if set_env:
             os.environ.update(info.dist_env())
+            if info.platform == "cpu" and info.resources.num_cpus >= 1:
+                # the process owns its CPUs: intra-op threads = the CPUs it was given
+                torch.set_num_threads(int(info.resources.num_cpus))
             if info.resources.accelerator_ids:
                 updates = get_platform(info.platform).visible_devices_env_updates(
                     info.resources.accelerator_ids

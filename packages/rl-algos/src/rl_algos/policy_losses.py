@@ -1,0 +1,406 @@
+"""Policy losses beyond PPO and GSPO, with verl's names (entry point group `rl.policy_losses`).
+
+Each one has the calling convention of `rl_algos.losses` (keyword arguments ``log_prob``,
+``old_log_prob``, ``advantages``, ``response_mask``, ``config``, ``scale``,
+``rollout_log_probs``) and returns (this micro-batch's partial of the mini-batch loss,
+partial metrics). Notation per token t of sample i: ``r = pi / pi_old`` (the importance
+ratio, from the log-ratio clamped to [-20, 20]), ``A`` the advantage, ``sg`` stop-gradient,
+``eps_low`` / ``eps_high`` = ``config.clip_ratio_low`` / ``clip_ratio_high``. Every per-token
+loss is multiplied by the off-policy correction weight when set (truncated IS,
+``config.tis_cap``, or decoupled PPO's behaviour weight, ``config.behav_imp_weight_cap``), and
+aggregated with ``config.agg_mode`` (``geo_mean`` is sequence-level by construction).
+
+Clip-Cov and KL-Cov pick their tokens within the micro-batch the loss function sees, as
+the reference implementation does (its batch is the micro-batch too); Clip-Cov draws them
+with ``torch.randperm`` from the global torch RNG, so a seeded run reproduces them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_algos.aggregation import LossScale, agg_loss
+from rl_algos.losses import PolicyLossConfig, _off_policy_weights, _partial, _weight_metrics
+from rl_algos.masked import masked_mean
+
+__all__ = [
+    "compute_cispo_policy_loss",
+    "compute_clip_cov_policy_loss",
+    "compute_dppo_kl_policy_loss",
+    "compute_dppo_tv_policy_loss",
+    "compute_dro_policy_loss",
+    "compute_geo_mean_policy_loss",
+    "compute_gpg_policy_loss",
+    "compute_kl_cov_policy_loss",
+    "compute_reinforce_policy_loss",
+    "compute_sapo_policy_loss",
+]
+
+Result = tuple[torch.Tensor, dict[str, float]]
+
+
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    return (log_prob - old_log_prob).clamp(-20.0, 20.0)
+
+
+def _finish(
+    pg_losses: torch.Tensor,
+    mask: torch.Tensor,
+    log_ratio: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    weights: torch.Tensor | None,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> Result:
+    """Weight by the off-policy correction (TIS or decoupled PPO's behaviour weight),
+    aggregate, and add the partial metrics (`extra`: per-token values)."""
+    if weights is not None:
+        pg_losses = pg_losses * weights
+    loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
+    metrics = {
+        "actor/pg_loss": float(loss.detach().item()),
+        "actor/ppo_kl": _partial(-log_ratio, mask, scale),
+    }
+    for name, value in (extra or {}).items():
+        metrics[name] = _partial(value.float(), mask, scale)
+    if weights is not None:
+        metrics.update(_weight_metrics(weights, mask, scale, config))
+    return loss, metrics
+
+
+def _covariance(
+    advantages: torch.Tensor, log_prob: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """Per-token centred product (A - mean A)(log pi - mean log pi) over the valid tokens
+    (the token's contribution to Cov(log pi, A)); no gradient."""
+    mask = valid.to(log_prob.dtype)
+    adv = advantages.detach()
+    logp = log_prob.detach()
+    return (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
+
+
+def compute_clip_cov_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
+    Reasoning Language Models", arXiv:2505.22617).
+
+    The PPO clipped loss ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``, except that
+    ``n = max(1, floor(clip_cov_ratio * valid tokens))`` tokens, drawn uniformly at random
+    among the valid tokens that PPO does not clip and whose covariance
+    ``(A - mean A)(log pi - mean log pi)`` lies in ``(clip_cov_lb, clip_cov_ub)``, get a
+    loss (and gradient) of 0: the high-covariance tokens that drive entropy collapse."""
+    mask = response_mask.to(log_prob.dtype)
+    valid = response_mask.bool()
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = log_ratio.exp()
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
+    clipped = (loss_clipped > loss_unclipped) & valid
+    cov = _covariance(advantages, log_prob, valid)
+    window = valid & ~clipped & (cov > config.clip_cov_lb) & (cov < config.clip_cov_ub)
+    candidates = torch.nonzero(window)
+    keep = torch.ones_like(mask)
+    if len(candidates) > 0:
+        count = max(int(config.clip_cov_ratio * int(valid.sum().item())), 1)
+        order = torch.randperm(len(candidates))[:count].to(candidates.device)
+        chosen = candidates[order]
+        keep[chosen[:, 0], chosen[:, 1]] = 0.0
+    pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    return _finish(
+        pg_losses,
+        mask,
+        log_ratio,
+        config,
+        scale,
+        weights,
+        {"actor/pg_clipfrac": clipped, "actor/clip_cov_frac": keep == 0},
+    )
+
+
+def compute_kl_cov_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """KL-Cov (Cui et al. 2025, arXiv:2505.22617): the unclipped surrogate ``-A r`` on
+    every token, plus ``ppo_kl_coef * |log pi - log pi_old|`` on the
+    ``k = max(1, floor(kl_cov_ratio * valid tokens))`` valid tokens with the largest
+    covariance ``(A - mean A)(log pi - mean log pi)`` (a top-k, as in the reference: no
+    random draw)."""
+    mask = response_mask.to(log_prob.dtype)
+    valid = response_mask.bool()
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    pg_losses = -advantages * log_ratio.exp()
+    penalised = torch.zeros_like(valid)
+    num_valid = int(valid.sum().item())
+    if num_valid > 0:
+        cov = _covariance(advantages, log_prob, valid)[valid]
+        k = max(1, int(num_valid * config.kl_cov_ratio))
+        flat = torch.nonzero(valid.flatten()).flatten()[torch.topk(cov, k).indices]
+        penalised.view(-1)[flat] = True
+    abs_kl = (log_prob - old_log_prob).abs()
+    pg_losses = torch.where(penalised, pg_losses + config.ppo_kl_coef * abs_kl, pg_losses)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    return _finish(
+        pg_losses, mask, log_ratio, config, scale, weights, {"actor/kl_cov_frac": penalised}
+    )
+
+
+def compute_gpg_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
+    Model Reasoning", arXiv:2504.02546): the plain policy gradient ``-A log pi``, with no
+    ratio, clipping or reference model; pair it with the `gpg` advantage estimator."""
+    mask = response_mask.to(log_prob.dtype)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights)
+
+
+def compute_reinforce_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """REINFORCE (Williams 1992, "Simple statistical gradient-following algorithms for
+    connectionist reinforcement learning"): ``-A log pi`` per token, optionally weighted by
+    the truncated importance weight of `tis_cap` (verl's `reinforce` loss; its default
+    aggregation there is `seq-mean-token-sum`, here whatever `agg_mode` says)."""
+    mask = response_mask.to(log_prob.dtype)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights)
+
+
+def compute_geo_mean_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673).
+
+    Per token, the log-ratio d is clipped in the pessimistic direction,
+    ``d' = sgn(A) * min(sgn(A) d, sgn(A) clip(d, -eps_low, eps_high))``; per sequence the
+    ratio is the geometric mean ``R_i = exp(mean_t d'_t)`` and the loss
+    ``-mean_t(A_t) * R_i``, averaged over the sequences of the mini-batch (always a sequence
+    mean; `agg_mode` does not apply). TIS weights enter as their geometric mean per sequence."""
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = log_prob - old_log_prob
+    sign = torch.sign(advantages)
+    clipped_log_ratio = log_ratio.clamp(-config.clip_ratio_low, config.clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_log_ratio)
+    lengths = mask.sum(dim=-1).clamp(min=1)
+    seq_ratio = torch.exp((pessimistic * mask).sum(dim=-1) / lengths)
+    seq_adv = (advantages * mask).sum(dim=-1) / lengths
+    seq_losses = -seq_adv * seq_ratio
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    if weights is not None:
+        seq_weights = torch.exp((torch.log(weights + 1e-10) * mask).sum(dim=-1) / lengths)
+        seq_losses = seq_losses * seq_weights
+    loss = seq_losses.sum() / max(scale.global_num_seqs, 1)
+    clipped = log_ratio != clipped_log_ratio
+    metrics = {
+        "actor/pg_loss": float(loss.detach().item()),
+        "actor/ppo_kl": _partial(-log_ratio, mask, scale),
+        "actor/pg_clipfrac": _partial((clipped & (advantages > 0)).float(), mask, scale),
+        "actor/pg_clipfrac_lower": _partial((clipped & (advantages < 0)).float(), mask, scale),
+    }
+    if weights is not None:
+        metrics.update(_weight_metrics(weights, mask, scale, config))
+    return loss, metrics
+
+
+def compute_cispo_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """CISPO (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
+    Lightning Attention", arXiv:2506.13585): clip the importance-sampling weight, not the
+    update, ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi``, so every token keeps
+    its gradient. The paper sets no lower bound (eps_low >= 1, the `cispo` preset)."""
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = log_ratio.exp()
+    clipped_ratio = ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
+    pg_losses = -clipped_ratio.detach() * advantages * log_prob
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    return _finish(
+        pg_losses,
+        mask,
+        log_ratio,
+        config,
+        scale,
+        weights,
+        {"actor/pg_clipfrac": ratio != clipped_ratio},
+    )
+
+
+def compute_sapo_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347): a soft
+    gate instead of the hard clip, ``-f(r) * A`` with ``f(r) = (4 / tau) sigmoid(tau (r - 1))``,
+    ``tau = tau_pos`` where A > 0 and ``tau_neg`` elsewhere. f(1) = 2 / tau and f'(1) = 1, so
+    near r = 1 the gradient is PPO's; it decays smoothly away from it. The paper aggregates
+    with `seq-mean-token-mean` (the `sapo` preset)."""
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = log_ratio.exp()
+    tau = torch.where(
+        advantages > 0,
+        torch.as_tensor(config.tau_pos, dtype=ratio.dtype, device=ratio.device),
+        torch.as_tensor(config.tau_neg, dtype=ratio.dtype, device=ratio.device),
+    )
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    return _finish(-gate * advantages, mask, log_ratio, config, scale, weights)
+
+
+def _dppo(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None,
+    inside: torch.Tensor,
+) -> Result:
+    """The DPPO loss given the trust-region mask `inside` (per token, no gradient)."""
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = log_ratio.exp()
+    truncated = ratio.clamp(max=config.clip_ratio_c).detach()
+    inside = inside.detach()
+    pg_losses = -advantages * truncated * log_prob * inside.to(log_prob.dtype)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    return _finish(
+        pg_losses,
+        mask,
+        log_ratio,
+        config,
+        scale,
+        weights,
+        {
+            "actor/pg_clipfrac": ~inside,
+            "actor/pg_clipfrac_lower": (ratio > config.clip_ratio_c) & inside,
+        },
+    )
+
+
+def compute_dppo_tv_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """DPPO, Binary-TV trust region ("Rethinking the Trust Region in LLM Reinforcement
+    Learning", arXiv:2602.04879): ``-A * sg(min(r, clip_ratio_c)) * log pi * M``, where the
+    mask M drops the tokens that left the trust region in the direction the advantage
+    pushes: ``pi - pi_old > eps_high`` for A > 0, ``pi - pi_old < -eps_low`` for A <= 0
+    (thresholds on the probability difference, not on the ratio)."""
+    diff = log_prob.exp() - old_log_prob.exp()
+    inside = torch.where(
+        advantages > 0, diff <= config.clip_ratio_high, diff >= -config.clip_ratio_low
+    )
+    return _dppo(
+        log_prob, old_log_prob, advantages, response_mask, config, scale, rollout_log_probs, inside
+    )
+
+
+def compute_dppo_kl_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """DPPO, Binary-KL trust region (arXiv:2602.04879): the loss of `dppo_tv` with the
+    divergence ``D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p))`` between
+    the Bernoulli distributions of the sampled token (p = pi, p_old = pi_old; 1e-8 guards
+    the second log). A token is dropped when D > eps_high and p > p_old (A > 0), or when
+    D > eps_low and p < p_old (A <= 0)."""
+    p = log_prob.exp()
+    p_old = old_log_prob.exp()
+    divergence = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log(
+        (1 - p_old + 1e-8) / (1 - p + 1e-8)
+    )
+    inside_pos = (divergence <= config.clip_ratio_high) | (p <= p_old)
+    inside_neg = (divergence <= config.clip_ratio_low) | (p >= p_old)
+    inside = torch.where(advantages > 0, inside_pos, inside_neg)
+    return _dppo(
+        log_prob, old_log_prob, advantages, response_mask, config, scale, rollout_log_probs, inside
+    )
+
+
+def compute_dro_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """DRO (Richemond et al. 2024, "Offline Regularised Reinforcement Learning for Large
+    Language Models Alignment", arXiv:2405.19107): the policy gradient with a quadratic
+    proximal penalty instead of a clip, ``-(A log pi - 0.5 * dro_beta * (log pi - log pi_old)^2)``."""
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    penalty = 0.5 * config.dro_beta * (log_prob - old_log_prob).square()
+    pg_losses = -(advantages * log_prob - penalty)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    return _finish(pg_losses, mask, log_ratio, config, scale, weights)
