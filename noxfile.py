@@ -24,7 +24,7 @@ PACKAGES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "rl-engines": ("packages/rl-engines", ("fsdp",), ""),
     "rl-rollout": ("packages/rl-rollout", ("hf", "sandbox"), ""),
     "rl-algos": ("packages/rl-algos", (), ""),
-    "rl-multimodal": ("packages/rl-multimodal", (), ""),
+    "rl-multimodal": ("packages/rl-multimodal", ("vlm",), ""),
     "rl-nvidia": ("integrations/nvidia", (), ""),
     "rl-amd": ("integrations/amd", (), ""),
     "rl-ascend": ("integrations/ascend", (), ""),

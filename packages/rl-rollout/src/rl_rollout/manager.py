@@ -9,6 +9,8 @@
 Input rows give their prompt as ``raw_prompt_ids`` (non-tensor: a list of token ids per row),
 as ``prompt_ids`` + ``attention_mask`` tensors (left- or right-padded), or as ``raw_prompt``
 chat messages (needs a tokenizer; the loop applies the chat template). A non-tensor
+``multi_modal_data`` (per row None or e.g. ``{"image": [PIL images]}``) goes with every
+request of the row to the engine. A non-tensor
 ``agent_name`` picks the loop per row (default: ``config.agent_loop``). Sampling parameters
 come from ``config.sampling``, overridden by ``meta_info`` keys of the same names
 (``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop_token_ids``, ``seed``); a
@@ -176,7 +178,11 @@ class _BalancedClient:
         self._counter = 0
 
     async def generate(
-        self, prompt_ids: list[int], sampling_params: SamplingParams, session_id: str
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        session_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> GenerationOutput:
         manager = self.manager
         # the prompt is the prefix key: the n samples of a prompt share its KV prefix
@@ -185,7 +191,11 @@ class _BalancedClient:
         request_id = f"{session_id}-{self._counter}"
         try:
             outputs = await manager.replicas[replica].generate(
-                prompt_ids, sampling_params, request_id, manager.config.request_timeout_s
+                prompt_ids,
+                sampling_params,
+                request_id,
+                manager.config.request_timeout_s,
+                multi_modal_data,
             )
         finally:
             manager.balancer.release(replica)
@@ -331,6 +341,7 @@ class RolloutManager:
                 f"{sorted(nt)}"
             )
         names = nt.get("agent_name")
+        multi_modal = nt.get("multi_modal_data")
         batch_id = uuid.uuid4().hex[:8]
         samples, loops = [], []
         for i in range(len(batch)):
@@ -351,7 +362,13 @@ class RolloutManager:
                 # Per-row seeds make sampling reproducible independently of batch order and
                 # of the engine's RNG history (exact resume), while rows stay distinct.
                 row_params = dataclasses.replace(params, seed=int(nt["seed"][i]))
-            samples.append(AgentInput(ids, row_params, session, msgs))
+            mm = None if multi_modal is None else multi_modal[i]
+            if mm is not None and not isinstance(mm, Mapping):
+                raise ValueError(
+                    f"multi_modal_data[{i}] is {type(mm).__name__}: expected None or a dict such "
+                    "as {'image': [PIL images]}"
+                )
+            samples.append(AgentInput(ids, row_params, session, msgs, multi_modal_data=mm))
         return samples, loops
 
     def _assemble(

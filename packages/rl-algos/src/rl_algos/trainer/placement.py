@@ -139,7 +139,7 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The plain-dict config an `ActorRolloutWorker` is built from."""
     n = cfg.rollout.n
-    model = _model_fields(cfg, model_path)
+    model = _model_fields(cfg, model_path, freeze_vision_tower=cfg.model.freeze_vision_tower)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     loss = _as_dict(cfg.actor.loss)
     uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward

@@ -51,6 +51,8 @@ class ModelConfig:
     head per token) instead of a causal LM. ``use_remove_padding`` packs the real tokens of
     a micro-batch into one row (None: only when a varlen attention kernel is available).
     ``override_config`` updates the Hugging Face config before the model is built.
+    ``freeze_vision_tower`` keeps a vision-language model's vision encoder fixed (no
+    gradients, not in the optimizer); False trains it with the rest.
     """
 
     path: str | None = None
@@ -63,6 +65,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     use_remove_padding: bool | None = None
     override_config: dict[str, Any] = field(default_factory=dict)
+    freeze_vision_tower: bool = False
 
     def validate(self) -> ModelConfig:
         if (self.path is None) == (self.config is None):
@@ -88,6 +91,8 @@ class ModelConfig:
             raise _bad(self, "use_remove_padding", "None (auto), True or False")
         if not isinstance(self.override_config, dict):
             raise _bad(self, "override_config", "a dict of Hugging Face config fields")
+        if not isinstance(self.freeze_vision_tower, bool):
+            raise _bad(self, "freeze_vision_tower", "True or False")
         return self
 
 

@@ -256,6 +256,12 @@ class RolloutEngine(ABC):
 
         ``request_id`` must be unique among in-flight requests; `abort` uses it. An aborted
         request returns (does not raise) with finish reason ``"abort"``.
+
+        ``multi_modal_data`` (vision-language models): ``{"image": [PIL images]}``; the
+        prompt then holds one image placeholder token per vision token (the
+        processor-expanded ids a trainer uses; engines that expand placeholders themselves
+        collapse them first). A vision model never samples its placeholder tokens.
+        Checked by ``rl_core.testing.rollout_engine_images``.
         """
 
     @abstractmethod

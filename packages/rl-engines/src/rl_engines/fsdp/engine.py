@@ -66,6 +66,7 @@ from rl_engines.fsdp.model import (
     resolve_compute_dtype,
     shard_model,
 )
+from rl_engines.fsdp.multimodal import multimodal_kwargs
 
 __all__ = ["FSDPEngine", "FSDPOptions"]
 
@@ -223,6 +224,7 @@ class FSDPEngine(TrainEngine):
 
     # ---- helpers ------------------------------------------------------------------
     def _tensors(self, micro_batch: DataProto) -> dict[str, Tensor]:
+        """The micro-batch's model inputs on the engine's device (images: see multimodal)."""
         keys = ("input_ids", "attention_mask", "position_ids", "responses")
         return {k: micro_batch.batch[k].to(self.device) for k in keys}
 
@@ -279,14 +281,18 @@ class FSDPEngine(TrainEngine):
         for index, (micro_batch, _) in enumerate(micro_batches):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
             micro_batch = micro_batch.to(self.device)  # the loss sees it on our device
+            tensors = self._tensors(micro_batch)
             out = forward_micro_batch(
                 self.model,
-                self._tensors(micro_batch),
+                tensors,
                 outputs,
                 temperature,
                 self.packed,
                 self.value_model,
                 self.head,
+                extra=multimodal_kwargs(
+                    self.model, micro_batch, tensors, self.device, self.compute_dtype
+                ),
             )
             loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
             loss.backward()
@@ -400,14 +406,18 @@ class FSDPEngine(TrainEngine):
         pieces: dict[str, list[Tensor]] = {k: [] for k in outputs}
         order: list[int] = []
         for micro_batch, indices in split_micro_batches(batch, cfg, num_micro):
+            tensors = self._tensors(micro_batch)
             out = forward_micro_batch(
                 self.model,
-                self._tensors(micro_batch),
+                tensors,
                 outputs,
                 temperature,
                 self.packed,
                 self.value_model,
                 self.head,
+                extra=multimodal_kwargs(
+                    self.model, micro_batch, tensors, self.device, self.compute_dtype
+                ),
             )
             for key in outputs:
                 pieces[key].append(out[key].cpu())

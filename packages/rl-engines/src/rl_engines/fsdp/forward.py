@@ -109,11 +109,21 @@ def forward_micro_batch(
     packed: bool,
     value_model: bool,
     head: ChunkedLMHead | None = None,
+    extra: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
-    """Run ``model`` on one micro-batch; return the requested [b, R] outputs."""
+    """Run ``model`` on one micro-batch; return the requested [b, R] outputs.
+
+    ``extra`` holds further model keyword arguments (a VLM's ``pixel_values``,
+    ``image_grid_thw`` and multimodal ``position_ids``, see `rl_engines.fsdp.multimodal`);
+    they need the padded layout."""
     if packed:
+        if extra:
+            raise ValueError(
+                f"model inputs {sorted(extra)} (a vision-language batch) need the padded layout: "
+                "set ModelConfig.use_remove_padding=False"
+            )
         return _forward_packed(model, tensors, outputs, temperature, value_model, head)
-    return _forward_padded(model, tensors, outputs, temperature, value_model, head)
+    return _forward_padded(model, tensors, outputs, temperature, value_model, head, extra or {})
 
 
 def _log_probs_and_entropy(
@@ -145,6 +155,7 @@ def _forward_padded(
     temperature: float,
     value_model: bool,
     head: ChunkedLMHead | None,
+    extra: dict[str, Tensor],
 ) -> dict[str, Tensor]:
     responses = tensors["responses"]
     resp_len = responses.shape[1]
@@ -154,6 +165,7 @@ def _forward_padded(
         "attention_mask": tensors["attention_mask"],
         "position_ids": tensors["position_ids"],
         "use_cache": False,
+        **extra,
     }
     if value_model:
         scores = model(**kwargs).logits  # [b, S, 1]

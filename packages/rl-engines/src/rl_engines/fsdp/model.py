@@ -1,6 +1,8 @@
 """Build a Hugging Face model and shard it with FSDP2 (`fully_shard`) on a DeviceMesh.
 
-Causal LMs load through ``AutoModelForCausalLM``. Value models (``value_head=True``) load
+Causal LMs load through ``AutoModelForCausalLM``; vision-language models (a config with a
+``vision_config``, e.g. Qwen2-VL, Qwen2.5-VL) through ``AutoModelForImageTextToText``, their
+vision tower frozen when ``freeze_vision_tower`` is set. Value models (``value_head=True``) load
 through ``AutoModelForTokenClassification`` with ``num_labels=1``: the backbone plus a
 ``score`` linear head giving one scalar per token; from a causal-LM checkpoint the head is
 initialised from the engine seed (identically on every rank), and its dropout is set to 0
@@ -24,6 +26,7 @@ from torch.distributed.fsdp import (
 
 from rl_core.engine import ModelConfig, ParallelConfig
 from rl_core.platform import get_platform
+from rl_engines.fsdp.multimodal import freeze_vision_tower
 
 __all__ = [
     "build_device_mesh",
@@ -80,10 +83,19 @@ def _hf_config(config: ModelConfig) -> Any:
 
 def build_hf_model(config: ModelConfig, seed: int) -> nn.Module:
     """The unsharded model on CPU in ``config.dtype`` (weights from ``path`` or random)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     hf_config = _hf_config(config)
-    auto = AutoModelForTokenClassification if config.value_head else AutoModelForCausalLM
+    if config.value_head:
+        auto = AutoModelForTokenClassification
+    elif getattr(hf_config, "vision_config", None) is not None:
+        auto = AutoModelForImageTextToText
+    else:
+        auto = AutoModelForCausalLM
     kwargs = {
         "dtype": _dtype(config.dtype),
         "attn_implementation": resolve_attn_implementation(config),
@@ -99,6 +111,8 @@ def build_hf_model(config: ModelConfig, seed: int) -> nn.Module:
             f"ModelConfig.value_head=True but {type(model).__name__} has no 'score' head: "
             "expected a model with a token-classification head"
         )
+    if config.freeze_vision_tower:
+        freeze_vision_tower(model)
     return model
 
 

@@ -42,10 +42,15 @@ TruncationSide = Literal["left", "right", "middle"]
 
 class LLMClient(Protocol):
     """What a loop generates with: one sample (n=1) per call. ``session_id`` names the
-    conversation, so every turn of it can go to the same engine replica (prefix cache)."""
+    conversation, so every turn of it can go to the same engine replica (prefix cache).
+    ``multi_modal_data`` (e.g. ``{"image": [PIL images]}``) goes to the engine as is."""
 
     async def generate(
-        self, prompt_ids: list[int], sampling_params: SamplingParams, session_id: str
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        session_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> GenerationOutput: ...
 
 
@@ -56,10 +61,19 @@ class EngineClient:
         self.engine = engine
 
     async def generate(
-        self, prompt_ids: list[int], sampling_params: SamplingParams, session_id: str
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        session_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> GenerationOutput:
         request_id = f"{session_id}-{uuid.uuid4().hex[:8]}"
-        outputs = await self.engine.generate(list(prompt_ids), sampling_params, request_id)
+        if multi_modal_data:
+            outputs = await self.engine.generate(
+                list(prompt_ids), sampling_params, request_id, multi_modal_data
+            )
+        else:
+            outputs = await self.engine.generate(list(prompt_ids), sampling_params, request_id)
         return outputs[0]
 
 
@@ -106,13 +120,20 @@ class AgentLoopConfig:
 
 @dataclass
 class AgentInput:
-    """One sample for a loop: prompt token ids, or chat messages for the loop to template."""
+    """One sample for a loop: prompt token ids, or chat messages for the loop to template,
+    and the sample's images (``multi_modal_data``, sent with every turn's request)."""
 
     prompt_ids: list[int] | None
     sampling_params: SamplingParams
     session_id: str
     messages: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    multi_modal_data: dict[str, Any] | None = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Extra `LLMClient.generate` arguments: the images, only when there are some (so
+        text-only clients written before images keep working)."""
+        return {"multi_modal_data": self.multi_modal_data} if self.multi_modal_data else {}
 
 
 @dataclass

@@ -12,7 +12,9 @@ class SingleTurnAgentLoop(AgentLoop):
 
     async def run(self, sample: AgentInput) -> AgentLoopOutput:
         prompt_ids = self.prompt_ids(sample)
-        out = await self.client.generate(prompt_ids, self.turn_params(sample, 0), sample.session_id)
+        out = await self.client.generate(
+            prompt_ids, self.turn_params(sample, 0), sample.session_id, **sample.client_kwargs()
+        )
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=list(out.token_ids),

@@ -60,7 +60,10 @@ class ToolAgentLoop(AgentLoop):
         finish, turns = "length", 0
         while len(ids) < cfg.response_length:
             out = await self.client.generate(
-                prompt_ids + ids, self.turn_params(sample, len(ids)), sample.session_id
+                prompt_ids + ids,
+                self.turn_params(sample, len(ids)),
+                sample.session_id,
+                **sample.client_kwargs(),
             )
             turns += 1
             ids += out.token_ids

@@ -15,6 +15,14 @@ by Hugging Face name; an update waits for the running decode step, never interru
 Requests in flight continue with the new weights (partial rollouts): their KV cache is
 recomputed from prompt + tokens so far, and each token records the policy version it was
 sampled with (`GenerationOutput.weight_versions`).
+
+Vision-language models (a config with a ``vision_config``: Qwen2-VL, Qwen2.5-VL) load through
+``AutoModelForImageTextToText``; a request's ``multi_modal_data={"image": [PIL images]}`` is
+processed with the model directory's image processor, and its prompt ids must already hold
+one image token per vision token (the processor-expanded ids a trainer uses). Positions are
+the model's multimodal rotary positions (``get_rope_index``), continued by one per decoded
+token. Such a model never samples its image/video placeholder tokens: a generated one would
+be read as an image slot by every later forward pass.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ class _Sequence:
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     aborted: bool = False
+    vision: dict[str, Tensor] | None = None  # pixel_values, image_grid_thw
 
     def output(self) -> GenerationOutput:
         return GenerationOutput(
@@ -75,7 +84,7 @@ class HFRolloutEngine(RolloutEngine):
 
     def __init__(self, config: RolloutConfig) -> None:
         try:
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
         except ImportError as exc:
             raise ImportError(
                 f"the 'hf' rollout engine needs transformers ({exc}): pip install 'rl-rollout[hf]'"
@@ -101,7 +110,19 @@ class HFRolloutEngine(RolloutEngine):
             )
         dtype = platform.auto_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
         self.config = config
-        self.model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=dtype)
+        hf_config = AutoConfig.from_pretrained(config.model_path)
+        self.vision = getattr(hf_config, "vision_config", None) is not None
+        auto = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
+        self.model = auto.from_pretrained(config.model_path, dtype=dtype)
+        self._image_processor: Any = None
+        self._banned = [
+            int(t)
+            for t in (
+                getattr(hf_config, "image_token_id", None),
+                getattr(hf_config, "video_token_id", None),
+            )
+            if self.vision and t is not None
+        ]
         self.model.to(self.device).eval().requires_grad_(False)
         text_config = self.model.config.get_text_config()
         self.vocab_size = int(text_config.vocab_size)
@@ -148,10 +169,14 @@ class HFRolloutEngine(RolloutEngine):
         request_id: str,
         multi_modal_data: dict[str, Any] | None = None,
     ) -> list[GenerationOutput]:
-        if multi_modal_data:
-            raise ValueError("the 'hf' rollout engine is text-only: multi_modal_data must be None")
         params = sampling_params.validate()
         prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
+        vision = self._vision_inputs(prompt, multi_modal_data) if multi_modal_data else None
+        if vision is None and self._banned and any(t in self._banned for t in prompt):
+            raise ValueError(
+                "prompt_ids hold image/video placeholder tokens but multi_modal_data is empty: "
+                "expected the request's images as multi_modal_data={'image': [...]}"
+            )
         _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
         self._ensure_scheduler()
         if request_id in self._requests:
@@ -163,7 +188,7 @@ class HFRolloutEngine(RolloutEngine):
             if params.seed is not None:
                 seed = (params.seed + i * _SEED_STRIDE) % 2**63
                 generator = torch.Generator(self.device).manual_seed(seed)
-            seqs.append(_Sequence(prompt, params, max_new, generator))
+            seqs.append(_Sequence(prompt, params, max_new, generator, vision=vision))
         request = _Request(request_id, seqs, asyncio.Event())
         self._requests[request_id] = request
         self._waiting.append(request)
@@ -177,6 +202,44 @@ class HFRolloutEngine(RolloutEngine):
                 f"hf rollout engine: request {request_id!r} failed: {request.error!r}"
             ) from request.error
         return [seq.output() for seq in seqs]
+
+    def _vision_inputs(self, prompt: list[int], data: dict[str, Any]) -> dict[str, Tensor]:
+        """Image processor outputs for a request, checked against the prompt's image tokens."""
+        if not self.vision:
+            raise ValueError(
+                f"multi_modal_data was given but {self.config.model_path} is a text-only model "
+                "(its config has no vision_config)"
+            )
+        unknown = sorted(set(data) - {"image"})
+        if unknown:
+            raise ValueError(
+                f"multi_modal_data has keys {unknown}: the 'hf' rollout engine accepts only "
+                "'image' (a PIL image or a list of them)"
+            )
+        images = data.get("image")
+        images = images if isinstance(images, (list, tuple)) else [images]
+        if not images or any(not hasattr(img, "convert") for img in images):
+            raise ValueError(
+                f"multi_modal_data['image'] holds {[type(i).__name__ for i in images]}: "
+                "expected PIL images"
+            )
+        if self._image_processor is None:
+            from transformers import AutoImageProcessor
+
+            self._image_processor = AutoImageProcessor.from_pretrained(self.config.model_path)
+        out = self._image_processor(
+            images=[img.convert("RGB") for img in images], return_tensors="pt"
+        )
+        config = self.model.config
+        merge = config.vision_config.spatial_merge_size
+        needed = int((out["image_grid_thw"].prod(-1) // merge**2).sum())
+        found = sum(1 for t in prompt if t == config.image_token_id)
+        if found != needed:
+            raise ValueError(
+                f"prompt_ids hold {found} image tokens (id {config.image_token_id}) but the "
+                f"{len(images)} image(s) need {needed}: expected processor-expanded prompt ids"
+            )
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
     async def abort(self, request_ids: list[str]) -> None:
         if self._loop is not asyncio.get_running_loop():
@@ -307,6 +370,24 @@ class HFRolloutEngine(RolloutEngine):
                     state = None  # new weights: re-prefill prompt + tokens so far
                 state = await asyncio.to_thread(self._step, seqs, state)
 
+    def _prefill_vision(
+        self, live: list[_Sequence], ids: Tensor, mask: Tensor
+    ) -> dict[str, Tensor]:
+        """Images of the batch (rows in order) and the [3, B, W] multimodal positions."""
+        rows = [s.vision for s in live if s.vision is not None]
+        extra: dict[str, Tensor] = {}
+        if rows:
+            extra["pixel_values"] = torch.cat([r["pixel_values"] for r in rows]).to(self.device)
+            extra["image_grid_thw"] = torch.cat([r["image_grid_thw"] for r in rows]).to(self.device)
+        token_types = (ids == self.model.config.image_token_id).int()
+        extra["position_ids"], _ = self.model.model.get_rope_index(
+            input_ids=ids,
+            mm_token_type_ids=token_types,
+            image_grid_thw=extra.get("image_grid_thw"),
+            attention_mask=mask,
+        )
+        return extra
+
     @torch.no_grad()
     def _step(self, seqs: list[_Sequence], state: dict | None) -> dict | None:
         """Prefill (state None) or decode one token for the live rows; None when all done."""
@@ -322,7 +403,10 @@ class HFRolloutEngine(RolloutEngine):
                 ids[row, width - len(context) :] = torch.tensor(context)
                 mask[row, width - len(context) :] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            extra = self._prefill_vision(live, ids, mask) if self.vision else {}
+            positions = extra.pop("position_ids", None)
+            if positions is None:
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
             sampling = RowSampling(
                 temperature=torch.tensor([s.params.temperature for s in live], device=self.device),
                 top_p=torch.tensor([s.params.top_p for s in live], device=self.device),
@@ -339,7 +423,8 @@ class HFRolloutEngine(RolloutEngine):
             )
             ids = state["next"][:, None]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
-            positions = state["positions"][:, None] + 1
+            positions = state["positions"][..., None] + 1  # [B] or [3, B] (multimodal)
+            extra = {}
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -347,8 +432,12 @@ class HFRolloutEngine(RolloutEngine):
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         )
-        tokens, log_probs = sample_rows(out.logits[:, -1], sampling, self._shared_generator)
+        logits = out.logits[:, -1]
+        if self._banned:
+            logits[:, self._banned] = float("-inf")
+        tokens, log_probs = sample_rows(logits, sampling, self._shared_generator)
         keep = []
         for row, (s, token, log_prob) in enumerate(zip(live, tokens.tolist(), log_probs.tolist())):
             if s.finish_reason is not None:  # aborted between steps: drop the row
@@ -366,13 +455,14 @@ class HFRolloutEngine(RolloutEngine):
                 keep.append(row)
         if not keep:
             return None
-        positions = positions[:, -1]
+        positions = positions[..., -1]
         cache = out.past_key_values
         if len(keep) < len(live):
             index = torch.tensor(keep, device=self.device)
             cache.batch_select_indices(index)
             live = [live[i] for i in keep]
-            mask, positions, tokens = mask[index], positions[index], tokens[index]
+            mask, tokens = mask[index], tokens[index]
+            positions = positions[..., index]
             sampling = sampling.select(index)
         return {
             "version": self.weight_version,

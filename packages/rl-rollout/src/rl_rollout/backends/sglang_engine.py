@@ -41,6 +41,7 @@ from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 
 __all__ = [
     "SGLangRolloutEngine",
@@ -140,6 +141,7 @@ class SGLangRolloutEngine(RolloutEngine):
         model_config = self._tm.model_config
         self._max_model_len = int(model_config.context_len)
         self.vocab_size = int(model_config.vocab_size)
+        self._placeholders = placeholder_token_ids(model_config.hf_config)
         self._in_flight: dict[str, list[str]] = {}
         self.weight_version = 0
         self._closed = False
@@ -173,11 +175,13 @@ class SGLangRolloutEngine(RolloutEngine):
         rids = [f"{request_id}-{i}" for i in range(params.n)]
         self._in_flight[request_id] = rids
         mm = multi_modal_data or {}
+        # SGLang expands each image placeholder itself: send one per image
+        input_ids = collapse_placeholders(prompt, self._placeholders) if mm else prompt
         try:
             results = await asyncio.gather(
                 *(
                     self._engine.async_generate(
-                        input_ids=prompt,
+                        input_ids=input_ids,
                         sampling_params=sglang_sampling_params(params, i, max_tokens),
                         return_logprob=True,
                         rid=rid,

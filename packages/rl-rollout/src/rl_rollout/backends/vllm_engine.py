@@ -49,6 +49,7 @@ from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.weight_files import write_bucket
 
 __all__ = ["VLLMRolloutEngine", "vllm_engine_args", "vllm_sampling_kwargs"]
@@ -235,6 +236,7 @@ class VLLMRolloutEngine(RolloutEngine):
         model_config = self._llm.model_config
         self._max_model_len = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
+        self._placeholders = placeholder_token_ids(model_config.hf_config)
         self._in_flight: set[str] = set()
         self._update_lock = asyncio.Lock()
         self._closed = False
@@ -264,6 +266,8 @@ class VLLMRolloutEngine(RolloutEngine):
             vparams.output_kind = self._vllm.sampling_params.RequestOutputKind.DELTA
             inputs: dict[str, Any] = {"prompt_token_ids": prompt}
             if multi_modal_data:
+                # vLLM expands each image placeholder itself: send one per image
+                inputs["prompt_token_ids"] = collapse_placeholders(prompt, self._placeholders)
                 inputs["multi_modal_data"] = multi_modal_data
             samples = [_Streamed() for _ in range(params.n)]
             async for output in self._llm.generate(

@@ -1,0 +1,111 @@
+"""Tiny random Qwen2-VL / Qwen2.5-VL models built from small configs (no hub download).
+
+``tiny-random-vlm:qwen2_5_vl`` (or ``qwen2_vl``) as ``model.path`` resolves, through the
+``rl.model_sources`` entry point, to a cached directory holding the model (2 text layers,
+hidden 64; a 2-block vision tower, hidden 32), a character-level tokenizer with the Qwen
+vision special tokens and a ChatML template, and a Qwen2-VL image processor: everything
+``AutoProcessor.from_pretrained`` needs. Images are cut into 14x14 patches and 2x2 patches
+merge into one LM token, so a 56x56 image costs 4 prompt tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["VISION_TOKENS", "build_tiny_vlm", "resolve_tiny_vlm"]
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+ARCHS = ("qwen2_vl", "qwen2_5_vl")
+PREFIX = "tiny-random-vlm"
+_VERSION = "v1"
+
+
+def _tokenizer() -> Any:
+    from rl_algos.trainer.model_source import _char_tokenizer
+
+    tokenizer = _char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    return tokenizer
+
+
+def _config(arch: str, tokenizer: Any) -> Any:
+    import transformers
+
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in VISION_TOKENS}
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    vision = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    if arch == "qwen2_5_vl":
+        vision.update(
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        )
+        cls = transformers.Qwen2_5_VLConfig
+    else:
+        vision.update(embed_dim=32, hidden_size=64, mlp_ratio=2)
+        cls = transformers.Qwen2VLConfig
+    return cls(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+
+
+def build_tiny_vlm(arch: str, out: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random `arch` model, its tokenizer and processor to `out`."""
+    import torch
+    from transformers import AutoModelForImageTextToText, Qwen2VLImageProcessor
+
+    if arch not in ARCHS:
+        raise ValueError(f"tiny VLM architecture {arch!r} is unknown: expected one of {ARCHS}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tokenizer()
+    config = _config(arch, tokenizer)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=28 * 28,
+        max_pixels=112 * 112,
+    )
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        image_processor.save_pretrained(tmp)
+        os.replace(tmp, out)  # atomic: never a half-written model directory
+        os.makedirs(tmp)
+    return out
+
+
+def resolve_tiny_vlm(arch: str) -> str:
+    """The ``rl.model_sources`` hook for ``tiny-random-vlm:<arch>``: a cached directory."""
+    from rl_algos.trainer.model_source import cache_dir
+
+    out = cache_dir() / f"{PREFIX}-{arch}-{_VERSION}"
+    if not (out / "config.json").is_file():
+        build_tiny_vlm(arch, out)
+    return str(out)
