@@ -70,6 +70,7 @@ def test_the_trainer_skips_the_pass_only_when_it_cannot_change_the_result():
     assert recomputes_old_log_probs(cfg("data.train_batch_size=8", "actor.mini_batch_size=4"))
     assert recomputes_old_log_probs(cfg(*one_step, "algorithm.use_kl_in_reward=true"))
     assert recomputes_old_log_probs(cfg(*one_step, "actor.recompute_old_log_probs=true"))
+    assert recomputes_old_log_probs(cfg(*one_step, "async.max_staleness=1"))
     assert not recomputes_old_log_probs(
         cfg("data.train_batch_size=8", "actor.recompute_old_log_probs=false")
     )

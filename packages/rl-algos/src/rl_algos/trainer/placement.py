@@ -6,6 +6,9 @@
   (one Ray actor per process hosts all roles; the hybrid engine);
 * ``split``: the critic gets its own pool of ``trainer.critic_workers`` processes.
 
+``rollout.placement`` (see `rl_algos.trainer.rollout_client`): ``colocated`` puts a rollout
+engine into every actor worker; ``split`` and ``remote`` leave the actor workers without one.
+
 ``trainer.backend``: ``ray`` (the default; embedded, or the cluster at ``RAY_ADDRESS``)
 or ``local`` (one in-process worker, for debugging).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +39,7 @@ __all__ = [
     "actor_worker_config",
     "critic_worker_config",
     "recomputes_old_log_probs",
+    "rollout_generator_config",
     "start_role_groups",
 ]
 
@@ -54,7 +59,7 @@ class RoleGroups:
 
     def shutdown(self) -> None:
         try:
-            self.actor.shutdown_rollout()
+            self.actor.shutdown_rollout()  # colocated engines (a no-op elsewhere)
         except Exception as exc:  # the group may already be gone
             log.warning("rollout shutdown failed: %s", exc)
         for group in (self.actor, self.critic, self.reward_model):
@@ -127,13 +132,15 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     It cannot change the result when the batch makes exactly one optimizer step (one
     epoch, one mini-batch) from the weights that generated it: the old log-probs then
     equal the update's own log-probs, detached. A KL penalty in the reward needs them
-    before the update; ``actor.recompute_old_log_probs`` forces either way.
+    before the update, and async training (``async.max_staleness`` > 0) trains on samples
+    of older weights; ``actor.recompute_old_log_probs`` forces either way.
     """
     forced = cfg.actor.recompute_old_log_probs
     if forced is not None:
         return bool(forced)
     one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
-    return not one_step or cfg.algorithm.use_kl_in_reward
+    stale = cfg.async_.max_staleness > 0  # samples from older weights: not on-policy
+    return not one_step or cfg.algorithm.use_kl_in_reward or stale
 
 
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
@@ -148,7 +155,6 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     ref = None
     if uses_reference:
         ref = _inference_only(_engine_config(cfg.actor, model, cfg, total_updates))
-    rollout = cfg.rollout
     return {
         "engine": cfg.actor.engine,
         # a worker on another node resolves these when it cannot see model_path
@@ -156,48 +162,71 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         "model_files": pack_model_dir(model_path) if cfg.model.ship_to_workers else None,
         "engine_config": _engine_config(cfg.actor, model, cfg, total_updates),
         "ref": ref,
-        "generator": rollout.generator,
-        "rollout": {
-            "rollout": {
-                "model_path": model_path,
-                "backend": rollout.backend,
-                "dtype": rollout.dtype,
-                "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
-                "seed": cfg.trainer.seed,
-                "tensor_parallel_size": rollout.tensor_parallel_size,
-                "gpu_memory_utilization": rollout.gpu_memory_utilization,
-                "engine_kwargs": dict(rollout.engine_kwargs),
-            },
-            "mode": "local",
-            "agent_loop": rollout.agent_loop,
-            "loop": {
-                "response_length": cfg.data.max_response_length,
-                "max_turns": rollout.max_turns,
-                "max_parallel_calls": rollout.max_parallel_calls,
-                "max_tool_response_tokens": rollout.max_tool_response_tokens,
-                "tool_parser": rollout.tool_parser,
-                "tool_timeout_s": rollout.tool_timeout_s,
-                "tool_response_truncation": rollout.tool_response_truncation,
-                "chat_template_kwargs": dict(rollout.chat_template_kwargs),
-            },
-            "sampling": {
-                "temperature": rollout.temperature,
-                "top_p": rollout.top_p,
-                "top_k": rollout.top_k,
-                "max_tokens": cfg.data.max_response_length,
-                "stop_token_ids": list(rollout.stop_token_ids),
-            },
-            "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
-            "pad_token_id": pad_token_id,
-            "request_timeout_s": cfg.trainer.call_timeout_s,
-        },
+        "generator": cfg.rollout.generator,
+        "rollout": rollout_generator_config(cfg, model_path, pad_token_id),
+        "colocated_rollout": cfg.rollout.placement == "colocated",
         "loss": loss,
         "mini_batch_size": cfg.actor.mini_batch_size * n,
         "epochs": cfg.actor.epochs,
         "offload_when_generating": cfg.actor.offload_when_generating,
-        "sleep_while_training": rollout.sleep_while_training,
+        # async training generates while the update runs: the rollout never sleeps then
+        "sleep_while_training": (
+            False if cfg.async_.max_staleness > 0 else cfg.rollout.sleep_while_training
+        ),
         "seed": cfg.trainer.seed,
     }
+
+
+def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
+    """The sequence generator's config mapping: local (one engine inside each actor
+    worker) for the colocated placement, a Ray rollout pool for split, servers for remote."""
+    rollout = cfg.rollout
+    config: dict[str, Any] = {
+        "rollout": {
+            "model_path": model_path,
+            "backend": rollout.backend,
+            "dtype": rollout.dtype,
+            "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
+            "seed": cfg.trainer.seed,
+            "tensor_parallel_size": rollout.tensor_parallel_size,
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "engine_kwargs": dict(rollout.engine_kwargs),
+        },
+        "mode": "local",
+        "agent_loop": rollout.agent_loop,
+        "loop": {
+            "response_length": cfg.data.max_response_length,
+            "max_turns": rollout.max_turns,
+            "max_parallel_calls": rollout.max_parallel_calls,
+            "max_tool_response_tokens": rollout.max_tool_response_tokens,
+            "tool_parser": rollout.tool_parser,
+            "tool_timeout_s": rollout.tool_timeout_s,
+            "tool_response_truncation": rollout.tool_response_truncation,
+            "chat_template_kwargs": dict(rollout.chat_template_kwargs),
+        },
+        "sampling": {
+            "temperature": rollout.temperature,
+            "top_p": rollout.top_p,
+            "top_k": rollout.top_k,
+            "max_tokens": cfg.data.max_response_length,
+            "stop_token_ids": list(rollout.stop_token_ids),
+        },
+        "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
+        "pad_token_id": pad_token_id,
+        "request_timeout_s": cfg.trainer.call_timeout_s,
+    }
+    if rollout.placement == "split":
+        config.update(
+            mode="ray",
+            num_replicas=rollout.num_replicas,
+            num_cpus_per_replica=rollout.cpus_per_replica,
+            num_gpus_per_replica=rollout.gpus_per_replica,
+        )
+    elif rollout.placement == "remote":
+        config.update(
+            mode="remote", remote_urls=list(rollout.remote_urls), remote_model=rollout.remote_model
+        )
+    return config
 
 
 def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
@@ -263,8 +292,12 @@ def start_role_groups(
 
         from rl_core.single_controller.ray import ensure_ray
 
+        num_cpus = trainer.ray_num_cpus
+        if num_cpus is not None and cfg.rollout.placement == "split":
+            # the rollout pool's actors come on top of the training workers
+            num_cpus += math.ceil(cfg.rollout.num_replicas * cfg.rollout.cpus_per_replica)
         with timed(timing, "ray_init"):
-            owned_ray = ensure_ray(trainer.ray_num_cpus)
+            owned_ray = ensure_ray(num_cpus)
         try:
             workers_start = time.perf_counter()
             groups = _ray_groups(trainer, roles, needs_critic)

@@ -52,6 +52,8 @@ from rl_core.registry import Registry
 if TYPE_CHECKING:
     from rl_core.protocol import DataProto
 
+from rl_core.engine.weight_buckets import DEFAULT_BUCKET_BYTES
+
 __all__ = [
     "ENGINES",
     "INFER_KEYS",
@@ -70,7 +72,6 @@ __all__ = [
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 INFER_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 OUTPUT_KINDS = ("log_probs", "entropy", "values")
-DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ class TrainEngine(ABC):
         self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: Any = None
     ) -> Iterator[list[tuple[str, Tensor]]]:
         """Full (unsharded) weights under Hugging Face names, in buckets of at most
-        ``bucket_bytes`` (a larger tensor is a bucket of its own), cast to ``dtype`` if
+        ``bucket_bytes`` made by `rl_core.engine.iter_layer_buckets` (whole layers; a
+        larger layer is a bucket of its own), cast to ``dtype`` if
         given. Collective: every rank must consume the iterator to its end."""
 
     @abstractmethod

@@ -43,7 +43,7 @@ import pytest
 import torch
 
 from rl_core.checkpoint import CheckpointCorruptError, staging_path, verify_manifest
-from rl_core.engine import EngineConfig, LossContext, TrainEngine, build_engine
+from rl_core.engine import EngineConfig, LossContext, TrainEngine, build_engine, layer_of
 from rl_core.protocol import DataProto
 from rl_core.testing.spawn import SpawnRunner
 
@@ -378,11 +378,15 @@ def check_export(spec: dict[str, Any]) -> None:
     engine.train_batch(_shard(batch, engine), pg_loss)  # export the updated weights
     budget = 64 * 1024
     seen: dict[str, torch.Tensor] = {}
-    for bucket in engine.export_weights(bucket_bytes=budget):
+    home: dict[str, int] = {}  # layer -> the bucket that holds it
+    for index, bucket in enumerate(engine.export_weights(bucket_bytes=budget)):
         nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
-        assert nbytes <= budget or len(bucket) == 1, (nbytes, [n for n, _ in bucket])
+        layers = {layer_of(n) for n, _ in bucket}
+        # bounded, or one indivisible layer alone (whole layers: fused params never split)
+        assert nbytes <= budget or len(layers) == 1, (nbytes, [n for n, _ in bucket])
         for name, tensor in bucket:
             assert name not in seen, f"{name} exported twice"
+            assert home.setdefault(layer_of(name), index) == index, f"{name}: layer split"
             seen[name] = tensor.detach().cpu().clone()
     bf16 = [t for b in engine.export_weights(dtype=torch.bfloat16) for _, t in b]
     assert bf16 and all(t.dtype == torch.bfloat16 for t in bf16)

@@ -47,6 +47,7 @@ from rl_core.engine import (
     TrainEngine,
     check_batch,
     check_outputs,
+    iter_layer_buckets,
     local_micro_batch_count,
     split_micro_batches,
 )
@@ -451,23 +452,20 @@ class FSDPEngine(TrainEngine):
         self._require_onloaded("export_weights")
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected an integer >= 1")
-        bucket: list[tuple[str, Tensor]] = []
-        size = 0
+        # whole layers per bucket (rl-core's one bucketing helper): a fused parameter of the
+        # rollout engine (qkv, gate_up) never straddles two buckets
+        yield from iter_layer_buckets(self._export_tensors(dtype), bucket_bytes)
+
+    def _export_tensors(self, dtype: Any) -> Iterator[tuple[str, Tensor]]:
+        """(Hugging Face name, full tensor) pairs as rollouts load them: LoRA merged, tied
+        weights once (under the input embedding's name), cast to ``dtype``."""
         named = self._full_tensors()
         if self.lora is not None:
             named = merge_lora_weights(named, self.lora.scaling)  # rollouts see plain weights
         for name, full in named:
             if self.tied_embeddings and name == "lm_head.weight":
-                continue  # tied weights are exported once, under the input embedding's name
-            full = full.detach().to(dtype) if dtype is not None else full.detach()
-            nbytes = full.numel() * full.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, full))
-            size += nbytes
-        if bucket:
-            yield bucket
+                continue
+            yield name, (full.detach().to(dtype) if dtype is not None else full.detach())
 
     def _full_tensors(self) -> Iterator[tuple[str, Tensor]]:
         seen: set[int] = set()
