@@ -141,6 +141,23 @@ def tests_rl_engines_megatron(session: nox.Session) -> None:
     session.run("pytest", *tests, "-m", "megatron and not gpu", *session.posargs, env=env)
 
 
+THIRD_PARTY_ENGINE = "examples/third_party_engine"
+
+
+@nox.session(name="third-party-engine", python="3.11")
+def third_party_engine(session: nox.Session) -> None:
+    """The example engine outside the workspace, installed into a clean venv beside only
+    `rl-core[testing]` (its locked versions), runs rl-core's conformance suite."""
+    reqs = Path(session.create_tmp()) / "rl-core-testing.txt"
+    session.run(
+        "uv", "export", "--locked", "--package", "rl-core", "--extra", "testing",
+        "--no-hashes", "--no-emit-workspace", "--no-default-groups", "-q", "-o", str(reqs),
+        external=True,
+    )  # fmt: skip
+    session.install("-r", str(reqs), "./packages/rl-core[testing]", f"./{THIRD_PARTY_ENGINE}")
+    session.run("pytest", f"{THIRD_PARTY_ENGINE}/tests", "-p", "no:cacheprovider", *session.posargs)
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and the import rule between packages."""
@@ -148,6 +165,14 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("python", "tools/check_imports.py")
+
+
+@nox.session(python="3.11")
+def api(session: nox.Session) -> None:
+    """Public API of every package against its last release tag or recorded snapshot
+    (griffe, static: nothing is imported); see tools/api_snapshot.py."""
+    session.install("griffe>=1.5")
+    session.run("python", "tools/api_snapshot.py", *session.posargs)
 
 
 @nox.session(python=False)
@@ -191,11 +216,13 @@ def build(session: nox.Session) -> None:
 nox.options.sessions = [
     "lint",
     "lock",
+    "api",
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
     "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
     "tests-faults",  # fault injection, budget ~4 minutes on 2 CPUs
+    "third-party-engine",  # 32 conformance cases, one process: 12 min on the loaded shared dev box
     "build",
 ]

@@ -80,7 +80,8 @@ def test_import_rule_script_exit_status(tmp_path):
     [
         ("0.1.0", "0.1.0", set(), set(), True),
         ("0.1.0", "0.1.0", {"x"}, set(), False),
-        ("0.1.0", "0.1.1", {"x"}, set(), True),
+        ("0.1.0", "0.1.1", {"x"}, set(), False),
+        ("0.1.0", "0.2.0", {"x"}, set(), True),
         ("0.1.0", "0.1.1", set(), {"x"}, False),
         ("0.1.0", "0.2.0", set(), {"x"}, True),
         ("1.2.0", "1.2.1", {"x"}, set(), False),

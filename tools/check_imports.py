@@ -1,6 +1,6 @@
 """Enforce the dependency rule between the workspace's packages.
 
-Rules (see DESIGN.md section 2):
+Rules (the README's "Packages" section states them for users):
   * rl_core imports none of ray, transformers, vllm, sglang, megatron at module level;
     ray only inside its Ray backend package, and heavy libraries only lazily (inside a
     function) in rl_core.testing, whose suites drive engines that bring them.

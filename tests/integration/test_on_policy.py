@@ -70,6 +70,7 @@ def test_the_trainer_skips_the_pass_only_when_it_cannot_change_the_result():
     assert recomputes_old_log_probs(cfg("data.train_batch_size=8", "actor.mini_batch_size=4"))
     assert recomputes_old_log_probs(cfg(*one_step, "algorithm.use_kl_in_reward=true"))
     assert recomputes_old_log_probs(cfg(*one_step, "actor.recompute_old_log_probs=true"))
+    assert recomputes_old_log_probs(cfg(*one_step, "async.max_staleness=1"))
     assert not recomputes_old_log_probs(
         cfg("data.train_batch_size=8", "actor.recompute_old_log_probs=false")
     )
@@ -123,3 +124,52 @@ def test_hybrid_engine_cycle_sleeps_the_rollout_while_training(ray_cluster, make
     finally:
         trainer.close()
     assert len(history) == 2 and all(m["actor/grad_norm"] > 0 for m in history)
+
+
+def test_precision_and_placement_fields_reach_the_workers():
+    """Master weights stay fp32 while compute and rollout dtypes are separate fields; the
+    reference model is inference-only (no AdamW state)."""
+    from rl_algos.trainer.placement import actor_worker_config
+
+    raw = {"model": {"path": "tiny-random:qwen2"}, "data": {"generate": {"task": "arithmetic"}}}
+    overrides = [
+        "model.compute_dtype=bfloat16",
+        "rollout.dtype=bfloat16",
+        "model.attn_implementation=eager",
+        "model.use_remove_padding=true",
+        "actor.engine_kwargs={logprob_chunk_tokens: 512}",
+        "actor.loss.kl_loss_coef=0.001",
+        "trainer.platform=cpu",
+        "trainer.gpus_per_worker=0",
+    ]
+    cfg = load_config(raw, overrides)
+    worker = actor_worker_config(cfg, "/models/m", pad_token_id=0)
+    model = worker["engine_config"]["model"]
+    assert (model["dtype"], model["compute_dtype"]) == ("float32", "bfloat16")
+    assert model["attn_implementation"] == "eager" and model["use_remove_padding"] is True
+    assert worker["engine_config"]["engine_kwargs"] == {"logprob_chunk_tokens": 512}
+    assert worker["rollout"]["rollout"]["dtype"] == "bfloat16"
+    ref = worker["ref"]
+    assert ref["inference_only"] is True and ref["optim"] == {"lr": 0.0}
+    assert ref["model"]["compute_dtype"] == "bfloat16"
+    assert cfg.trainer.platform == "cpu" and cfg.trainer.gpus_per_worker == 0
+
+
+def test_bf16_compute_keeps_fp32_master_weights_on_cpu(tmp_path):
+    model_dir = save_tiny_model(str(tmp_path / "lm"), "llama")
+    cfg = engine_config(model_dir, {"model": {"compute_dtype": "bfloat16"}})
+    engine = build_engine("fsdp", cfg)
+    assert engine.compute_dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in engine.model.parameters())
+    batch = make_rl_batch()
+    from rl_core.testing.train_engine import pg_loss
+
+    before = _weights(engine)
+    metrics = engine.train_batch(batch, pg_loss)
+    after = _weights(engine)
+    assert metrics["grad_norm"] > 0
+    assert all(t.dtype == torch.float32 for t in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    states = [t for s in engine.optimizer.state.values() for t in s.values() if t.dim() > 0]
+    assert states and all(t.dtype == torch.float32 for t in states)
+    engine.close()

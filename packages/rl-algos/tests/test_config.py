@@ -203,6 +203,36 @@ def test_plugin_names_are_checked_at_trainer_start():
             registry.unregister(name)
 
 
+def test_async_section_uses_its_yaml_name_and_resolves_the_correction(tmp_path):
+    cfg = load(["async.max_staleness=2"])
+    assert cfg.async_.max_staleness == 2 and cfg.async_.correction == "decoupled_ppo"
+    assert cfg.actor.loss.behav_imp_weight_cap == 2.0 and cfg.actor.loss.tis_cap is None
+    sync = load()
+    assert sync.async_.correction == "none" and sync.actor.loss.behav_imp_weight_cap is None
+    tis = load(["async.max_staleness=1", "async.correction=tis", "async.imp_weight_cap=3"])
+    assert tis.actor.loss.tis_cap == 3.0 and tis.actor.loss.behav_imp_weight_cap is None
+    path = tmp_path / "async.yaml"
+    path.write_text(cfg.to_yaml())
+    assert "async:" in path.read_text() and "async_" not in path.read_text()
+    assert load_config(path) == cfg
+    with pytest.raises(ConfigError, match=r"async\.max_staleness.*>= 0"):
+        load(["async.max_staleness=-1"])
+    with pytest.raises(ConfigError, match=r"async\.correction.*did you mean 'tis'"):
+        load(["async.correction=tiss"])
+    with pytest.raises(ConfigError, match=r"actor\.loss\.tis_cap.*one off-policy correction"):
+        load(["async.max_staleness=1", "actor.loss.tis_cap=2"])
+
+
+def test_rollout_placement_fields_are_checked():
+    assert load(["rollout.placement=split", "rollout.num_replicas=3"]).rollout.num_replicas == 3
+    with pytest.raises(ConfigError, match=r"rollout\.placement.*'split'"):
+        load(["rollout.placement=splitt"])
+    with pytest.raises(ConfigError, match=r"rollout\.remote_urls.*non-empty list"):
+        load(["rollout.placement=remote"])
+    with pytest.raises(ConfigError, match=r"rollout\.num_replicas"):
+        load(["rollout.num_replicas=0"])
+
+
 @pytest.mark.parametrize(
     "override",
     [

@@ -308,3 +308,32 @@ def test_critic_loss_fn_matches_value_loss():
     # token 0: max(0.64, 0.64) ; token 1: max(1.0, 0.25) = 1.0
     assert loss.item() == pytest.approx(0.5 * (0.64 + 1.0) / 2)
     assert metrics["critic/vf_loss"] == pytest.approx(loss.item())
+
+
+def test_decoupled_ppo_weights_by_behaviour_ratio_and_drops_tokens_above_the_cap():
+    """AReaL's decoupled PPO: the clip is around the proximal policy (old_log_prob) and each
+    token is weighted by pi_prox / pi_behav; a token whose weight exceeds the cap is dropped."""
+    log_prob = torch.tensor([[-1.0, -1.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.0, -1.0, -1.0]], dtype=torch.float64)
+    rollout = torch.tensor([[-1.5, -0.7, -2.0]], dtype=torch.float64)  # w = e^.5, e^-.3, e^1
+    mask = torch.ones(1, 3, dtype=torch.float64)
+    cfg = PolicyLossConfig(behav_imp_weight_cap=2.0)
+    loss, metrics = POLICY_LOSSES.get("ppo")(
+        log_prob=log_prob,
+        old_log_prob=old,
+        advantages=torch.ones(1, 3, dtype=torch.float64),
+        response_mask=mask,
+        config=cfg,
+        scale=LossScale.whole_batch(mask),
+        rollout_log_probs=rollout,
+    )
+    weights = [math.exp(0.5), math.exp(-0.3), 0.0]  # e^1 > 2: dropped
+    assert loss.item() == pytest.approx(-sum(weights) / 3)
+    assert metrics["actor/behav_imp_weight"] == pytest.approx(sum(weights) / 3)
+    assert metrics["actor/behav_imp_weight_dropped"] == pytest.approx(1 / 3)
+    loss.backward()
+    assert log_prob.grad[0].tolist() == pytest.approx([-w / 3 for w in weights])
+    with pytest.raises(ConfigError, match="one off-policy correction"):
+        PolicyLossConfig(tis_cap=2.0, behav_imp_weight_cap=2.0)
+    with pytest.raises(ConfigError, match="behav_imp_weight_cap"):
+        PolicyLossConfig(behav_imp_weight_cap=0.5)

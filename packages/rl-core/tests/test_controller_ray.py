@@ -489,33 +489,6 @@ def test_infeasible_resource_pool_fails_clearly(ray_session):
     assert "within 2 s" in text and "'no_such_thing': 1.0" in text and "Cluster total" in text
 
 
-@ray_only
-@pytest.mark.parametrize(("env", "expected"), [(None, "local"), ("10.0.0.7:6379", "10.0.0.7:6379")])
-def test_group_starts_its_own_ray_unless_given_an_address(monkeypatch, env, expected):
-    """Without a connection the group joins RAY_ADDRESS, else starts a new local Ray; a
-    plain ray.init() would join any cluster already running on the machine."""
-    import rl_core.single_controller.ray.worker_group as module
-
-    class Stop(Exception):
-        pass
-
-    calls = []
-
-    def fake_init(*args, **kwargs):
-        calls.append((args, kwargs))
-        raise Stop
-
-    if env is None:
-        monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    else:
-        monkeypatch.setenv("RAY_ADDRESS", env)
-    monkeypatch.setattr(module.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(module.ray, "init", fake_init)
-    with pytest.raises(Stop):
-        ray_group(ResourcePool([1], **HALF_CPU), Echo)
-    assert calls == [((), {"address": expected})]
-
-
 # ------------------------------------------------------------------------------ algorithm
 
 

@@ -87,3 +87,23 @@ def test_ray_session_has_ray_but_not_transformers():
     assert importlib.util.find_spec("ray") is not None
     if os.environ.get("RL_ISOLATED_SESSION") == "rl-core-ray":
         assert importlib.util.find_spec("transformers") is None
+
+
+def test_import_rl_core_is_lazy():
+    """`import rl_core` loads neither torch nor tensordict (nor importlib.metadata); its
+    names load their submodules on first use and are the same objects."""
+    code = (
+        "import sys, json, rl_core\n"
+        "before = sorted(m for m in ('torch', 'tensordict', 'numpy') if m in sys.modules)\n"
+        "from rl_core.protocol import DataProto\n"
+        "same = rl_core.DataProto is DataProto and 'DataProto' in dir(rl_core)\n"
+        "print(json.dumps({'before': before, 'same': same, 'version': rl_core.__version__}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out == {"before": [], "same": True, "version": "0.1.0"}, out
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        import rl_core
+
+        rl_core.nope  # noqa: B018

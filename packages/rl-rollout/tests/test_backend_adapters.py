@@ -52,6 +52,26 @@ def test_vllm_engine_args_from_rollout_config():
     assert "enable_chunked_prefill" not in args
 
 
+def test_vllm_engine_args_select_the_native_weight_transfer_backend():
+    config = RolloutConfig(
+        model_path="/m", backend="vllm", engine_kwargs={"weight_transfer": "nccl"}
+    )
+    assert "weight_transfer_config" not in vllm_engine_args(config, False)  # files (CPU)
+    for backend in ("ipc", "nccl"):
+        args = vllm_engine_args(config, False, transfer=backend)
+        assert args["weight_transfer_config"] == {"backend": backend}
+        assert "weight_transfer" not in args  # our option, not vLLM's
+
+
+def test_vllm_ipc_update_info_names_dtypes_shapes_and_checks_the_device():
+    import torch
+
+    from rl_rollout.backends.vllm_engine import ipc_update_info
+
+    with pytest.raises(ValueError, match=r"'w' is on cpu; expected a tensor on the rollout's cuda"):
+        ipc_update_info([("w", torch.zeros(2, 3))], "GPU-0", "cuda")
+
+
 def test_vllm_engine_args_on_cpu_turn_chunked_prefill_off(tmp_path):
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 16384}')
     config = RolloutConfig(model_path=str(tmp_path), backend="vllm")
@@ -169,3 +189,21 @@ def test_sglang_output_translation():
 def test_sglang_backend_without_sglang_names_the_extra():
     with pytest.raises((ImportError, PluginLoadError), match=r"rl-rollout\[sglang\]"):
         build_rollout_engine(RolloutConfig(model_path="/m", backend="sglang"))
+
+
+# ---------------------------------------------------------------- remote (OpenAI-compatible)
+def test_remote_output_reads_token_ids_and_log_probs_of_a_completions_choice():
+    from rl_rollout.manager_replicas import RolloutReplicaError, remote_output
+
+    choice = {
+        "index": 0,
+        "finish_reason": "stop",
+        "logprobs": {"tokens": ["token_id:17", "token_id:2"], "token_logprobs": [-0.5, -1.25]},
+    }
+    out = remote_output(choice)
+    assert out.token_ids == [17, 2] and out.log_probs == [-0.5, -1.25]
+    assert out.finish_reason == "stop" and out.weight_versions is None
+    cut = remote_output({**choice, "finish_reason": "abort"})
+    assert cut.finish_reason == "abort"
+    with pytest.raises(RolloutReplicaError, match="expected 'token_id:<id>'"):
+        remote_output({**choice, "logprobs": {"tokens": ["hi"], "token_logprobs": [-1.0]}})

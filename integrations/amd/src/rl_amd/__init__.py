@@ -8,7 +8,9 @@ device type on HIP, RCCL (torch's ``nccl`` backend) for torch.distributed,
 from importlib.metadata import version as _version
 
 from rl_amd.platform import RocmPlatform
+from rl_core.compat import require_core as _require_core
 
+_require_core("rl-amd")  # the installed rl-core must fit the declared range
 __version__ = _version("rl-amd")
 
 __all__ = ["RocmPlatform", "__version__"]

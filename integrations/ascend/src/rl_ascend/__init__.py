@@ -8,7 +8,9 @@ torch.distributed, ``ASCEND_RT_VISIBLE_DEVICES`` and Ray's ``NPU`` resource.
 from importlib.metadata import version as _version
 
 from rl_ascend.platform import NpuPlatform
+from rl_core.compat import require_core as _require_core
 
+_require_core("rl-ascend")  # the installed rl-core must fit the declared range
 __version__ = _version("rl-ascend")
 
 __all__ = ["NpuPlatform", "__version__"]

@@ -8,8 +8,10 @@ detect it.
 
 from importlib.metadata import version as _version
 
+from rl_core.compat import require_core as _require_core
 from rl_nvidia.platform import CudaPlatform
 
+_require_core("rl-nvidia")  # the installed rl-core must fit the declared range
 __version__ = _version("rl-nvidia")
 
 __all__ = ["CudaPlatform", "__version__"]

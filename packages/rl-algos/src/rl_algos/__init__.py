@@ -10,6 +10,9 @@ import importlib
 from importlib.metadata import version as _version
 from typing import Any
 
+from rl_core.compat import require_core as _require_core
+
+_require_core("rl-algos")  # the installed rl-core must fit the declared range
 __version__ = _version("rl-algos")
 
 _EXPORTS = {

@@ -13,21 +13,71 @@ key, the value, what is allowed and the closest valid key.
 Errors caused by user input (config, data, plugins, paths, resources, a broken reward
 function) print one line and exit with status 2; other failures print one line and exit
 with 1. ``--debug`` adds the traceback.
+
+SIGINT (Ctrl-C) or SIGTERM stops ``train`` and ``eval`` cleanly: the workers and Ray are
+shut down and the command exits with 128 + the signal number (130, 143) and one line
+saying so. A second signal, or a shutdown longer than 20 s, exits at once; the embedded
+Ray's watchdog (`rl_core.single_controller.ray.ensure_ray`) then removes what is left.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from rl_algos.errors import ConfigError
 
 __all__ = ["main"]
+
+SHUTDOWN_GRACE_S = 20.0  # after a stop signal: longest clean shutdown before a hard exit
+
+
+class StopSignal(KeyboardInterrupt):
+    """Raised in the main thread when SIGINT or SIGTERM arrives (see the module doc); a
+    KeyboardInterrupt, so no ``except Exception`` swallows it and code that cleans up on
+    Ctrl-C does the same on SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(command: str) -> Iterator[None]:
+    """SIGINT/SIGTERM raise `StopSignal` (so ``finally`` blocks shut down the workers);
+    a second one, or `SHUTDOWN_GRACE_S` without finishing, ends the process at once."""
+    stopping: list[int] = []
+
+    def hard_exit(signum: int, why: str) -> None:
+        name = signal.Signals(signum).name
+        print(f"rl {command}: {why} after {name}; exiting now", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    def handler(signum: int, frame: object) -> None:
+        if stopping:
+            hard_exit(signum, "second signal")
+        stopping.append(signum)
+        fuse = threading.Timer(
+            SHUTDOWN_GRACE_S, hard_exit, (signum, f"shutdown took over {SHUTDOWN_GRACE_S:.0f} s")
+        )
+        fuse.daemon = True
+        fuse.start()
+        raise StopSignal(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _load(config_path: str, overrides: Sequence[str]):
@@ -201,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "model", None):
             overrides += _eval_model_override(args.model)
         config = _load(args.config, overrides)
-        return args.func(config)
+        with _stop_on_signals(args.command):
+            return args.func(config)
     except (*user_errors, KeyError, TypeError, ValueError) as exc:
         if args.debug:
             traceback.print_exc()
@@ -211,9 +262,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"rl {args.command}: {kind}: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"rl {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # a StopSignal, or Ray's own for SIGINT in ray.get
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(
+            f"rl {args.command}: stopped by {signal.Signals(signum).name}; the workers and "
+            "Ray were shut down",
+            file=sys.stderr,
+        )
+        return 128 + signum
     except Exception as exc:
         if args.debug:
             traceback.print_exc()

@@ -74,6 +74,10 @@ class PolicyLossConfig:
     tis_cap: truncated importance sampling against the rollout engine's log-probs: each
         token's loss is weighted by min(exp(old_log_prob - rollout_log_prob), tis_cap)
         (None: off).
+    behav_imp_weight_cap: decoupled PPO (AReaL): the clip stays around the proximal policy
+        (``old_log_prob``, recomputed by the trainer) and each token's loss is weighted by
+        the behaviour weight exp(old_log_prob - rollout_log_prob); tokens whose weight
+        exceeds the cap are dropped (None: off). Set from ``async.correction``.
     """
 
     name: str = "ppo"
@@ -86,6 +90,7 @@ class PolicyLossConfig:
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "k3"
     tis_cap: float | None = None
+    behav_imp_weight_cap: float | None = None
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
@@ -122,6 +127,18 @@ class PolicyLossConfig:
         check_field(
             self.tis_cap is None or self.tis_cap > 0, "tis_cap", self.tis_cap, "> 0 or null"
         )
+        check_field(
+            self.behav_imp_weight_cap is None or self.behav_imp_weight_cap > 1,
+            "behav_imp_weight_cap",
+            self.behav_imp_weight_cap,
+            "> 1 or null",
+        )
+        check_field(
+            self.tis_cap is None or self.behav_imp_weight_cap is None,
+            "behav_imp_weight_cap",
+            self.behav_imp_weight_cap,
+            "null when tis_cap is set (one off-policy correction)",
+        )
         for name in ("clip_cov_ratio", "kl_cov_ratio"):
             value = getattr(self, name)
             check_field(0 < value <= 1, name, value, "a share of tokens in (0, 1]")
@@ -138,14 +155,32 @@ class PolicyLossConfig:
             check_field(value > 0, name, value, "> 0 (a gate temperature)")
 
 
-def _tis_weights(
-    old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, cap: float | None
+def _off_policy_weights(
+    old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, config: PolicyLossConfig
 ) -> torch.Tensor | None:
+    """Per-token weights of the off-policy correction: truncated IS, min(w, tis_cap), or
+    decoupled PPO's behaviour weight, w where w <= cap and 0 where it exceeds the cap;
+    w = pi_old / pi_rollout. None when neither is configured."""
+    cap = config.tis_cap if config.tis_cap is not None else config.behav_imp_weight_cap
     if cap is None:
         return None
     if rollout_log_probs is None:
-        raise ValueError("loss.tis_cap is set but the batch has no 'rollout_log_probs'")
-    return torch.exp(old_log_prob - rollout_log_probs).clamp(max=cap).detach()
+        raise ValueError("an off-policy correction is set but the batch has no 'rollout_log_probs'")
+    weights = torch.exp((old_log_prob - rollout_log_probs).clamp(-20.0, 20.0)).detach()
+    if config.tis_cap is not None:
+        return weights.clamp(max=cap)
+    return torch.where(weights <= cap, weights, torch.zeros_like(weights))
+
+
+def _weight_metrics(
+    weights: torch.Tensor, mask: torch.Tensor, scale: LossScale, config: PolicyLossConfig
+) -> dict[str, float]:
+    if config.tis_cap is not None:
+        return {"actor/tis_weight": _partial(weights, mask, scale)}
+    return {
+        "actor/behav_imp_weight": _partial(weights, mask, scale),
+        "actor/behav_imp_weight_dropped": _partial((weights == 0).float(), mask, scale),
+    }
 
 
 def _partial(value: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> float:
@@ -173,7 +208,7 @@ def compute_ppo_policy_loss(
     clip_loss = torch.maximum(loss_unclipped, loss_clipped)
     dual_bound = -advantages * config.clip_ratio_c
     pg_losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -185,7 +220,7 @@ def compute_ppo_policy_loss(
         "actor/ppo_kl": _partial(-log_ratio, mask, scale),
     }
     if weights is not None:
-        metrics["actor/tis_weight"] = _partial(weights, mask, scale)
+        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -214,7 +249,7 @@ def compute_gspo_policy_loss(
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -224,7 +259,7 @@ def compute_gspo_policy_loss(
         "actor/ppo_kl": _partial(-log_ratio, mask, scale),
     }
     if weights is not None:
-        metrics["actor/tis_weight"] = _partial(weights, mask, scale)
+        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -297,10 +332,10 @@ def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
         scale = LossScale.from_context(ctx, config.agg_norm_constant)
         log_prob = outputs["log_probs"]
         rollout = None
-        if config.tis_cap is not None:
-            rollout = _field(batch, "rollout_log_probs", "loss.tis_cap")
+        if config.tis_cap is not None or config.behav_imp_weight_cap is not None:
+            rollout = _field(batch, "rollout_log_probs", "the off-policy correction")
         if micro_batch.meta_info.get("old_log_probs_from_update"):
-            old_log_prob = log_prob.detach()
+            old_log_prob = log_prob.detach()  # the proximal policy of decoupled PPO too
         else:
             old_log_prob = _field(batch, "old_log_probs", "the importance ratio")
         loss, metrics = policy_loss(

@@ -6,7 +6,8 @@ Each one has the calling convention of `rl_algos.losses` (keyword arguments ``lo
 partial metrics). Notation per token t of sample i: ``r = pi / pi_old`` (the importance
 ratio, from the log-ratio clamped to [-20, 20]), ``A`` the advantage, ``sg`` stop-gradient,
 ``eps_low`` / ``eps_high`` = ``config.clip_ratio_low`` / ``clip_ratio_high``. Every per-token
-loss is multiplied by the truncated importance weight of ``config.tis_cap`` when set, and
+loss is multiplied by the off-policy correction weight when set (truncated IS,
+``config.tis_cap``, or decoupled PPO's behaviour weight, ``config.behav_imp_weight_cap``), and
 aggregated with ``config.agg_mode`` (``geo_mean`` is sequence-level by construction).
 
 Clip-Cov and KL-Cov pick their tokens within the micro-batch the loss function sees, as
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from rl_algos.aggregation import LossScale, agg_loss
-from rl_algos.losses import PolicyLossConfig, _partial, _tis_weights
+from rl_algos.losses import PolicyLossConfig, _off_policy_weights, _partial, _weight_metrics
 from rl_algos.masked import masked_mean
 
 __all__ = [
@@ -51,7 +52,8 @@ def _finish(
     weights: torch.Tensor | None,
     extra: dict[str, torch.Tensor] | None = None,
 ) -> Result:
-    """Weight by TIS, aggregate, and add the partial metrics (`extra`: per-token values)."""
+    """Weight by the off-policy correction (TIS or decoupled PPO's behaviour weight),
+    aggregate, and add the partial metrics (`extra`: per-token values)."""
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -62,7 +64,7 @@ def _finish(
     for name, value in (extra or {}).items():
         metrics[name] = _partial(value.float(), mask, scale)
     if weights is not None:
-        metrics["actor/tis_weight"] = _partial(weights, mask, scale)
+        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -112,7 +114,7 @@ def compute_clip_cov_policy_loss(
         chosen = candidates[order]
         keep[chosen[:, 0], chosen[:, 1]] = 0.0
     pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     return _finish(
         pg_losses,
         mask,
@@ -152,7 +154,7 @@ def compute_kl_cov_policy_loss(
         penalised.view(-1)[flat] = True
     abs_kl = (log_prob - old_log_prob).abs()
     pg_losses = torch.where(penalised, pg_losses + config.ppo_kl_coef * abs_kl, pg_losses)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     return _finish(
         pg_losses, mask, log_ratio, config, scale, weights, {"actor/kl_cov_frac": penalised}
     )
@@ -172,7 +174,7 @@ def compute_gpg_policy_loss(
     Model Reasoning", arXiv:2504.02546): the plain policy gradient ``-A log pi``, with no
     ratio, clipping or reference model; pair it with the `gpg` advantage estimator."""
     mask = response_mask.to(log_prob.dtype)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights)
 
@@ -192,7 +194,7 @@ def compute_reinforce_policy_loss(
     the truncated importance weight of `tis_cap` (verl's `reinforce` loss; its default
     aggregation there is `seq-mean-token-sum`, here whatever `agg_mode` says)."""
     mask = response_mask.to(log_prob.dtype)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights)
 
@@ -223,7 +225,7 @@ def compute_geo_mean_policy_loss(
     seq_ratio = torch.exp((pessimistic * mask).sum(dim=-1) / lengths)
     seq_adv = (advantages * mask).sum(dim=-1) / lengths
     seq_losses = -seq_adv * seq_ratio
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     if weights is not None:
         seq_weights = torch.exp((torch.log(weights + 1e-10) * mask).sum(dim=-1) / lengths)
         seq_losses = seq_losses * seq_weights
@@ -236,7 +238,7 @@ def compute_geo_mean_policy_loss(
         "actor/pg_clipfrac_lower": _partial((clipped & (advantages < 0)).float(), mask, scale),
     }
     if weights is not None:
-        metrics["actor/tis_weight"] = _partial(weights, mask, scale)
+        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -259,7 +261,7 @@ def compute_cispo_policy_loss(
     ratio = log_ratio.exp()
     clipped_ratio = ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = -clipped_ratio.detach() * advantages * log_prob
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     return _finish(
         pg_losses,
         mask,
@@ -295,7 +297,7 @@ def compute_sapo_policy_loss(
         torch.as_tensor(config.tau_neg, dtype=ratio.dtype, device=ratio.device),
     )
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     return _finish(-gate * advantages, mask, log_ratio, config, scale, weights)
 
 
@@ -316,7 +318,7 @@ def _dppo(
     truncated = ratio.clamp(max=config.clip_ratio_c).detach()
     inside = inside.detach()
     pg_losses = -advantages * truncated * log_prob * inside.to(log_prob.dtype)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     return _finish(
         pg_losses,
         mask,
@@ -400,5 +402,5 @@ def compute_dro_policy_loss(
     log_ratio = _log_ratio(log_prob, old_log_prob)
     penalty = 0.5 * config.dro_beta * (log_prob - old_log_prob).square()
     pg_losses = -(advantages * log_prob - penalty)
-    weights = _tis_weights(old_log_prob, rollout_log_probs, config.tis_cap)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     return _finish(pg_losses, mask, log_ratio, config, scale, weights)

@@ -7,8 +7,10 @@ worker group. The FSDP2 engine needs the ``fsdp`` extra (``pip install rl-engine
 
 from importlib.metadata import version as _version
 
+from rl_core.compat import require_core as _require_core
 from rl_engines.worker import EngineWorker
 
+_require_core("rl-engines")  # the installed rl-core must fit the declared range
 __version__ = _version("rl-engines")
 
 __all__ = ["EngineWorker", "__version__"]

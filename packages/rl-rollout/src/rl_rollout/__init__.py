@@ -2,6 +2,7 @@
 
 from importlib.metadata import version as _version
 
+from rl_core.compat import require_core as _require_core
 from rl_rollout.agent_loop import (
     AGENT_LOOPS,
     TOOL_PARSERS,
@@ -29,6 +30,7 @@ from rl_rollout.tools import (
     run_python,
 )
 
+_require_core("rl-rollout")  # the installed rl-core must fit the declared range
 __version__ = _version("rl-rollout")
 
 __all__ = [

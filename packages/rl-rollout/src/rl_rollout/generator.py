@@ -21,10 +21,12 @@ from typing import Any
 
 from torch import Tensor
 
+from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
 from rl_core.protocol import DataProto
 from rl_core.rollout import RolloutConfig, RolloutEngine, SamplingParams, SequenceGenerator
 from rl_rollout.agent_loop.base import AgentLoopConfig
 from rl_rollout.manager import RolloutManager, RolloutManagerConfig
+from rl_rollout.weight_sync import RayPoolSender
 
 __all__ = ["AgentLoopGenerator", "manager_config_from_dict"]
 
@@ -79,12 +81,30 @@ class AgentLoopGenerator(SequenceGenerator):
                 return engine
 
         self.manager = RolloutManager(config, tokenizer=tokenizer, engine_factory=factory)
+        options = config.rollout.engine_kwargs
+        self.bucket_bytes = int(options.get("weight_bucket_bytes", DEFAULT_BUCKET_BYTES))
 
     def generate_sequences(self, batch: DataProto) -> DataProto:
         return self.manager.generate_sequences(batch)
 
-    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        self.manager.call_engines("update_weights", list(weights))
+    def update_weights(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
+    ) -> None:
+        """One update session per replica, streamed in whole-layer buckets (bounded memory)."""
+        self.manager.update_weights(iter_layer_buckets(weights, self.bucket_bytes), version)
+
+    def weight_sender(self) -> Any:
+        """Split placement (``mode="ray"``): a picklable sender to the rollout pool's
+        actors, for the trainer's rank 0; None otherwise (weights load in process)."""
+        config = self.manager.config
+        if config.mode != "ray":
+            return None
+        receivers, timeout = self.manager.weight_receivers(), config.request_timeout_s
+        if config.rollout.engine_kwargs.get("weight_transfer") == "nccl":  # vllm, GPU
+            from rl_rollout.backends.vllm_transfer import VLLMNcclSender
+
+            return VLLMNcclSender(receivers, config.rollout.tensor_parallel_size, timeout)
+        return RayPoolSender(receivers, timeout)
 
     def sleep(self, level: int = 1) -> None:
         self.manager.sleep(level)

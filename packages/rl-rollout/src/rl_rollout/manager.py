@@ -24,7 +24,10 @@ Output (B rows, P = longest prompt unless fixed as above, R = ``config.loop.resp
 ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded, ``input_ids`` [B, P+R] =
 cat(prompts, responses), ``attention_mask`` [B, P+R] (1 on real tokens), ``position_ids`` =
 clamp(cumsum(attention_mask) - 1, min=0), ``response_mask`` [B, R] (1 on policy tokens, 0 on
-tool tokens and padding), ``rollout_log_probs`` [B, R] (0 where the mask is 0). All the input's
+tool tokens and padding), ``rollout_log_probs`` [B, R] (0 where the mask is 0); when the
+engines record versions, ``rollout_weight_versions`` [B, R] (the policy version each token was
+sampled with, -1 where the mask is 0) and ``policy_version`` [B] (the oldest version among a
+row's tokens; a row whose generation spanned a weight update is a partial rollout). All the input's
 non-tensor fields are kept; ``num_turns``, ``num_tool_calls``, ``num_tool_errors`` and
 ``finish_reason`` are added per row, and ``meta_info["rollout_metrics"]`` holds batch totals.
 """
@@ -34,19 +37,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
 import os
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from rl_core.protocol import DataProto
 from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
@@ -62,14 +65,15 @@ from rl_rollout.manager_replicas import (
     LoadBalancer,
     LocalReplica,
     RayReplica,
+    RemoteReplica,
     RolloutReplicaError,
     RolloutTimeoutError,
 )
 from rl_rollout.tools.base import Tool, build_tool
+from rl_rollout.weight_sync import BucketStream, SyncStats, push_weights
 
 __all__ = ["RolloutManager", "RolloutManagerConfig", "RolloutReplicaError", "RolloutTimeoutError"]
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed", "n")
 
@@ -80,14 +84,19 @@ class RolloutManagerConfig:
 
     ``mode`` "ray": each replica is a Ray actor with ``num_cpus_per_replica`` /
     ``num_gpus_per_replica`` (set the GPUs to ``rollout.tensor_parallel_size`` for a TP
-    engine that runs in its actor); "local": replicas run in this process. Empty
+    engine that runs in its actor; the split placement's rollout pool); "local": replicas
+    run in this process (the colocated hybrid engine); "remote": one replica per URL in
+    ``remote_urls``, existing OpenAI-compatible servers serving ``remote_model`` (default:
+    ``rollout.model_path``) with fixed weights (evaluation, agents). Empty
     ``sampling.stop_token_ids`` means "stop at every EOS id of the tokenizer and of the
     model's generation config" (`default_stop_token_ids`).
     """
 
     rollout: RolloutConfig
     num_replicas: int = 1
-    mode: Literal["ray", "local"] = "ray"
+    mode: Literal["ray", "local", "remote"] = "ray"
+    remote_urls: list[str] = field(default_factory=list)
+    remote_model: str | None = None
     agent_loop: str = "single_turn"
     loop: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -111,8 +120,14 @@ class RolloutManagerConfig:
             raise bad("rollout", "a rl_core.rollout.RolloutConfig")
         if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
             raise bad("num_replicas", "an integer >= 1")
-        if self.mode not in ("ray", "local"):
-            raise bad("mode", "'ray' or 'local'")
+        if self.mode not in ("ray", "local", "remote"):
+            raise bad("mode", "'ray', 'local' or 'remote'")
+        if self.mode == "remote" and (
+            not self.remote_urls or not all(isinstance(u, str) for u in self.remote_urls)
+        ):
+            raise bad("remote_urls", "a non-empty list of server URLs with mode 'remote'")
+        if self.mode == "remote":
+            self.num_replicas = len(self.remote_urls)
         for name in ("request_timeout_s", "batch_timeout_s", "start_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
@@ -189,7 +204,8 @@ class _BalancedClient:
         multi_modal_data: dict[str, Any] | None = None,
     ) -> GenerationOutput:
         manager = self.manager
-        replica = manager.balancer.acquire(session_id)
+        # the prompt is the prefix key: the n samples of a prompt share its KV prefix
+        replica = manager.balancer.acquire(session_id, hash(tuple(prompt_ids)))
         self._counter += 1
         request_id = f"{session_id}-{self._counter}"
         try:
@@ -216,6 +232,7 @@ class RolloutManager:
     ) -> None:
         self.config = config.validate()
         self.tokenizer = tokenizer
+        self.policy_version = 0
         self.balancer = LoadBalancer(config.num_replicas, config.max_sessions)
         self.client = _BalancedClient(self)
         self.tools: dict[str, Tool] = {}
@@ -228,6 +245,12 @@ class RolloutManager:
         self.pad_token_id = self._pad_token_id()
         self._thread = _LoopThread()
         self.replicas: list[LocalReplica | RayReplica] = []
+        if config.mode == "ray":
+            # in this (the caller's) thread: Ray's head processes die with the thread
+            # that started them, and the event-loop thread ends at shutdown()
+            from rl_core.single_controller.ray import ensure_ray
+
+            ensure_ray()
         try:
             self._thread.run(self._start(engine_factory), config.start_timeout_s + 30)
         except BaseException:
@@ -249,16 +272,6 @@ class RolloutManager:
     async def _start(self, engine_factory: EngineFactory | None) -> None:
         cfg = self.config
         if cfg.mode == "ray":
-            import ray
-
-            if not ray.is_initialized():
-                # RAY_ADDRESS: that cluster; else a new local instance, never a stray one
-                address = os.environ.get("RAY_ADDRESS")
-                log.info("starting Ray for the rollout replicas (%s)", address or "local")
-                if address:
-                    ray.init(address=address)
-                else:
-                    ray.init(address="local", include_dashboard=False)
             self.replicas = [
                 RayReplica(
                     i,
@@ -269,6 +282,12 @@ class RolloutManager:
                     cfg.max_concurrency_per_replica,
                 )
                 for i in range(cfg.num_replicas)
+            ]
+        elif cfg.mode == "remote":
+            model_len = cfg.rollout.max_model_len or 2**31 - 1
+            model = cfg.remote_model or cfg.rollout.model_path
+            self.replicas = [
+                RemoteReplica(i, url, model, model_len) for i, url in enumerate(cfg.remote_urls)
             ]
         else:
             self.replicas = [
@@ -381,6 +400,8 @@ class RolloutManager:
         response_attn = torch.zeros((size, resp_len), dtype=torch.long)
         response_mask = torch.zeros((size, resp_len), dtype=torch.long)
         log_probs = torch.zeros((size, resp_len), dtype=torch.float32)
+        with_versions = all(o.response_versions is not None for o in outputs)
+        versions = torch.full((size, resp_len), -1, dtype=torch.long)
         for i, out in enumerate(outputs):
             p, r = len(out.prompt_ids), len(out.response_ids)
             if r > resp_len:
@@ -394,6 +415,8 @@ class RolloutManager:
                 response_attn[i, :r] = 1
                 response_mask[i, :r] = torch.tensor(out.response_mask, dtype=torch.long)
                 log_probs[i, :r] = torch.tensor(out.response_log_probs, dtype=torch.float32)
+                if with_versions:
+                    versions[i, :r] = torch.tensor(out.response_versions, dtype=torch.long)
         attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         tensors = {
@@ -405,6 +428,12 @@ class RolloutManager:
             "response_mask": response_mask * response_attn,
             "rollout_log_probs": log_probs * response_mask,
         }
+        if with_versions:
+            policy = (response_mask * response_attn).bool()
+            versions = versions.masked_fill(~policy, -1)
+            oldest = versions.masked_fill(~policy, 2**62).min(dim=1).values
+            tensors["rollout_weight_versions"] = versions
+            tensors["policy_version"] = torch.where(policy.any(1), oldest, -1)
         non_tensors = dict(batch.non_tensor_batch)
         non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
         non_tensors["num_tool_calls"] = np.array(
@@ -434,6 +463,73 @@ class RolloutManager:
             )
 
         return self._thread.run(all_replicas(), timeout + 30)
+
+    def update_weights(
+        self,
+        buckets: Iterable[list[tuple[str, Tensor]]],
+        version: int | None = None,
+        timeout_s: float | None = None,
+    ) -> SyncStats:
+        """Load the trainer's weight buckets into every replica: one session each, however
+        many buckets; ``version`` (default: the next one) becomes `policy_version` and is
+        recorded on the tokens generated after it. Consumes ``buckets`` in this thread
+        (where the trainer's gather collectives run), at most two buckets ahead."""
+        if self.config.mode == "remote":
+            raise ValueError(
+                "update_weights: the manager runs mode='remote'; the servers keep their own "
+                "weights (rollout.placement=remote is for evaluation and agents)"
+            )
+        version = self.policy_version + 1 if version is None else int(version)
+        timeout = timeout_s or self.config.request_timeout_s
+        if self.config.mode == "ray":
+            stats = push_weights(
+                buckets, [r.actor for r in self.replicas], version=version, timeout_s=timeout
+            )
+        else:
+            streams = [BucketStream(max_buckets=2, timeout_s=timeout) for _ in self.replicas]
+
+            async def load_all() -> None:
+                await asyncio.gather(
+                    *(
+                        r.update_weights(st, version, timeout)
+                        for r, st in zip(self.replicas, streams)
+                    )
+                )
+
+            done = self._thread.submit(load_all())
+            start = time.perf_counter()
+            try:
+                for bucket in buckets:
+                    if done.done():  # an engine failed: its error is raised below
+                        break
+                    for stream in streams:
+                        stream.put(bucket)
+                if not done.done():
+                    for stream in streams:
+                        stream.close()
+            except BaseException as exc:
+                for stream in streams:
+                    stream.fail(exc)
+                if done.done():
+                    done.result()  # the engine's error explains the sender's
+                raise
+            done.result(timeout=timeout + 30)
+            first = streams[0]
+            stats = SyncStats(
+                first.tensors, first.bytes, first.buckets, time.perf_counter() - start
+            )
+        self.policy_version = version
+        return stats
+
+    def weight_receivers(self) -> list[Any]:
+        """The Ray actors of the rollout pool (mode "ray"), for `push_weights` from a trainer
+        process."""
+        if self.config.mode != "ray":
+            raise ValueError(
+                f"weight_receivers: the manager runs mode={self.config.mode!r}; only the Ray "
+                "rollout pool (mode 'ray') receives weights from other processes"
+            )
+        return [r.actor for r in self.replicas]
 
     def sleep(self, level: int = 1) -> None:
         self.call_engines("sleep", level)

@@ -1,14 +1,21 @@
-"""Weight sync trainer -> rollout, colocated (in process) or to separate workers (Ray).
+"""Weight sync trainer -> rollout: one session per sync, whole-layer buckets, bounded memory.
 
-Both paths take the trainer's ``export_weights()``: an iterable of (Hugging Face name,
-tensor) pairs, consumed lazily so the sender never holds more than a bucket extra.
+Weights come from the trainer's ``export_weights()``: buckets of (Hugging Face name,
+tensor) pairs made by rl-core's one bucketing helper (`rl_core.engine.iter_layer_buckets`:
+whole layers, so a fused parameter such as qkv or gate_up never straddles two buckets).
+Every sync is ONE update session on each rollout engine (one ``update_weights`` call:
+vLLM's start -> updates -> finish, SGLang's begin/end_weight_update), however many buckets
+it has, and carries the policy ``version`` the engine records per generated token.
 
-* Colocated (the hybrid engine: trainer and rollout share a process): `sync_colocated`
-  streams the pairs straight into ``engine.update_weights``.
-* Separate workers: `push_weights` packs the pairs into size-bounded `WeightBucket`s (one
-  flat byte buffer each, so bf16 travels too and Ray's object store moves it zero-copy),
-  puts each bucket once into the object store and has every receiving actor load it
-  (`receive_weight_bucket` is the actor-side half). At most two buckets are in flight.
+* In process (colocated, the hybrid engine): `BucketStream` hands the buckets the trainer
+  produces (in its own thread, where the gather collectives run) to the engine's single
+  ``update_weights`` call; at most ``max_buckets`` wait in between.
+* Separate Ray actors (split placement): `push_weights` packs each bucket into one flat
+  byte buffer (`WeightBucket`: bf16 travels too, Ray's object store moves it zero-copy),
+  opens a session on every receiver (``begin_weight_update``), sends each bucket once
+  (``receive_weight_bucket``; at most two in flight) and closes it
+  (``finish_weight_update``). The receiving half is the rollout replica's actor
+  (`rl_rollout.manager_replicas`).
 
 Every path has a time-out; a failure raises `WeightSyncError` naming the receiver's rank,
 its actor and node, the bucket and the cause.
@@ -17,6 +24,8 @@ its actor and node, the bucket and the cause.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import time
 import warnings
 from collections import deque
@@ -28,15 +37,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rl_core.engine import tensor_nbytes
 from rl_core.rollout import RolloutEngine
-from rl_rollout.backends.weight_files import DEFAULT_BUCKET_BYTES, iter_buckets
 
 __all__ = [
+    "BucketStream",
+    "RayPoolSender",
     "SyncStats",
     "WeightBucket",
     "WeightSyncError",
+    "flatten_buckets",
     "push_weights",
-    "receive_weight_bucket",
     "sync_colocated",
 ]
 
@@ -115,14 +126,79 @@ class WeightBucket:
             yield name, flat[start : start + size].view(torch_dtype).reshape(shape)
 
 
+def flatten_buckets(buckets: Iterable[list[tuple[str, Tensor]]]) -> Iterator[tuple[str, Tensor]]:
+    """The (name, tensor) pairs of a bucket stream, in order."""
+    for bucket in buckets:
+        yield from bucket
+
+
+class BucketStream:
+    """Buckets from a producer thread to one engine ``update_weights`` call, bounded.
+
+    The producer calls `put` for each bucket and `close` at the end (or `fail` with the
+    error that stopped it); the consumer iterates the stream's (name, tensor) pairs, which
+    blocks until the next bucket arrives (``timeout_s`` at most, then `WeightSyncError`).
+    At most ``max_buckets`` buckets wait in between, so memory stays bounded.
+    """
+
+    _END = object()
+
+    def __init__(self, max_buckets: int = 2, timeout_s: float = 600.0) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_buckets)
+        self.timeout_s = timeout_s
+        self.tensors = 0
+        self.bytes = 0
+        self.buckets = 0
+
+    def put(self, bucket: list[tuple[str, Tensor]]) -> None:
+        try:
+            self._queue.put(bucket, timeout=self.timeout_s)
+        except queue.Full as exc:
+            raise WeightSyncError(
+                f"weight sync: the rollout engine took no bucket for {self.timeout_s}s "
+                f"(bucket {self.buckets}, from {bucket[0][0]!r})"
+            ) from exc
+        self.buckets += 1
+        self.tensors += len(bucket)
+        self.bytes += sum(tensor_nbytes(t) for _, t in bucket)
+
+    def close(self) -> None:
+        self._queue.put(self._END, timeout=self.timeout_s)
+
+    def fail(self, exc: BaseException) -> None:
+        # a consumer that is gone or stuck reports its own time-out
+        with contextlib.suppress(queue.Full):
+            self._queue.put(exc, timeout=self.timeout_s)
+
+    def __iter__(self) -> Iterator[tuple[str, Tensor]]:
+        while True:
+            try:
+                item = self._queue.get(timeout=self.timeout_s)
+            except queue.Empty as exc:
+                raise WeightSyncError(
+                    f"weight sync: no bucket arrived for {self.timeout_s}s after bucket "
+                    f"{self.buckets} (the trainer stalled while exporting weights?)"
+                ) from exc
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise WeightSyncError(f"weight sync: the sender failed: {item!r}") from item
+            yield from item
+
+
 async def sync_colocated(
-    weights: Iterable[tuple[str, Tensor]], engine: RolloutEngine, timeout_s: float = 600.0
+    weights: Iterable[tuple[str, Tensor]],
+    engine: RolloutEngine,
+    *,
+    version: int | None = None,
+    timeout_s: float = 600.0,
 ) -> SyncStats:
-    """Stream the trainer's exported weights into an engine in the same process."""
+    """Stream the trainer's exported weights into an engine in the same process: one
+    ``update_weights`` session."""
     counted = _Counter(weights)
     start = time.perf_counter()
     try:
-        await asyncio.wait_for(engine.update_weights(counted), timeout_s)
+        await asyncio.wait_for(engine.update_weights(counted, version=version), timeout_s)
     except TimeoutError as exc:
         raise WeightSyncError(
             f"colocated weight sync into {type(engine).__name__} timed out after {timeout_s}s "
@@ -142,14 +218,8 @@ class _Counter:
     def __iter__(self) -> Iterator[tuple[str, Tensor]]:
         for name, tensor in self._weights:
             self.tensors += 1
-            self.bytes += tensor.numel() * tensor.element_size()
+            self.bytes += tensor_nbytes(tensor)
             yield name, tensor
-
-
-async def receive_weight_bucket(engine: RolloutEngine, bucket: WeightBucket) -> int:
-    """Actor-side half of `push_weights`: load one bucket into the engine; return its size."""
-    await engine.update_weights(bucket.tensors())
-    return len(bucket.names)
 
 
 def _describe(rank: int, actor: Any) -> str:
@@ -157,19 +227,42 @@ def _describe(rank: int, actor: Any) -> str:
     return f"rollout receiver rank {rank} (actor {actor_id})"
 
 
+def _wait_all(refs: list[Any], receivers: Sequence[Any], what: str, timeout_s: float) -> list[Any]:
+    import ray
+
+    _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if not_ready:
+        late = [i for i, ref in enumerate(refs) if ref in not_ready]
+        who = ", ".join(_describe(i, receivers[i]) for i in late)
+        raise WeightSyncError(f"weight sync {what} timed out after {timeout_s}s on {who}")
+    results = []
+    for rank, ref in enumerate(refs):
+        try:
+            results.append(ray.get(ref))
+        except Exception as exc:
+            cause = getattr(exc, "cause", None) or exc  # a task error wraps the original
+            node = getattr(exc, "ip", None)
+            where = f" on node {node}" if node else ""
+            raise WeightSyncError(
+                f"weight sync {what} failed on {_describe(rank, receivers[rank])}{where}: "
+                f"{type(cause).__name__}: {cause}"
+            ) from exc
+    return results
+
+
 def push_weights(
-    weights: Iterable[tuple[str, Tensor]],
+    buckets: Iterable[list[tuple[str, Tensor]]],
     receivers: Sequence[Any],
     *,
-    method: str = "receive_weight_bucket",
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    version: int | None = None,
     timeout_s: float = 600.0,
 ) -> SyncStats:
-    """Send weights to separate rollout actors through Ray's object store, in buckets.
+    """Send weight buckets to rollout replicas in other Ray actors: one session per sync.
 
-    Each receiver is a Ray actor handle exposing ``method(bucket: WeightBucket)`` (usually
-    a thin wrapper around `receive_weight_bucket`). ``timeout_s`` bounds each bucket's
-    round trip; a receiver that errors or does not answer in time raises `WeightSyncError`
+    ``buckets`` come from `iter_layer_buckets` (a trainer's ``export_weights``); each
+    receiver is a replica actor handle with ``begin_weight_update(version)``,
+    ``receive_weight_bucket(bucket)`` and ``finish_weight_update()``. ``timeout_s`` bounds
+    each step; a receiver that errors or does not answer in time raises `WeightSyncError`
     naming its rank, actor, node and the cause. Blocking; call from the trainer side.
     """
     import ray
@@ -177,42 +270,45 @@ def push_weights(
     if not receivers:
         raise ValueError("push_weights: receivers is empty; expected at least one actor")
     start = time.perf_counter()
-    pending: deque[tuple[int, str, list[Any]]] = deque()
-    tensors = nbytes = buckets = 0
+    _wait_all(
+        [r.begin_weight_update.remote(version, timeout_s) for r in receivers],
+        receivers, "session start", timeout_s,
+    )  # fmt: skip
+    pending: deque[tuple[str, list[Any]]] = deque()
+    tensors = nbytes = count = 0
+    try:
+        for pairs in buckets:
+            bucket = WeightBucket.pack(pairs)
+            ref = ray.put(bucket)
+            what = f"bucket {count} (from {bucket.names[0]!r})"
+            pending.append((what, [r.receive_weight_bucket.remote(ref) for r in receivers]))
+            tensors += len(bucket.names)
+            nbytes += bucket.nbytes
+            count += 1
+            del bucket, ref  # the object store holds it until every receiver has it
+            if len(pending) >= 2:
+                what, refs = pending.popleft()
+                _wait_all(refs, receivers, what, timeout_s)
+        while pending:
+            what, refs = pending.popleft()
+            _wait_all(refs, receivers, what, timeout_s)
+    except BaseException:
+        for r in receivers:  # close the sessions so the engines serve again
+            r.finish_weight_update.remote(abort=True)
+        raise
+    _wait_all(
+        [r.finish_weight_update.remote() for r in receivers], receivers, "session end", timeout_s
+    )
+    return SyncStats(tensors, nbytes, count, time.perf_counter() - start)
 
-    def wait_oldest() -> None:
-        index, first_name, refs = pending.popleft()
-        _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if not_ready:
-            late = [i for i, ref in enumerate(refs) if ref in not_ready]
-            who = ", ".join(_describe(i, receivers[i]) for i in late)
-            raise WeightSyncError(
-                f"weight sync bucket {index} (from {first_name!r}) timed out after "
-                f"{timeout_s}s on {who}: the receiver did not finish loading"
-            )
-        for rank, ref in enumerate(refs):
-            try:
-                ray.get(ref)
-            except Exception as exc:
-                cause = getattr(exc, "cause", None) or exc  # a task error wraps the original
-                node = getattr(exc, "ip", None)
-                where = f" on node {node}" if node else ""
-                raise WeightSyncError(
-                    f"weight sync bucket {index} (from {first_name!r}) failed on "
-                    f"{_describe(rank, receivers[rank])}{where}: {type(cause).__name__}: {cause}"
-                ) from exc
 
-    for pairs in iter_buckets(weights, bucket_bytes):
-        bucket = WeightBucket.pack(pairs)
-        ref = ray.put(bucket)
-        refs = [getattr(actor, method).remote(ref) for actor in receivers]
-        pending.append((buckets, bucket.names[0], refs))
-        tensors += len(bucket.names)
-        nbytes += bucket.nbytes
-        buckets += 1
-        del bucket, ref  # the object store holds it until every receiver has it
-        if len(pending) >= 2:
-            wait_oldest()
-    while pending:
-        wait_oldest()
-    return SyncStats(tensors, nbytes, buckets, time.perf_counter() - start)
+@dataclass
+class RayPoolSender:
+    """`push_weights` to a rollout pool's replica actors, as a picklable callable: the
+    driver hands it to the trainer's rank 0, which calls ``sender(buckets, version)``."""
+
+    receivers: list[Any]
+    timeout_s: float = 600.0
+
+    def __call__(self, buckets: Iterable[list[tuple[str, Tensor]]], version: int) -> SyncStats:
+        return push_weights(buckets, self.receivers, version=version, timeout_s=self.timeout_s)

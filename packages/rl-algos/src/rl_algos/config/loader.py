@@ -50,7 +50,12 @@ GROUP_ESTIMATORS = (
 )
 
 
+_SECTION_ALIASES = {"async": "async_"}  # YAML section -> field (a Python keyword)
+_YAML_NAMES = {v: k for k, v in _SECTION_ALIASES.items()}
+
+
 def _join(path: str, key: str) -> str:
+    key = _YAML_NAMES.get(key, key) if not path else key
     return f"{path}.{key}" if path else key
 
 
@@ -90,6 +95,8 @@ _TYPE_WORDS = {"Float": "a number", "Integer": "an integer", "Boolean": "true or
 
 def _from_omegaconf(exc: OmegaConfBaseException) -> ConfigError:
     key = str(getattr(exc, "full_key", "") or "")
+    head, _, rest = key.partition(".")
+    key = ".".join(filter(None, [_YAML_NAMES.get(head, head), rest]))
     value = getattr(exc, "value", None)
     message = str(getattr(exc, "msg", None) or exc).split("\n")[0]
     choices = re.search(r"expected one of \[(.*)\]", message)
@@ -211,6 +218,25 @@ def _check_consistency(cfg: RLConfig) -> None:
     for loss in (cfg.actor.loss, cfg.critic.loss):
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)
+    _check_async(cfg)
+
+
+def _check_async(cfg: RLConfig) -> None:
+    """Resolve `async.correction` into the actor loss (one place decides it)."""
+    a = cfg.async_
+    if a.correction == "auto":
+        a.correction = "decoupled_ppo" if a.max_staleness > 0 else "none"
+    loss = cfg.actor.loss
+    if a.correction == "decoupled_ppo":
+        if loss.tis_cap is not None:
+            raise ConfigError(
+                "actor.loss.tis_cap",
+                f"set ({loss.tis_cap}) together with async.correction=decoupled_ppo: expected "
+                "one off-policy correction (use async.correction=tis for truncated IS)",
+            )
+        loss.behav_imp_weight_cap = a.imp_weight_cap
+    elif a.correction == "tis" and loss.tis_cap is None:
+        loss.tis_cap = a.imp_weight_cap
 
 
 def _as_dict(source: str | Path | Mapping[str, Any] | None) -> DictConfig:
@@ -244,6 +270,17 @@ def _overrides(items: Sequence[str]) -> DictConfig:
         raise ConfigError("", f"could not parse the overrides {list(items)}: {exc}") from None
 
 
+def _python_names(merged: DictConfig) -> DictConfig:
+    """Rename sections whose YAML name is a Python keyword (``async`` -> ``async_``)."""
+    data = OmegaConf.to_container(merged, resolve=False)
+    for yaml_name, field_name in _SECTION_ALIASES.items():
+        if yaml_name in data:
+            if field_name in data:
+                raise ConfigError(yaml_name, f"given twice (as {yaml_name!r} and {field_name!r})")
+            data[field_name] = data.pop(yaml_name)
+    return OmegaConf.create(data)
+
+
 def load_config(
     source: str | Path | Mapping[str, Any] | None = None, overrides: Sequence[str] = ()
 ) -> RLConfig:
@@ -262,7 +299,7 @@ def load_config(
             )
         layers.insert(0, OmegaConf.create(PRESETS[preset]))
     try:
-        merged = OmegaConf.merge(*layers)
+        merged = _python_names(OmegaConf.merge(*layers))
         _check_keys(OmegaConf.to_container(merged, resolve=False), RLConfig, "")
         typed = OmegaConf.merge(OmegaConf.structured(RLConfig), merged)
         data = OmegaConf.to_container(typed, resolve=True, throw_on_missing=True)

@@ -9,13 +9,18 @@ One step (`RLTrainer.train_step`)::
     batch |= critic.compute_values(batch)      # PPO only
     batch = compute_advantage(batch)           # on the driver: cheap
     critic.update_critic(batch); actor.update_actor(batch)
-    actor.sync_weights()                       # trainer -> rollout, in process
+    rollout.sync_weights()                     # trainer -> rollout, whatever the placement
 
-Every worker call is an RPC to an SPMD group; the trainer never touches a model.
+Every worker call is an RPC to an SPMD group; the trainer never touches a model. Generation
+goes through a `RolloutClient` (colocated, split or remote placement: the loop does not
+branch on it). With ``async.max_staleness`` > 0 a producer thread generates the next batches
+while this one trains (`rl_algos.trainer.async_rollout`): samples carry the policy version
+they were generated with, and staleness and importance-ratio metrics are logged every step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,15 +38,23 @@ from rl_algos.dapo import DynamicSampler
 from rl_algos.errors import InputError, UserInputError
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
+from rl_algos.trainer.async_rollout import (
+    AsyncRolloutBuffer,
+    load_batches,
+    save_batches,
+    staleness_metrics,
+)
 from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
 from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
+from rl_algos.trainer.rollout_client import RolloutClient, build_rollout_client
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
 from rl_core.protocol import DataProto
 
 __all__ = ["RLTrainer"]
 
 log = logging.getLogger(__name__)
+ROLLOUT_BUFFER = "rollout_buffer"
 
 
 class RLTrainer:
@@ -59,8 +72,13 @@ class RLTrainer:
         self.groups: RoleGroups = start_role_groups(
             config, self.model_path, timing=self.setup_timing
         )
+        with timed(self.setup_timing, "rollout_pool"):  # split/remote: the driver's generator
+            self.rollout: RolloutClient = build_rollout_client(
+                config, self.groups.actor, self.tokenizer, self.model_path, None
+            )
         self.global_step = 0
         self._train_iter = None
+        self.buffer: AsyncRolloutBuffer | None = None
 
     def _prepare(self, config: Any) -> None:
         """Check user input and load what the driver needs: the data, the tokenizer, the
@@ -147,6 +165,12 @@ class RLTrainer:
             kc = cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
+        if cfg.async_.max_staleness > 0 and cfg.async_.correction == "none":
+            log.warning(
+                "async.max_staleness=%d with async.correction=none: stale samples are trained "
+                "without an off-policy correction",
+                cfg.async_.max_staleness,
+            )
 
     # ------------------------------------------------------------------ dataflow
 
@@ -159,24 +183,26 @@ class RLTrainer:
             self._train_iter = iter(self.train_loader)
             return next(self._train_iter)
 
-    def _generate_and_score(self, prompts: DataProto, round_index: int) -> DataProto:
+    def _generate_and_score(self, prompts: DataProto, index: int, round_index: int) -> DataProto:
         cfg = self.config
         batch = add_group_ids_and_seeds(
-            prompts, cfg.rollout.n, self.global_step * 1000 + round_index, cfg.trainer.seed
+            prompts, cfg.rollout.n, index * 1000 + round_index, cfg.trainer.seed
         )
         batch.meta_info.update(
             temperature=cfg.rollout.temperature, prompt_length=cfg.data.max_prompt_length
         )
-        out = self.groups.actor.generate_sequences(batch)
+        version = self.rollout.version
+        out = self.rollout.generate_sequences(batch)
+        out.meta_info["rollout_version"] = version
         out.batch["token_level_scores"], metrics = self._score(out)
         if cfg.algorithm.adv_estimator == "remax":
-            out.batch["reward_baselines"] = self._greedy_baselines(prompts, out, round_index)
+            out.batch["reward_baselines"] = self._greedy_baselines(prompts, out, index, round_index)
             metrics["reward/baseline_mean"] = float(out.batch["reward_baselines"].mean())
         out.meta_info["reward_metrics"] = metrics
         return out
 
     def _greedy_baselines(
-        self, prompts: DataProto, out: DataProto, round_index: int
+        self, prompts: DataProto, out: DataProto, index: int, round_index: int
     ) -> torch.Tensor:
         """ReMax's baseline: one greedy response per prompt, scored with the same reward;
         returns each sampled row's baseline (by its prompt's `uid`), shape [rows]."""
@@ -186,13 +212,13 @@ class RLTrainer:
             [cfg.trainer.seed + i for i in range(len(greedy))], dtype=object
         )
         greedy.meta_info.update(temperature=0.0, prompt_length=cfg.data.max_prompt_length)
-        greedy_out = self.groups.actor.generate_sequences(greedy)
+        greedy_out = self.rollout.generate_sequences(greedy)
         greedy_scores = self._score(greedy_out)[0].sum(-1)
         by_uid = dict(zip(greedy_out.non_tensor_batch["uid"].tolist(), greedy_scores.tolist()))
         missing = [u for u in out.non_tensor_batch["uid"].tolist() if u not in by_uid]
         if missing:
             raise RuntimeError(
-                f"ReMax: the greedy rollout of step {self.global_step} (round {round_index}) "
+                f"ReMax: the greedy rollout of batch {index} (round {round_index}) "
                 f"returned no response for prompt uid {missing[0]!r}"
             )
         return torch.tensor([by_uid[u] for u in out.non_tensor_batch["uid"].tolist()])
@@ -217,14 +243,14 @@ class RLTrainer:
             metrics["reward/model_score_mean"] = float(rm.sum(-1).mean())
         return scores, metrics
 
-    def _rollout(self, timing: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
-        """Generate and score one step's batch (DAPO: until enough informative groups)."""
+    def _rollout(self, timing: dict[str, float], index: int) -> tuple[DataProto, dict[str, float]]:
+        """Generate and score batch `index` (DAPO: until enough informative groups)."""
         cfg = self.config
         ds = cfg.algorithm.dynamic_sampling
         metrics: dict[str, float] = {}
         with timed(timing, "gen_and_reward"):
             if not ds.enabled:
-                batch = self._generate_and_score(self._next_prompts(), 0)
+                batch = self._generate_and_score(self._next_prompts(), index, 0)
             else:
                 sampler = DynamicSampler(
                     cfg.data.train_batch_size,
@@ -234,21 +260,45 @@ class RLTrainer:
                 )
                 round_index = 0
                 while True:
-                    part = self._generate_and_score(self._next_prompts(), round_index)
+                    part = self._generate_and_score(self._next_prompts(), index, round_index)
                     round_index += 1
                     if sampler.add(part):
                         break
                 batch, sampler_metrics = sampler.take()
                 metrics.update(sampler_metrics)
         metrics.update(batch.meta_info.pop("reward_metrics", {}))
-        return trim_padding(batch), metrics
+        version = batch.meta_info.get("rollout_version", self.rollout.version)
+        batch = trim_padding(batch)
+        batch.meta_info["rollout_version"] = version
+        return batch, metrics
+
+    def _produce(self, index: int) -> DataProto:
+        """The async producer's batch `index`, with its metrics and the data loader's state
+        before its prompts were drawn (for `async.on_resume=regenerate`)."""
+        loader_state = self.train_loader.state_dict()
+        timing: dict[str, float] = {}
+        batch, metrics = self._rollout(timing, index)
+        batch.meta_info.update(
+            producer_metrics=metrics, producer_timing=timing, loader_state=loader_state
+        )
+        return batch
+
+    def _next_batch(self, timing: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
+        if self.buffer is None:  # synchronous: generate with the current weights
+            return self._rollout(timing, self.global_step)
+        with timed(timing, "wait_rollout"):
+            batch = self.buffer.get()
+        for key, value in batch.meta_info.pop("producer_timing", {}).items():
+            timing[key] = timing.get(key, 0.0) + value
+        batch.meta_info.pop("loader_state", None)
+        return batch, batch.meta_info.pop("producer_metrics", {})
 
     def train_step(self) -> dict[str, float]:
         """One RL step; returns its metrics."""
         cfg, groups = self.config, self.groups
         timing: dict[str, float] = {}
         step_start = time.perf_counter()
-        batch, metrics = self._rollout(timing)
+        batch, metrics = self._next_batch(timing)
         batch.meta_info["temperature"] = cfg.rollout.temperature
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
@@ -262,6 +312,9 @@ class RLTrainer:
                 batch = batch.union(old)
         else:  # one optimizer step on fresh samples: the update's forward pass has them
             batch.meta_info["old_log_probs_from_update"] = True
+        # importance ratios too when the old log-probs were recomputed (else the loss's
+        # actor/behav_imp_weight or actor/tis_weight report them)
+        metrics.update(staleness_metrics(batch, self.rollout.version, cfg.async_.max_staleness))
         if groups.critic is not None:
             with timed(timing, "values"):
                 batch = batch.union(groups.critic.compute_values(batch))
@@ -297,13 +350,18 @@ class RLTrainer:
             with timed(timing, "update_actor"):
                 metrics.update(groups.actor.update_actor(update).meta_info["metrics"])
             with timed(timing, "sync_weights"):
-                groups.actor.sync_weights()
+                self.rollout.sync_weights()
         self.global_step += 1
+        if self.buffer is not None:
+            self.buffer.version_changed()  # the producer may start the next batch
         step_time = time.perf_counter() - step_start
         generated = float(batch.batch["response_mask"].sum())
         trained = float(update.batch["attention_mask"].sum())
-        metrics["perf/generated_tokens_per_s"] = generated / max(timing["gen_and_reward"], 1e-9)
+        metrics["perf/generated_tokens_per_s"] = generated / max(
+            timing.get("gen_and_reward", 0.0), 1e-9
+        )
         metrics["perf/tokens_per_s"] = trained / step_time
+        metrics["perf/samples_per_s"] = len(batch) / step_time
         metrics["timing/step_s"] = step_time
         metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
         metrics["training/epoch"] = float(self.train_loader.epoch)
@@ -335,8 +393,9 @@ class RLTrainer:
             temperature=cfg.rollout.val_temperature, prompt_length=cfg.data.max_prompt_length
         )
         start = time.perf_counter()
-        out = self.groups.actor.generate_sequences(prompts)
-        scores = self._score(out, shaping=False)[0].sum(-1)
+        with self._producer_paused():  # the reward workers serve one caller at a time
+            out = self.rollout.generate_sequences(prompts)
+            scores = self._score(out, shaping=False)[0].sum(-1)
         extras = {
             k.removeprefix("reward_"): v
             for k, v in out.non_tensor_batch.items()
@@ -367,30 +426,45 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _producer_paused(self) -> Any:
+        return self.buffer.paused() if self.buffer is not None else contextlib.nullcontext([])
+
     def save_checkpoint(self) -> Path:
-        """Atomically write the whole training state of this step (rl_algos.trainer.checkpoints)."""
+        """Atomically write the whole training state of this step
+        (rl_algos.trainer.checkpoints), with the generated-but-untrained batches of async
+        training (kept with the checkpoint, or regenerated deliberately by rewinding the
+        loader to the oldest of them)."""
+        with self._producer_paused() as pending:
+            keep = self.config.async_.on_resume == "keep"
+            loader = self.train_loader.state_dict()
+            if pending and not keep:
+                loader = pending[0].meta_info["loader_state"]
 
-        def write_engines(staging: Path) -> None:
-            self.groups.actor.save_checkpoint(str(staging / "actor"))
-            copy_hf_metadata(self.model_path, staging / HF_FILES_DIR)
-            if self.groups.critic is not None:
-                self.groups.critic.save_checkpoint(str(staging / "critic"))
+            def write_engines(staging: Path) -> None:
+                self.groups.actor.save_checkpoint(str(staging / "actor"))
+                copy_hf_metadata(self.model_path, staging / HF_FILES_DIR)
+                if self.groups.critic is not None:
+                    self.groups.critic.save_checkpoint(str(staging / "critic"))
+                if keep:
+                    save_batches(pending, staging / ROLLOUT_BUFFER)
 
-        state = {
-            "global_step": self.global_step,
-            "dataloader": self.train_loader.state_dict(),
-            "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
-            # what `rl export` needs: which engine wrote actor/, the model's own files
-            "engine": self.config.actor.engine,
-            "model_path": str(self.model_path),
-        }
-        return save_step(
-            self.output_dir / "checkpoints",
-            self.global_step,
-            write_engines,
-            state,
-            self.config.trainer.max_checkpoints,
-        )
+            state = {
+                "global_step": self.global_step,
+                "policy_version": self.rollout.version,
+                "dataloader": loader,
+                "untrained_batches": len(pending),
+                "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
+                # what `rl export` needs: which engine wrote actor/, the model's own files
+                "engine": self.config.actor.engine,
+                "model_path": str(self.model_path),
+            }
+            return save_step(
+                self.output_dir / "checkpoints",
+                self.global_step,
+                write_engines,
+                state,
+                self.config.trainer.max_checkpoints,
+            )
 
     def _load_checkpoint(self, path: Path) -> None:
         state = read_state(path)
@@ -403,6 +477,18 @@ class RLTrainer:
             for key, value in state["kl_coef"].items():
                 setattr(self.kl_ctrl, key, value)
         self.global_step = int(state["global_step"])
+        # the rollout gets the loaded weights under the version they had
+        self.rollout.version = int(state.get("policy_version", self.global_step)) - 1
+        self.rollout.sync_weights()
+        self._restored = (
+            load_batches(path / ROLLOUT_BUFFER) if self.config.async_.on_resume == "keep" else []
+        )
+        if self._restored and self.config.async_.max_staleness == 0:
+            raise RuntimeError(
+                f"{path}: the checkpoint holds {len(self._restored)} untrained async batches; "
+                "resume it with the same async.max_staleness (> 0), or with "
+                "async.on_resume=regenerate"
+            )
 
     # ------------------------------------------------------------------ the run
 
@@ -422,6 +508,15 @@ class RLTrainer:
             resume_step=self.global_step if resume_from is not None else None,
         )
         history: list[dict[str, float]] = []
+        if cfg.async_.max_staleness > 0:
+            self.buffer = AsyncRolloutBuffer(
+                self._produce,
+                lambda: self.global_step,
+                cfg.async_.max_staleness,
+                started=self.global_step,
+                timeout_s=cfg.trainer.call_timeout_s * 4,
+            )
+            self.buffer.restore(getattr(self, "_restored", []))
         progress = _progress(cfg.trainer.total_steps, self.global_step, cfg.trainer.progress_bar)
         try:
             if self.global_step == 0 and cfg.trainer.val_before_train and self.val_set is not None:
@@ -459,7 +554,10 @@ class RLTrainer:
         return history
 
     def close(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
         self.reward.close()
+        self.rollout.shutdown()
         self.groups.shutdown()
 
 

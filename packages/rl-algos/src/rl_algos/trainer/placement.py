@@ -6,6 +6,9 @@
   (one Ray actor per process hosts all roles; the hybrid engine);
 * ``split``: the critic gets its own pool of ``trainer.critic_workers`` processes.
 
+``rollout.placement`` (see `rl_algos.trainer.rollout_client`): ``colocated`` puts a rollout
+engine into every actor worker; ``split`` and ``remote`` leave the actor workers without one.
+
 ``trainer.backend``: ``ray`` (the default; embedded, or the cluster at ``RAY_ADDRESS``)
 or ``local`` (one in-process worker, for debugging).
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +39,7 @@ __all__ = [
     "actor_worker_config",
     "critic_worker_config",
     "recomputes_old_log_probs",
+    "rollout_generator_config",
     "start_role_groups",
 ]
 
@@ -55,7 +59,7 @@ class RoleGroups:
 
     def shutdown(self) -> None:
         try:
-            self.actor.shutdown_rollout()
+            self.actor.shutdown_rollout()  # colocated engines (a no-op elsewhere)
         except Exception as exc:  # the group may already be gone
             log.warning("rollout shutdown failed: %s", exc)
         for group in (self.actor, self.critic, self.reward_model):
@@ -128,13 +132,15 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     It cannot change the result when the batch makes exactly one optimizer step (one
     epoch, one mini-batch) from the weights that generated it: the old log-probs then
     equal the update's own log-probs, detached. A KL penalty in the reward needs them
-    before the update; ``actor.recompute_old_log_probs`` forces either way.
+    before the update, and async training (``async.max_staleness`` > 0) trains on samples
+    of older weights; ``actor.recompute_old_log_probs`` forces either way.
     """
     forced = cfg.actor.recompute_old_log_probs
     if forced is not None:
         return bool(forced)
     one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
-    return not one_step or cfg.algorithm.use_kl_in_reward
+    stale = cfg.async_.max_staleness > 0  # samples from older weights: not on-policy
+    return not one_step or cfg.algorithm.use_kl_in_reward or stale
 
 
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
@@ -149,7 +155,6 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     ref = None
     if uses_reference:
         ref = _inference_only(_engine_config(cfg.actor, model, cfg, total_updates))
-    rollout = cfg.rollout
     return {
         "engine": cfg.actor.engine,
         # a worker on another node resolves these when it cannot see model_path
@@ -157,48 +162,71 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         "model_files": pack_model_dir(model_path) if cfg.model.ship_to_workers else None,
         "engine_config": _engine_config(cfg.actor, model, cfg, total_updates),
         "ref": ref,
-        "generator": rollout.generator,
-        "rollout": {
-            "rollout": {
-                "model_path": model_path,
-                "backend": rollout.backend,
-                "dtype": rollout.dtype,
-                "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
-                "seed": cfg.trainer.seed,
-                "tensor_parallel_size": rollout.tensor_parallel_size,
-                "gpu_memory_utilization": rollout.gpu_memory_utilization,
-                "engine_kwargs": dict(rollout.engine_kwargs),
-            },
-            "mode": "local",
-            "agent_loop": rollout.agent_loop,
-            "loop": {
-                "response_length": cfg.data.max_response_length,
-                "max_turns": rollout.max_turns,
-                "max_parallel_calls": rollout.max_parallel_calls,
-                "max_tool_response_tokens": rollout.max_tool_response_tokens,
-                "tool_parser": rollout.tool_parser,
-                "tool_timeout_s": rollout.tool_timeout_s,
-                "tool_response_truncation": rollout.tool_response_truncation,
-                "chat_template_kwargs": dict(rollout.chat_template_kwargs),
-            },
-            "sampling": {
-                "temperature": rollout.temperature,
-                "top_p": rollout.top_p,
-                "top_k": rollout.top_k,
-                "max_tokens": cfg.data.max_response_length,
-                "stop_token_ids": list(rollout.stop_token_ids),
-            },
-            "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
-            "pad_token_id": pad_token_id,
-            "request_timeout_s": cfg.trainer.call_timeout_s,
-        },
+        "generator": cfg.rollout.generator,
+        "rollout": rollout_generator_config(cfg, model_path, pad_token_id),
+        "colocated_rollout": cfg.rollout.placement == "colocated",
         "loss": loss,
         "mini_batch_size": cfg.actor.mini_batch_size * n,
         "epochs": cfg.actor.epochs,
         "offload_when_generating": cfg.actor.offload_when_generating,
-        "sleep_while_training": rollout.sleep_while_training,
+        # async training generates while the update runs: the rollout never sleeps then
+        "sleep_while_training": (
+            False if cfg.async_.max_staleness > 0 else cfg.rollout.sleep_while_training
+        ),
         "seed": cfg.trainer.seed,
     }
+
+
+def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
+    """The sequence generator's config mapping: local (one engine inside each actor
+    worker) for the colocated placement, a Ray rollout pool for split, servers for remote."""
+    rollout = cfg.rollout
+    config: dict[str, Any] = {
+        "rollout": {
+            "model_path": model_path,
+            "backend": rollout.backend,
+            "dtype": rollout.dtype,
+            "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
+            "seed": cfg.trainer.seed,
+            "tensor_parallel_size": rollout.tensor_parallel_size,
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "engine_kwargs": dict(rollout.engine_kwargs),
+        },
+        "mode": "local",
+        "agent_loop": rollout.agent_loop,
+        "loop": {
+            "response_length": cfg.data.max_response_length,
+            "max_turns": rollout.max_turns,
+            "max_parallel_calls": rollout.max_parallel_calls,
+            "max_tool_response_tokens": rollout.max_tool_response_tokens,
+            "tool_parser": rollout.tool_parser,
+            "tool_timeout_s": rollout.tool_timeout_s,
+            "tool_response_truncation": rollout.tool_response_truncation,
+            "chat_template_kwargs": dict(rollout.chat_template_kwargs),
+        },
+        "sampling": {
+            "temperature": rollout.temperature,
+            "top_p": rollout.top_p,
+            "top_k": rollout.top_k,
+            "max_tokens": cfg.data.max_response_length,
+            "stop_token_ids": list(rollout.stop_token_ids),
+        },
+        "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
+        "pad_token_id": pad_token_id,
+        "request_timeout_s": cfg.trainer.call_timeout_s,
+    }
+    if rollout.placement == "split":
+        config.update(
+            mode="ray",
+            num_replicas=rollout.num_replicas,
+            num_cpus_per_replica=rollout.cpus_per_replica,
+            num_gpus_per_replica=rollout.gpus_per_replica,
+        )
+    elif rollout.placement == "remote":
+        config.update(
+            mode="remote", remote_urls=list(rollout.remote_urls), remote_model=rollout.remote_model
+        )
+    return config
 
 
 def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
@@ -249,54 +277,36 @@ def start_role_groups(
     uses_reference = actor.args[0]["ref"] is not None
     trainer = cfg.trainer
     owned_ray = False
-    workers_start = time.perf_counter()
     if trainer.backend == "local":
         if trainer.num_workers != 1:
             raise ValueError(
                 f"trainer.num_workers={trainer.num_workers}: the local backend runs exactly one "
                 "worker in this process; use trainer.backend=ray for more"
             )
+        workers_start = time.perf_counter()
         groups = _local_groups(roles)
+        timing["workers_start"] = time.perf_counter() - workers_start
+        _init_models(groups, timing)
     else:
         import ray
 
-        from rl_core.single_controller.ray import RayWorkerGroup
+        from rl_core.single_controller.ray import ensure_ray
 
-        if not ray.is_initialized():
-            with timed(timing, "ray_init"):
-                _init_ray(trainer.ray_num_cpus)
-            owned_ray = True
-        # the workers' nodes decide the platform (never the driver's hardware)
-        platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
-        log.info("worker platform: %s", platform)
-
-        def pool_of(process_on_nodes: list[int]) -> ResourcePool:
-            return ResourcePool(
-                process_on_nodes,
-                cpus_per_process=trainer.cpus_per_worker,
-                accelerators_per_process=trainer.gpus_per_worker,
-                platform=platform,
-            )
-
-        pool = pool_of([trainer.num_workers] * trainer.nnodes)
-        workers_start = time.perf_counter()
-        kwargs = {"call_timeout_s": trainer.call_timeout_s}
-        if trainer.placement == "split":
-            # The critic gets its own pool; the reward model stays with the actor.
-            colocated = {k: v for k, v in roles.items() if k != "critic"}
-        else:
-            colocated = roles
-        if len(colocated) > 1:
-            groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
-        else:
-            groups = {"actor": RayWorkerGroup(pool, actor, name_prefix="actor", **kwargs)}
-        if needs_critic and trainer.placement == "split":
-            critic_pool = pool_of([trainer.critic_workers])
-            groups["critic"] = RayWorkerGroup(critic_pool, critic, name_prefix="critic", **kwargs)
-    timing["workers_start"] = time.perf_counter() - workers_start
-    with timed(timing, "models_init"):
-        for group in groups.values():
-            group.init_model()
+        num_cpus = trainer.ray_num_cpus
+        if num_cpus is not None and cfg.rollout.placement == "split":
+            # the rollout pool's actors come on top of the training workers
+            num_cpus += math.ceil(cfg.rollout.num_replicas * cfg.rollout.cpus_per_replica)
+        with timed(timing, "ray_init"):
+            owned_ray = ensure_ray(num_cpus)
+        try:
+            workers_start = time.perf_counter()
+            groups = _ray_groups(trainer, roles, needs_critic)
+            timing["workers_start"] = time.perf_counter() - workers_start
+            _init_models(groups, timing)
+        except BaseException:  # a failure or Ctrl-C while starting: stop what started
+            if owned_ray:
+                ray.shutdown()  # the actors go with it
+            raise
     return RoleGroups(
         actor=groups["actor"],
         critic=groups.get("critic"),
@@ -307,17 +317,48 @@ def start_role_groups(
     )
 
 
-def _init_ray(num_cpus: int | None) -> None:
-    """Join the cluster at ``RAY_ADDRESS``, else start an embedded one. Without
-    ``address="local"``, `ray.init()` would silently join whatever cluster was started last
-    on this machine (``/tmp/ray/ray_current_cluster``), e.g. another user's."""
+def _init_models(groups: dict[str, WorkerGroup], timing: dict[str, float]) -> None:
+    with timed(timing, "models_init"):
+        for group in groups.values():
+            group.init_model()
+
+
+def _ray_groups(
+    trainer: Any, roles: dict[str, ClassWithInitArgs], needs_critic: bool
+) -> dict[str, WorkerGroup]:
+    """The Ray worker groups of `roles` (colocated, or the critic apart when split)."""
     import ray
 
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)  # the cluster's own resources apply
+    from rl_core.single_controller.ray import RayWorkerGroup
+
+    # the workers' nodes decide the platform (never the driver's hardware)
+    platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
+    log.info("worker platform: %s", platform)
+
+    def pool_of(process_on_nodes: list[int]) -> ResourcePool:
+        return ResourcePool(
+            process_on_nodes,
+            cpus_per_process=trainer.cpus_per_worker,
+            accelerators_per_process=trainer.gpus_per_worker,
+            platform=platform,
+        )
+
+    kwargs = {"call_timeout_s": trainer.call_timeout_s}
+    if trainer.placement == "split":
+        # The critic gets its own pool; the reward model stays with the actor.
+        colocated = {k: v for k, v in roles.items() if k != "critic"}
     else:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+        colocated = roles
+    pool = pool_of([trainer.num_workers] * trainer.nnodes)
+    if len(colocated) > 1:
+        groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
+    else:
+        groups = {"actor": RayWorkerGroup(pool, roles["actor"], name_prefix="actor", **kwargs)}
+    if needs_critic and trainer.placement == "split":
+        groups["critic"] = RayWorkerGroup(
+            pool_of([trainer.critic_workers]), roles["critic"], name_prefix="critic", **kwargs
+        )
+    return groups
 
 
 def _local_groups(roles: dict[str, ClassWithInitArgs]) -> dict[str, WorkerGroup]:

@@ -1,9 +1,10 @@
 """Role workers: the SPMD processes the trainer drives through worker groups.
 
 * `ActorRolloutWorker`: the hybrid engine: a training engine (the actor), a rollout engine
-  with its sequence generator, and optionally the reference model, in one process.
-  Weights move trainer -> rollout in process (`sync_weights`), the training state can be
-  offloaded while generating.
+  with its sequence generator (colocated placement only), and optionally the reference
+  model, in one process. Weights move trainer -> rollout in process (`sync_weights`) or,
+  with a rollout pool of its own (split placement), to that pool's actors (`push_weights`);
+  either way one update session per sync, in whole-layer buckets.
 * `CriticWorker`: a value model (PPO's critic).
 * `RewardModelWorker`: a scalar-head model that scores whole responses (RLHF-style).
 
@@ -157,7 +158,8 @@ class ActorRolloutWorker(_TrainedRole):
     (EngineConfig dict or None), ``generator`` (name), ``rollout`` (the generator's config
     mapping; its ``rollout`` entry is the RolloutConfig), ``loss`` (PolicyLossConfig dict),
     ``mini_batch_size``, ``epochs``, ``offload_when_generating``,
-    ``sleep_while_training`` (None: on accelerators) and ``weight_bucket_bytes``.
+    ``sleep_while_training`` (None: on accelerators), ``weight_bucket_bytes`` and
+    ``colocated_rollout`` (False: the rollout runs elsewhere, no engine here).
 
     The hybrid cycle: generate -> the rollout sleeps (frees its KV cache and device
     weights) -> reference/old log-probs and the update run on the training engine ->
@@ -185,6 +187,9 @@ class ActorRolloutWorker(_TrainedRole):
             else:
                 self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
         self._declare_dp_mesh()
+        self.loss_fn = make_actor_loss_fn(PolicyLossConfig(**cfg["loss"]))
+        if not cfg.get("colocated_rollout", True):
+            return  # split/remote placement: the rollout lives outside this process
         from transformers import AutoTokenizer
 
         rollout_cfg = dict(cfg["rollout"]["rollout"])
@@ -194,8 +199,7 @@ class ActorRolloutWorker(_TrainedRole):
         self.generator = build_sequence_generator(
             cfg["generator"], cfg["rollout"], tokenizer=tokenizer, engine=engine
         )
-        self.loss_fn = make_actor_loss_fn(PolicyLossConfig(**cfg["loss"]))
-        self.sync_weights()  # the rollout starts from exactly the actor's weights
+        self.sync_weights(0)  # the rollout starts from exactly the actor's weights
 
     def _sleeps_while_training(self) -> bool:
         choice = self.config.get("sleep_while_training")
@@ -252,20 +256,34 @@ class ActorRolloutWorker(_TrainedRole):
         outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
         return self._update(batch, self.loss_fn, outputs)
 
+    def _buckets(self) -> Any:
+        bucket_bytes = int(self.config.get("weight_bucket_bytes", 256 * 1024 * 1024))
+        return self.engine.export_weights(bucket_bytes=bucket_bytes)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sync_weights(self) -> float:
-        """Full weights from the training engine into this process's rollout engine."""
+    def sync_weights(self, version: int | None = None) -> float:
+        """Full weights from the training engine into this process's rollout engine: one
+        update session (``version``: the policy version they are)."""
         start = time.perf_counter()
         self._wake_rollout()
-        bucket_bytes = int(self.config.get("weight_bucket_bytes", 256 * 1024 * 1024))
-        for bucket in self.engine.export_weights(bucket_bytes=bucket_bytes):
-            self.generator.update_weights(bucket)
+        self.generator.update_weights(
+            (pair for bucket in self._buckets() for pair in bucket), version
+        )
         return time.perf_counter() - start
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.engine.load(path)
-        self.sync_weights()
+    def push_weights(self, sender: Any, version: int) -> float:
+        """Full weights to a rollout pool in other processes (split placement): every rank
+        takes part in the gather, rank 0 sends each bucket through ``sender`` (the
+        generator's `weight_sender`: one session per replica, bounded in flight)."""
+        start = time.perf_counter()
+        buckets = self._buckets()
+        if self.rank == 0:
+            sender(buckets, version)
+        else:
+            for _ in buckets:  # the gather is collective: consume in lockstep
+                pass
+        return time.perf_counter() - start
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_rollout(self) -> None:

@@ -36,8 +36,15 @@ from rl_core.engine.functional import (
     token_log_probs,
     token_log_probs_and_entropy,
 )
+from rl_core.engine.weight_buckets import (
+    DEFAULT_BUCKET_BYTES,
+    iter_layer_buckets,
+    layer_of,
+    tensor_nbytes,
+)
 
 __all__ = [
+    "DEFAULT_BUCKET_BYTES",
     "ENGINES",
     "INFER_KEYS",
     "OUTPUT_KINDS",
@@ -55,11 +62,14 @@ __all__ = [
     "check_batch",
     "check_outputs",
     "entropy_from_logits",
+    "iter_layer_buckets",
+    "layer_of",
     "linear_log_probs_and_entropy",
     "local_micro_batch_count",
     "partition_by_count",
     "partition_by_token_budget",
     "split_micro_batches",
+    "tensor_nbytes",
     "token_log_probs",
     "token_log_probs_and_entropy",
 ]

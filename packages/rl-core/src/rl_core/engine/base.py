@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -51,6 +51,8 @@ from rl_core.registry import Registry
 
 if TYPE_CHECKING:
     from rl_core.protocol import DataProto
+
+from rl_core.engine.weight_buckets import DEFAULT_BUCKET_BYTES
 
 __all__ = [
     "ENGINES",
@@ -70,7 +72,6 @@ __all__ = [
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 INFER_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 OUTPUT_KINDS = ("log_probs", "entropy", "values")
-DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ class TrainEngine(ABC):
     """
 
     config: EngineConfig
+    #: Whether `load` restores a checkpoint written at another world size (the
+    #: conformance suite then checks 2 -> 1 ranks; otherwise such a load must raise).
+    supports_resharding: ClassVar[bool] = False
 
     @property
     @abstractmethod
@@ -165,7 +169,8 @@ class TrainEngine(ABC):
         self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: Any = None
     ) -> Iterator[list[tuple[str, Tensor]]]:
         """Full (unsharded) weights under Hugging Face names, in buckets of at most
-        ``bucket_bytes`` (a larger tensor is a bucket of its own), cast to ``dtype`` if
+        ``bucket_bytes`` made by `rl_core.engine.iter_layer_buckets` (whole layers; a
+        larger layer is a bucket of its own), cast to ``dtype`` if
         given. Collective: every rank must consume the iterator to its end."""
 
     @abstractmethod

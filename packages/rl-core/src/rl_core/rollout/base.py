@@ -111,17 +111,28 @@ class SamplingParams:
 
 @dataclass
 class GenerationOutput:
-    """One sample: generated token ids, the log-prob of each, and why generation ended."""
+    """One sample: generated token ids, the log-prob of each, and why generation ended.
+
+    ``weight_versions`` (optional): the policy version of the weights each token was sampled
+    with (the ``version`` of the latest `RolloutEngine.update_weights`); a request that
+    spans a weight update has tokens of two versions (a partial rollout). None: the
+    engine does not record versions."""
 
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: FinishReason
+    weight_versions: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.log_probs):
             raise ValueError(
                 f"GenerationOutput: {len(self.token_ids)} token_ids but "
                 f"{len(self.log_probs)} log_probs; expected one log-prob per token"
+            )
+        if self.weight_versions is not None and len(self.weight_versions) != len(self.token_ids):
+            raise ValueError(
+                f"GenerationOutput: {len(self.token_ids)} token_ids but "
+                f"{len(self.weight_versions)} weight_versions; expected one per token or None"
             )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(
@@ -258,8 +269,17 @@ class RolloutEngine(ABC):
         """Abort in-flight requests (unknown or finished ids are ignored)."""
 
     @abstractmethod
-    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Load weights in place, by Hugging Face parameter name (a subset is allowed)."""
+    async def update_weights(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
+    ) -> None:
+        """Load weights in place, by Hugging Face parameter name (a subset is allowed).
+
+        One call is one update session however many tensors it brings (fused layers are
+        rebuilt once all their tensors arrived). ``weights`` may block between tensors
+        while the trainer produces them. ``version`` (the trainer's policy version) is
+        recorded on the tokens sampled after the update (`GenerationOutput.weight_versions`);
+        requests in flight continue with the new weights (partial rollouts) or are aborted,
+        as the engine documents."""
 
     @abstractmethod
     async def sleep(self, level: int = 1) -> None:

@@ -37,8 +37,18 @@ class SequenceGenerator(ABC):
         """One response per row, in row order, in the RL batch layout."""
 
     @abstractmethod
-    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Load new policy weights (Hugging Face names) into every engine replica."""
+    def update_weights(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
+    ) -> None:
+        """Load new policy weights (Hugging Face names) into every engine replica: one
+        update session per replica; ``version`` is the policy version they are (recorded
+        per generated token)."""
+
+    def weight_sender(self) -> Callable[[Iterable[list[tuple[str, Tensor]]], int], Any] | None:
+        """A picklable callable ``send(buckets, version)`` that loads whole-layer weight
+        buckets into this generator's engines from another process (a trainer's rank 0,
+        split placement); None when the engines only take weights in process."""
+        return None
 
     @abstractmethod
     def sleep(self, level: int = 1) -> None:

@@ -157,6 +157,8 @@ class RolloutEngineConformance:
     max_model_len: ClassVar[int] = 256
     logprob_atol: ClassVar[float] = 2e-3
     """Tolerance between the engine's log-probs and the float64 Hugging Face reference."""
+    records_versions: ClassVar[bool] = True
+    """Whether `GenerationOutput.weight_versions` is filled (the policy version per token)."""
     engine_start_timeout: ClassVar[float] = 600.0
     request_timeout: ClassVar[float] = 300.0
 
@@ -433,6 +435,17 @@ class RolloutEngineConformance:
         (out,) = runner.run(update_midway(), self.request_timeout)
         assert out.finish_reason == "length" and out.token_ids == base.token_ids
         torch.testing.assert_close(out.log_probs, base.log_probs, atol=1e-4, rtol=0)
+
+    def test_update_weights_records_the_policy_version_on_later_tokens(
+        self, engine, runner, hf_model
+    ):
+        same = [(k, v.detach().float().clone()) for k, v in hf_model.named_parameters()]
+        runner.run(engine.update_weights(iter(same), version=5), 300)
+        out = self.greedy(engine, runner, self.prompt(97, 5), "wv", max_tokens=4)
+        if not self.records_versions:
+            assert out.weight_versions is None or len(out.weight_versions) == 4
+            return
+        assert out.weight_versions == [5] * len(out.token_ids)
 
     def test_update_weights_rejects_unknown_names(self, engine, runner):
         with pytest.raises((KeyError, ValueError), match=r"no\.such\.weight"):

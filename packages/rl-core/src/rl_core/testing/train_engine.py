@@ -22,6 +22,13 @@ returns CPU tensors; the reference losses use the batch exactly as given, so an 
 that hands over host tensors fails on an accelerator); entropy in `train_batch`;
 ``inference_only`` engines hold no optimizer and refuse to train.
 
+`TrainEngineConformance.test_distributed` adds the distributed checks of
+`rl_core.testing.train_engine_distributed` (gradients synchronised across 2 ranks and equal
+to a single-process reference, checkpoints saved at world size 2 loading at world size 1,
+exports equal to the trained weights). Set ``distributed = False`` for an engine that never
+runs on more than one rank. An engine not installed by entry point can be registered by a
+module every rank imports first: ``engine_module = "my_tests.register_engine"``.
+
 Requires pytest; transformers is imported inside functions only (engines bring it).
 """
 
@@ -36,7 +43,7 @@ import pytest
 import torch
 
 from rl_core.checkpoint import CheckpointCorruptError, staging_path, verify_manifest
-from rl_core.engine import EngineConfig, LossContext, TrainEngine, build_engine
+from rl_core.engine import EngineConfig, LossContext, TrainEngine, build_engine, layer_of
 from rl_core.protocol import DataProto
 from rl_core.testing.spawn import SpawnRunner
 
@@ -371,11 +378,15 @@ def check_export(spec: dict[str, Any]) -> None:
     engine.train_batch(_shard(batch, engine), pg_loss)  # export the updated weights
     budget = 64 * 1024
     seen: dict[str, torch.Tensor] = {}
-    for bucket in engine.export_weights(bucket_bytes=budget):
+    home: dict[str, int] = {}  # layer -> the bucket that holds it
+    for index, bucket in enumerate(engine.export_weights(bucket_bytes=budget)):
         nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
-        assert nbytes <= budget or len(bucket) == 1, (nbytes, [n for n, _ in bucket])
+        layers = {layer_of(n) for n, _ in bucket}
+        # bounded, or one indivisible layer alone (whole layers: fused params never split)
+        assert nbytes <= budget or len(layers) == 1, (nbytes, [n for n, _ in bucket])
         for name, tensor in bucket:
             assert name not in seen, f"{name} exported twice"
+            assert home.setdefault(layer_of(name), index) == index, f"{name}: layer split"
             seen[name] = tensor.detach().cpu().clone()
     bf16 = [t for b in engine.export_weights(dtype=torch.bfloat16) for _, t in b]
     assert bf16 and all(t.dtype == torch.bfloat16 for t in bf16)
@@ -537,6 +548,23 @@ VALUE_CHECKS = (
     "inference_only",
 )
 CASES = [f"{name}-lm" for name in CHECKS] + [f"{name}-value" for name in VALUE_CHECKS]
+DISTRIBUTED_CASES = ["gradient_sync", "reshard_2_to_1"]
+
+
+def run_check(name: str, spec: dict[str, Any]) -> Any:
+    """Rank side: import ``spec["engine_module"]`` (if any), then run check ``name``."""
+    if spec.get("engine_module"):
+        __import__(spec["engine_module"])
+    return CHECKS[name](spec)
+
+
+def engine_class(name: str, engine_module: str = "") -> Any:
+    """The class (factory) registered as engine ``name`` (importing ``engine_module`` first)."""
+    from rl_core.engine import ENGINES
+
+    if engine_module:
+        __import__(engine_module)
+    return ENGINES.get(name)
 
 
 class TrainEngineConformance:
@@ -548,6 +576,8 @@ class TrainEngineConformance:
 
     engine_name: ClassVar[str] = ""
     engine_options: ClassVar[dict[str, Any]] = {}
+    engine_module: ClassVar[str] = ""
+    distributed: ClassVar[bool] = True
 
     @pytest.fixture(scope="class", params=[1, 2], ids=lambda n: f"world{n}")
     @classmethod
@@ -584,11 +614,40 @@ class TrainEngineConformance:
             options = _merge(options, {"model": {"value_head": True}})
         spec = {
             "engine": self.engine_name,
+            "engine_module": self.engine_module,
             "options": options,
             "model_dir": model_dirs[kind],
             "value_head": kind == "value",
             "tmp": str(tmp_path),
         }
-        results = runner.run(CHECKS[name], spec)
+        results = runner.run(run_check, name, spec)
         if name == "training":  # every rank reports the same, global, metrics
             assert all(r == results[0] for r in results), results
+
+    @pytest.mark.parametrize("case", DISTRIBUTED_CASES)
+    def test_distributed(self, case, model_dirs, tmp_path) -> None:
+        """World size 2 against a single process; see `train_engine_distributed`."""
+        from rl_core.testing import train_engine_distributed as dist_checks
+
+        if not self.engine_name:
+            pytest.fail(f"{type(self).__name__} must set engine_name")
+        if not self.distributed:
+            pytest.skip(f"{type(self).__name__} sets distributed = False")
+        spec = {
+            "engine": self.engine_name,
+            "engine_module": self.engine_module,
+            "options": dict(self.engine_options),
+            "model_dir": model_dirs["lm"],
+        }
+        if case == "gradient_sync":
+            results = SpawnRunner.shared(2).run(dist_checks.check_gradient_sync, spec)
+            dist_checks.assert_same_weights(results, "after one step at world size 2")
+            return
+        cls = engine_class(self.engine_name, self.engine_module)
+        spec["supports_resharding"] = bool(getattr(cls, "supports_resharding", False))
+        spec["path"] = str(tmp_path / "ckpt-world2")
+        saved = SpawnRunner.shared(2).run(dist_checks.check_reshard_save, spec)
+        dist_checks.assert_same_weights([s["weights"] for s in saved], "saving run")
+        loaded = SpawnRunner.shared(1).run(dist_checks.check_reshard_load, spec)[0]
+        if spec["supports_resharding"]:
+            dist_checks.assert_resumed_alike(saved[0], loaded, "saved at world size 2, loaded at 1")

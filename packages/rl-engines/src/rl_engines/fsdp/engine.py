@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,7 @@ from rl_core.engine import (
     TrainEngine,
     check_batch,
     check_outputs,
+    iter_layer_buckets,
     local_micro_batch_count,
     split_micro_batches,
 )
@@ -148,6 +149,8 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 class FSDPEngine(TrainEngine):
     """FSDP2 training engine for Hugging Face causal LMs and value models."""
+
+    supports_resharding: ClassVar[bool] = True  # torch.distributed.checkpoint reshards
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
@@ -449,23 +452,20 @@ class FSDPEngine(TrainEngine):
         self._require_onloaded("export_weights")
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected an integer >= 1")
-        bucket: list[tuple[str, Tensor]] = []
-        size = 0
+        # whole layers per bucket (rl-core's one bucketing helper): a fused parameter of the
+        # rollout engine (qkv, gate_up) never straddles two buckets
+        yield from iter_layer_buckets(self._export_tensors(dtype), bucket_bytes)
+
+    def _export_tensors(self, dtype: Any) -> Iterator[tuple[str, Tensor]]:
+        """(Hugging Face name, full tensor) pairs as rollouts load them: LoRA merged, tied
+        weights once (under the input embedding's name), cast to ``dtype``."""
         named = self._full_tensors()
         if self.lora is not None:
             named = merge_lora_weights(named, self.lora.scaling)  # rollouts see plain weights
         for name, full in named:
             if self.tied_embeddings and name == "lm_head.weight":
-                continue  # tied weights are exported once, under the input embedding's name
-            full = full.detach().to(dtype) if dtype is not None else full.detach()
-            nbytes = full.numel() * full.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, full))
-            size += nbytes
-        if bucket:
-            yield bucket
+                continue
+            yield name, (full.detach().to(dtype) if dtype is not None else full.detach())
 
     def _full_tensors(self) -> Iterator[tuple[str, Tensor]]:
         seen: set[int] = set()

@@ -138,7 +138,9 @@ class AgentInput:
 
 @dataclass
 class AgentLoopOutput:
-    """A finished sample. ``finish_reason``: "stop", "length", "abort" or "max_turns"."""
+    """A finished sample. ``finish_reason``: "stop", "length", "abort" or "max_turns".
+    ``response_versions``: per token, the policy version it was sampled with (-1 on tokens
+    the loop inserted); None when the engine does not record versions."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -149,6 +151,7 @@ class AgentLoopOutput:
     num_tool_calls: int = 0
     num_tool_errors: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    response_versions: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

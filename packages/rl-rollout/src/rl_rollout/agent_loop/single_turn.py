@@ -22,4 +22,5 @@ class SingleTurnAgentLoop(AgentLoop):
             response_log_probs=[float(x) for x in out.log_probs],
             finish_reason=out.finish_reason,
             num_turns=1,
+            response_versions=None if out.weight_versions is None else list(out.weight_versions),
         )

@@ -54,6 +54,7 @@ class ToolAgentLoop(AgentLoop):
         ids: list[int] = []
         mask: list[int] = []
         log_probs: list[float] = []
+        versions: list[int] | None = []
         counts: Counter[str] = Counter()
         tool_metrics: Counter[str] = Counter()
         finish, turns = "length", 0
@@ -68,6 +69,10 @@ class ToolAgentLoop(AgentLoop):
             ids += out.token_ids
             mask += [1] * len(out.token_ids)
             log_probs += [float(x) for x in out.log_probs]
+            if versions is not None and out.weight_versions is not None:
+                versions += out.weight_versions
+            else:
+                versions = None  # an engine that does not record versions
             finish = out.finish_reason
             if finish != "stop":
                 break
@@ -83,6 +88,8 @@ class ToolAgentLoop(AgentLoop):
             ids += inserted[:room]
             mask += [0] * len(inserted[:room])
             log_probs += [0.0] * len(inserted[:room])
+            if versions is not None:
+                versions += [-1] * len(inserted[:room])
             if len(inserted) >= room:
                 finish = "length"  # no room left for another generation
                 break
@@ -97,6 +104,7 @@ class ToolAgentLoop(AgentLoop):
             num_tool_calls=counts["tool_calls"],
             num_tool_errors=errors,
             metrics={**{k: float(v) for k, v in counts.items()}, **tool_metrics},
+            response_versions=versions,
         )
 
     async def _run_calls(

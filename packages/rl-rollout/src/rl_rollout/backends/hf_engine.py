@@ -12,6 +12,9 @@ truncation. There is no prefix cache (`reset_prefix_cache` is a no-op). `sleep` 
 in-flight requests, moves the weights to CPU when they live on an accelerator and frees the
 KV cache (it only lives during a batch); on CPU it frees nothing. Weights update in place
 by Hugging Face name; an update waits for the running decode step, never interrupts it.
+Requests in flight continue with the new weights (partial rollouts): their KV cache is
+recomputed from prompt + tokens so far, and each token records the policy version it was
+sampled with (`GenerationOutput.weight_versions`).
 
 Vision-language models (a config with a ``vision_config``: Qwen2-VL, Qwen2.5-VL) load through
 ``AutoModelForImageTextToText``; a request's ``multi_modal_data={"image": [PIL images]}`` is
@@ -57,12 +60,15 @@ class _Sequence:
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     aborted: bool = False
     vision: dict[str, Tensor] | None = None  # pixel_values, image_grid_thw
 
     def output(self) -> GenerationOutput:
-        return GenerationOutput(list(self.tokens), list(self.log_probs), self.finish_reason)
+        return GenerationOutput(
+            list(self.tokens), list(self.log_probs), self.finish_reason, list(self.versions)
+        )
 
 
 @dataclass(eq=False)
@@ -96,10 +102,11 @@ class HFRolloutEngine(RolloutEngine):
         # the device the platform picks for this process (the trainer engine's, colocated)
         self.device = torch.device(device) if device else platform.process_device()
         self._batch_wait_s = float(options.pop("batch_wait_ms", 5.0)) / 1000.0
+        options.pop("weight_bucket_bytes", None)  # the sender's bucket size (weight sync)
         if options:
             raise ValueError(
                 f"RolloutConfig.engine_kwargs has unknown keys {sorted(options)} for the 'hf' "
-                "rollout engine: expected only 'device', 'batch_wait_ms'"
+                "rollout engine: expected only 'device', 'batch_wait_ms', 'weight_bucket_bytes'"
             )
         dtype = platform.auto_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
         self.config = config
@@ -128,6 +135,7 @@ class HFRolloutEngine(RolloutEngine):
             )
         self._shared_generator = torch.Generator(self.device).manual_seed(config.seed)
         self._weights_device = self.device
+        self.weight_version = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -248,10 +256,14 @@ class HFRolloutEngine(RolloutEngine):
                     seq.finish_reason = "abort"
                 request.done.set()
 
-    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    async def update_weights(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
+    ) -> None:
         self._ensure_scheduler()
         async with self._model_lock:  # between two decode steps, never during one
             await asyncio.to_thread(self._load_weights, weights)
+            # running batches see the new version and recompute their KV cache
+            self.weight_version = self.weight_version + 1 if version is None else int(version)
 
     def _load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         state = self.model.state_dict(keep_vars=True)
@@ -354,6 +366,8 @@ class HFRolloutEngine(RolloutEngine):
                 return
             await self._awake.wait()
             async with self._model_lock:
+                if state is not None and state["version"] != self.weight_version:
+                    state = None  # new weights: re-prefill prompt + tokens so far
                 state = await asyncio.to_thread(self._step, seqs, state)
 
     def _prefill_vision(
@@ -381,12 +395,13 @@ class HFRolloutEngine(RolloutEngine):
             live = [s for s in seqs if s.finish_reason is None]
             if not live:
                 return None
-            width = max(len(s.prompt) for s in live)
+            contexts = [s.prompt + s.tokens for s in live]  # tokens: a resumed request
+            width = max(len(c) for c in contexts)
             ids = torch.zeros(len(live), width, dtype=torch.long)
             mask = torch.zeros(len(live), width, dtype=torch.long)
-            for row, s in enumerate(live):
-                ids[row, width - len(s.prompt) :] = torch.tensor(s.prompt)
-                mask[row, width - len(s.prompt) :] = 1
+            for row, context in enumerate(contexts):
+                ids[row, width - len(context) :] = torch.tensor(context)
+                mask[row, width - len(context) :] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
             extra = self._prefill_vision(live, ids, mask) if self.vision else {}
             positions = extra.pop("position_ids", None)
@@ -429,6 +444,7 @@ class HFRolloutEngine(RolloutEngine):
                 continue
             s.tokens.append(token)
             s.log_probs.append(log_prob)
+            s.versions.append(self.weight_version)
             if token in s.params.stop_token_ids:
                 s.finish_reason = "stop"
             elif len(s.tokens) >= s.max_new:
@@ -449,6 +465,7 @@ class HFRolloutEngine(RolloutEngine):
             positions = positions[..., index]
             sampling = sampling.select(index)
         return {
+            "version": self.weight_version,
             "live": live,
             "mask": mask,
             "positions": positions,

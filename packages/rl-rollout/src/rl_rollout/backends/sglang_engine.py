@@ -10,8 +10,13 @@ Log-probs: SGLang reports ``log_softmax(logits / temperature)`` before top-k/top
 truncation; with top_p=1 and top_k=-1 (the RL default) that equals the contract's value,
 with truncation active it differs from the ``vllm``/``hf`` backends (documented deviation).
 
-Weights update in place with ``update_weights_from_tensor`` in size-bounded buckets (the
-tensors travel by torch multiprocessing handles, CUDA IPC on GPUs); `sleep` releases the
+Weights update in place, one session per sync (``begin_weight_update`` ->
+buckets -> ``end_weight_update``, required since SGLang 0.5.21), in whole-layer buckets
+(`rl_core.engine.iter_layer_buckets`): colocated with ``update_weights_from_tensor`` (the
+tensors travel by torch multiprocessing handles, CUDA IPC on GPUs); split with
+``update_weights_from_distributed`` after `init_weights_update_group` (the trainer
+broadcasts each bucket over NCCL, `receive_distributed` loads it). Requests in flight are
+aborted by the update (SGLang retracts them); `sleep` releases the
 KV cache and weights (``release_memory_occupation``, needs ``enable_memory_saver``, set
 here), `wake_up` resumes them; `reset_prefix_cache` flushes the radix cache.
 
@@ -32,11 +37,11 @@ from typing import Any
 
 from torch import Tensor
 
+from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
-from rl_rollout.backends.weight_files import DEFAULT_BUCKET_BYTES, iter_buckets
 
 __all__ = [
     "SGLangRolloutEngine",
@@ -48,6 +53,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 _OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s")
 _SEED_LIMIT = 2**63
+_GROUP = "rl_weight_sync"
 
 
 def sglang_engine_kwargs(config: RolloutConfig) -> dict[str, Any]:
@@ -137,6 +143,7 @@ class SGLangRolloutEngine(RolloutEngine):
         self.vocab_size = int(model_config.vocab_size)
         self._placeholders = placeholder_token_ids(model_config.hf_config)
         self._in_flight: dict[str, list[str]] = {}
+        self.weight_version = 0
         self._closed = False
 
     @property
@@ -164,6 +171,7 @@ class SGLangRolloutEngine(RolloutEngine):
                 "with engine_kwargs={'enable_deterministic_inference': True}"
             )
         max_tokens = min(params.max_tokens, self._max_model_len - len(prompt))
+        version = self.weight_version
         rids = [f"{request_id}-{i}" for i in range(params.n)]
         self._in_flight[request_id] = rids
         mm = multi_modal_data or {}
@@ -185,35 +193,108 @@ class SGLangRolloutEngine(RolloutEngine):
             )
         finally:
             self._in_flight.pop(request_id, None)
-        return [sglang_output(r) for r in results]
+        outputs = [sglang_output(r) for r in results]
+        for out in outputs:  # an update aborts requests in flight: one version per request
+            out.weight_versions = [version] * len(out.token_ids)
+        return outputs
 
     async def abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             for rid in self._in_flight.get(request_id, []):
                 self._tm.abort_request(rid=rid)
 
-    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    async def _session(self, method: str) -> None:
+        """``begin_weight_update`` / ``end_weight_update`` (SGLang >= 0.5.21)."""
+        from sglang.srt.managers import io_struct
+
+        request_cls = getattr(io_struct, f"{method.title().replace('_', '')}ReqInput", None)
+        call = getattr(self._tm, method, None)
+        if request_cls is None or call is None:
+            raise RuntimeError(
+                f"sglang rollout engine: this SGLang has no {method}; expected SGLang >= 0.5.21"
+            )
+        result = await asyncio.wait_for(call(request_cls(), None), self._update_timeout_s)
+        if not getattr(result, "success", True):
+            raise ValueError(f"sglang rollout engine: {method} failed: {result}")
+
+    async def _checked(self, what: str, coro: Any) -> None:
+        try:
+            ok, message = await asyncio.wait_for(coro, self._update_timeout_s)
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"sglang rollout engine: {what} timed out after {self._update_timeout_s}s "
+                f"(tp_size={self.config.tensor_parallel_size})"
+            ) from exc
+        if not ok:
+            raise ValueError(f"sglang rollout engine: {what} failed: {message}")
+
+    async def update_weights(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
+    ) -> None:
+        """Colocated: one session, ``update_weights_from_tensor`` per whole-layer bucket."""
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
         from sglang.srt.utils import MultiprocessingSerializer
 
         tp_size = self.config.tensor_parallel_size
-        for bucket in iter_buckets(weights, self._bucket_bytes):
-            named = [(name, t.detach()) for name, t in bucket]
-            payload = [MultiprocessingSerializer.serialize(named) for _ in range(tp_size)]
-            request = UpdateWeightsFromTensorReqInput(
-                serialized_named_tensors=payload, flush_cache=False
-            )
-            try:
-                ok, message = await asyncio.wait_for(
-                    self._tm.update_weights_from_tensor(request, None), self._update_timeout_s
+        buckets = iter_layer_buckets(weights, self._bucket_bytes)
+        await self._session("begin_weight_update")
+        try:
+            while (bucket := await asyncio.to_thread(next, buckets, None)) is not None:
+                named = [(name, t.detach()) for name, t in bucket]
+                payload = [MultiprocessingSerializer.serialize(named) for _ in range(tp_size)]
+                request = UpdateWeightsFromTensorReqInput(
+                    serialized_named_tensors=payload, flush_cache=False
                 )
-            except TimeoutError as exc:
-                raise TimeoutError(
-                    f"sglang rollout engine: update_weights_from_tensor timed out after "
-                    f"{self._update_timeout_s}s (tp_size={tp_size})"
-                ) from exc
-            if not ok:
-                raise ValueError(f"sglang rollout engine: update_weights failed: {message}")
+                await self._checked(
+                    "update_weights_from_tensor", self._tm.update_weights_from_tensor(request, None)
+                )
+        finally:
+            await self._session("end_weight_update")
+        self.weight_version = self.weight_version + 1 if version is None else version
+        await self.reset_prefix_cache()
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int
+    ) -> None:
+        """Split placement: join the trainer's broadcast group (the trainer is rank 0)."""
+        from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
+
+        request = InitWeightsUpdateGroupReqInput(
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=_GROUP,
+            backend="nccl",
+        )
+        await self._checked(
+            "init_weights_update_group", self._tm.init_weights_update_group(request, None)
+        )
+
+    async def receive_distributed(
+        self, metadata: Iterable[list[tuple[str, str, list[int]]]], version: int | None = None
+    ) -> None:
+        """Split placement: one session, one ``update_weights_from_distributed`` per bucket
+        of (name, dtype, shape); the trainer broadcasts the tensors concurrently."""
+        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+
+        await self._session("begin_weight_update")
+        try:
+            for bucket in metadata:
+                request = UpdateWeightsFromDistributedReqInput(
+                    names=[m[0] for m in bucket],
+                    dtypes=[m[1] for m in bucket],
+                    shapes=[list(m[2]) for m in bucket],
+                    group_name=_GROUP,
+                    flush_cache=False,
+                )
+                await self._checked(
+                    "update_weights_from_distributed",
+                    self._tm.update_weights_from_distributed(request, None),
+                )
+        finally:
+            await self._session("end_weight_update")
+        self.weight_version = self.weight_version + 1 if version is None else version
         await self.reset_prefix_cache()
 
     async def sleep(self, level: int = 1) -> None:

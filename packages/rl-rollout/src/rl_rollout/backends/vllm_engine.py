@@ -7,19 +7,30 @@ under the distribution the token was drawn from (after temperature, top-k and to
 stops only at the caller's ``stop_token_ids`` (``ignore_eos``; the model's generation config
 is not applied). Tensor parallelism comes from `RolloutConfig.tensor_parallel_size`.
 
-Weights update in place through a vLLM worker extension
-(`rl_rollout.backends.vllm_worker.RLWorkerExtension`): the engine writes them as
-size-bounded safetensors buckets to shared memory and each worker loads them inside one
-layerwise-reload session, vLLM's own ``reload_weights`` mechanism (raw tensors do not travel
-through ``collective_rpc`` on every platform; files do). An update must bring every tensor of
-each layer it touches. Requests in flight are paused during an update (vLLM's ``keep``
-mode), then continue with the new weights: their tokens so far are kept and their KV cache
-is recomputed; the prefix cache is reset. Sleep mode is enabled
-where vLLM supports it (CUDA, ROCm, XPU); on CPU `sleep`/`wake_up` are accepted and free
-nothing.
+Weights update in place, one session per `update_weights` call, in whole-layer buckets
+(`rl_core.engine.iter_layer_buckets`), so a fused layer (qkv, gate_up) is never split:
+
+* on accelerators, through vLLM's own weight-transfer engine with the ``ipc`` backend
+  (colocated: the trainer's tensors are shared by CUDA-IPC handles, no copy):
+  ``init_weight_transfer_engine`` once, then per sync ``start_weight_update`` ->
+  ``update_weights`` per bucket -> ``finish_weight_update`` (written against vLLM 0.32/0.33;
+  unverified here, no GPU);
+* on CPU, where neither built-in transfer backend runs, through a vLLM worker extension
+  (`rl_rollout.backends.vllm_worker.RLWorkerExtension`): each bucket is written as a
+  safetensors file to shared memory (free space checked first) and loaded inside one
+  layerwise-reload session, vLLM's own ``reload_weights`` mechanism.
+
+Requests in flight are paused during an update (vLLM's ``keep`` mode), then continue with
+the new weights (partial rollouts): their tokens so far are kept and their KV cache is
+recomputed; the prefix cache is reset. Outputs stream (``DELTA``) so that each token records
+the policy version it was sampled with (`GenerationOutput.weight_versions`): tokens that
+arrive before the update's version is set were sampled before the pause. Sleep mode is
+enabled where vLLM supports it (CUDA, ROCm, XPU); on CPU `sleep`/`wake_up` are accepted and
+free nothing.
 
 Backend options (``RolloutConfig.engine_kwargs``): ``weight_bucket_bytes`` (default 512 MiB),
-``update_timeout_s`` (default 600); every other key goes to `vllm.AsyncEngineArgs`.
+``update_timeout_s`` (default 600), ``weight_transfer`` (``auto``: ``ipc`` on accelerators,
+``files`` on CPU); every other key goes to `vllm.AsyncEngineArgs`.
 """
 
 from __future__ import annotations
@@ -34,17 +45,19 @@ from typing import Any
 
 from torch import Tensor
 
+from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
-from rl_rollout.backends.weight_files import DEFAULT_BUCKET_BYTES, iter_buckets, write_bucket
+from rl_rollout.backends.weight_files import write_bucket
 
 __all__ = ["VLLMRolloutEngine", "vllm_engine_args", "vllm_sampling_kwargs"]
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "rl_rollout.backends.vllm_worker.RLWorkerExtension"
-_OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s")
+_OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s", "weight_transfer")
+_TRANSFERS = ("auto", "ipc", "nccl", "files")
 
 
 def _model_max_len(model_path: str) -> int:
@@ -55,7 +68,7 @@ def _model_max_len(model_path: str) -> int:
 
 
 def vllm_engine_args(
-    config: RolloutConfig, sleep_mode_available: bool, cpu: bool = False
+    config: RolloutConfig, sleep_mode_available: bool, cpu: bool = False, transfer: str = "files"
 ) -> dict[str, Any]:
     """`vllm.AsyncEngineArgs` keyword arguments for a `RolloutConfig` (a pure function).
 
@@ -80,6 +93,8 @@ def vllm_engine_args(
         "enable_sleep_mode": sleep_mode_available,
         "disable_log_stats": True,
     }
+    if transfer in ("ipc", "nccl"):
+        args["weight_transfer_config"] = {"backend": transfer}
     if cpu:
         model_len = config.max_model_len or _model_max_len(config.model_path)
         args["enable_chunked_prefill"] = False
@@ -119,6 +134,52 @@ def _sampled_log_probs(token_ids: list[int], logprobs: Any) -> list[float]:
     return [float(logprobs[i][token].logprob) for i, token in enumerate(token_ids)]
 
 
+class _Streamed:
+    """One sample's tokens, log-probs and per-token weight versions, from DELTA outputs."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.log_probs: list[float] = []
+        self.versions: list[int] = []
+        self.finish_reason: str | None = None
+
+    def add(self, completion: Any, version: int) -> None:
+        tokens = list(completion.token_ids)
+        self.tokens += tokens
+        self.log_probs += _sampled_log_probs(tokens, completion.logprobs) if tokens else []
+        self.versions += [version] * len(tokens)
+        if completion.finish_reason is not None:
+            self.finish_reason = completion.finish_reason
+
+    def output(self) -> GenerationOutput:
+        # samples that never started (aborted while queued) come back empty
+        reason = self.finish_reason if self.finish_reason in ("stop", "length") else "abort"
+        return GenerationOutput(self.tokens, self.log_probs, reason, self.versions)
+
+
+def ipc_update_info(bucket: list[tuple[str, Tensor]], gpu_uuid: str, device_type: str) -> dict:
+    """The ``update_info`` of vLLM's ``ipc`` weight-transfer backend for one bucket: names,
+    dtypes, shapes and one CUDA-IPC handle per tensor, keyed by the GPU's UUID."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    names, dtypes, shapes, handles = [], [], [], []
+    for name, tensor in bucket:
+        if tensor.device.type != device_type:
+            raise ValueError(
+                f"ipc weight transfer: {name!r} is on {tensor.device}; expected a tensor on "
+                f"the rollout's {device_type} device (colocated trainer)"
+            )
+        names.append(name)
+        dtypes.append(str(tensor.dtype).removeprefix("torch."))
+        shapes.append(list(tensor.shape))
+        handles.append({gpu_uuid: reduce_tensor(tensor.detach().contiguous())})
+    return {"names": names, "dtype_names": dtypes, "shapes": shapes, "ipc_handles": handles}
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) or asyncio.isfuture(value) else value
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM `AsyncLLM` behind the rollout-engine contract (see module docstring)."""
 
@@ -138,14 +199,38 @@ class VLLMRolloutEngine(RolloutEngine):
         options = config.engine_kwargs
         self._bucket_bytes = int(options.get("weight_bucket_bytes", DEFAULT_BUCKET_BYTES))
         self._update_timeout_s = float(options.get("update_timeout_s", 600.0))
+        transfer = options.get("weight_transfer", "auto")
+        if transfer not in _TRANSFERS:
+            raise ValueError(
+                f"RolloutConfig.engine_kwargs['weight_transfer']={transfer!r} is invalid: "
+                f"expected one of {_TRANSFERS}"
+            )
+        if transfer == "auto":
+            transfer = "files" if current_platform.is_cpu() else "ipc"
+        if transfer == "files" and not current_platform.is_cpu():
+            raise ValueError(
+                "RolloutConfig.engine_kwargs['weight_transfer']='files' is the CPU fallback: "
+                "expected 'ipc' (colocated) or 'nccl' (split pool) on accelerators"
+            )
+        if transfer in ("ipc", "nccl") and current_platform.is_cpu():
+            raise ValueError(
+                f"RolloutConfig.engine_kwargs['weight_transfer']={transfer!r} needs an "
+                "accelerator (CUDA-IPC / NCCL); on CPU use 'files' (or 'auto')"
+            )
+        self._transfer = transfer
+        self._transfer_ready = False
+        self.weight_version = 0
         if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             # vLLM on CPU refuses to start without an explicit KV-cache size (GiB)
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
             log.info("vllm rollout engine: VLLM_CPU_KVCACHE_SPACE unset, using 1 GiB")
         self._sleep_supported = bool(current_platform.is_sleep_mode_available())
         args = vllm.AsyncEngineArgs(
-            **vllm_engine_args(config, self._sleep_supported, cpu=current_platform.is_cpu())
+            **vllm_engine_args(
+                config, self._sleep_supported, cpu=current_platform.is_cpu(), transfer=transfer
+            )
         )
+        self._platform = current_platform
         self._vllm = vllm
         self._llm = AsyncLLM.from_engine_args(args)
         model_config = self._llm.model_config
@@ -178,32 +263,21 @@ class VLLMRolloutEngine(RolloutEngine):
         try:
             max_tokens = min(params.max_tokens, self._max_model_len - len(prompt))
             vparams = self._vllm.SamplingParams(**vllm_sampling_kwargs(params, max_tokens))
-            vparams.output_kind = self._vllm.sampling_params.RequestOutputKind.FINAL_ONLY
+            vparams.output_kind = self._vllm.sampling_params.RequestOutputKind.DELTA
             inputs: dict[str, Any] = {"prompt_token_ids": prompt}
             if multi_modal_data:
                 # vLLM expands each image placeholder itself: send one per image
                 inputs["prompt_token_ids"] = collapse_placeholders(prompt, self._placeholders)
                 inputs["multi_modal_data"] = multi_modal_data
-            final = None
+            samples = [_Streamed() for _ in range(params.n)]
             async for output in self._llm.generate(
                 self._vllm.TokensPrompt(**inputs), vparams, request_id
             ):
-                final = output
+                for completion in output.outputs:
+                    samples[completion.index].add(completion, self.weight_version)
         finally:
             self._in_flight.discard(request_id)
-        return self._convert(final, params.n)
-
-    @staticmethod
-    def _convert(final: Any, n: int) -> list[GenerationOutput]:
-        completions = sorted(final.outputs, key=lambda c: c.index) if final is not None else []
-        outputs = []
-        for c in completions:
-            tokens = list(c.token_ids)
-            reason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
-            outputs.append(GenerationOutput(tokens, _sampled_log_probs(tokens, c.logprobs), reason))
-        # samples that never started (aborted while queued) come back empty
-        outputs += [GenerationOutput([], [], "abort") for _ in range(n - len(outputs))]
-        return outputs
+        return [sample.output() for sample in samples]
 
     async def abort(self, request_ids: list[str]) -> None:
         live = [r for r in request_ids if r in self._in_flight]
@@ -214,33 +288,138 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._llm is None:
             raise RuntimeError("the 'vllm' rollout engine was shut down")
 
-    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    async def update_weights(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
+    ) -> None:
         self._check_open()
         start = time.perf_counter()
-        loaded = 0
         async with self._update_lock:  # one update session at a time
             # in-flight requests are frozen (not aborted) while layers are rebuilt ...
             await self._llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                await self._rpc("rl_begin_weight_update")
-                try:
-                    for bucket in iter_buckets(weights, self._bucket_bytes):
-                        path = await asyncio.to_thread(write_bucket, bucket)
-                        try:
-                            names = await self._rpc("rl_load_weight_files", [path])
-                        finally:
-                            os.unlink(path)
-                        loaded += len(names[0]) if names else 0
-                finally:
-                    # always close the session: layers that got nothing keep their weights
-                    await self._rpc("rl_finish_weight_update")
+                if self._transfer == "ipc":
+                    loaded = await self._update_by_ipc(weights)
+                else:
+                    loaded = await self._update_from_files(weights)
                 # ... and recompute their KV cache with the new weights when they resume
                 await self._llm.reset_prefix_cache(reset_running_requests=True)
+                self.weight_version = self.weight_version + 1 if version is None else version
             finally:
                 await self._llm.resume_generation()
         log.info(
-            "vllm rollout engine: loaded %d tensors in %.2fs", loaded, time.perf_counter() - start
+            "vllm rollout engine: loaded %d tensors in %.2fs (%s)",
+            loaded, time.perf_counter() - start, self._transfer,
+        )  # fmt: skip
+
+    async def _buckets(self, weights: Iterable[tuple[str, Tensor]]) -> Any:
+        """Whole-layer buckets, pulled in a thread: ``weights`` may block on the trainer."""
+        buckets = iter_layer_buckets(weights, self._bucket_bytes)
+        while (bucket := await asyncio.to_thread(next, buckets, None)) is not None:
+            yield bucket
+
+    async def _update_from_files(self, weights: Iterable[tuple[str, Tensor]]) -> int:
+        """CPU: one layerwise-reload session in the workers, one file per bucket."""
+        loaded = 0
+        await self._rpc("rl_begin_weight_update")
+        try:
+            async for bucket in self._buckets(weights):
+                path = await asyncio.to_thread(write_bucket, bucket)
+                try:
+                    names = await self._rpc("rl_load_weight_files", [path])
+                finally:
+                    os.unlink(path)
+                loaded += len(names[0]) if names else 0
+        finally:
+            # always close the session: layers that got nothing keep their weights
+            await self._rpc("rl_finish_weight_update")
+        return loaded
+
+    async def _update_by_ipc(self, weights: Iterable[tuple[str, Tensor]]) -> int:
+        """Accelerators: vLLM's weight-transfer engine (``ipc`` backend), one session."""
+        from vllm.distributed.weight_transfer.base import (
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
         )
+
+        if not self._transfer_ready:
+            await _maybe_await(
+                self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={}))
+            )
+            self._transfer_ready = True
+        gpu = str(self._platform.get_device_uuid(0))  # the engine's first (local) device
+        loaded = 0
+        await _maybe_await(self._llm.start_weight_update())
+        try:
+            async for bucket in self._buckets(weights):
+                update_info = ipc_update_info(bucket, gpu, self._platform.device_type)
+                await asyncio.wait_for(
+                    _maybe_await(
+                        self._llm.update_weights(WeightTransferUpdateRequest(update_info))
+                    ),
+                    self._update_timeout_s,
+                )
+                loaded += len(bucket)
+        finally:
+            await _maybe_await(self._llm.finish_weight_update())
+        return loaded
+
+    # -- split placement over NCCL: the trainer's rank 0 broadcasts (rl_rollout.backends.
+    #    vllm_transfer.VLLMNcclSender drives these through the replica actor) -----------
+
+    async def init_nccl_weight_transfer(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int
+    ) -> None:
+        """Join the trainer's NCCL group (trainer rank 0, this engine's workers from
+        ``rank_offset``); the trainer joins concurrently."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if self._transfer != "nccl":
+            raise ValueError(
+                "init_nccl_weight_transfer: start the engine with "
+                "engine_kwargs={'weight_transfer': 'nccl'}"
+            )
+        info = {
+            "master_address": master_address,
+            "master_port": int(master_port),
+            "rank_offset": int(rank_offset),
+            "world_size": int(world_size),
+        }
+        await _maybe_await(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(info)))
+        self._transfer_ready = True
+
+    async def begin_nccl_update(self) -> None:
+        """Open one session: pause requests (kept), ``start_weight_update``."""
+        if not self._transfer_ready:
+            raise RuntimeError("begin_nccl_update: call init_nccl_weight_transfer first")
+        await self._update_lock.acquire()
+        try:
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+            await _maybe_await(self._llm.start_weight_update())
+        except BaseException:
+            self._update_lock.release()
+            raise
+
+    async def receive_nccl_bucket(self, names: list[str], dtypes: list[str], shapes: list) -> None:
+        """Receive one bucket the trainer broadcasts now (packed, vLLM's default buffers)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        info = {"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": True}
+        await asyncio.wait_for(
+            _maybe_await(self._llm.update_weights(WeightTransferUpdateRequest(info))),
+            self._update_timeout_s,
+        )
+
+    async def finish_nccl_update(self, version: int | None = None) -> None:
+        """Close the session, reset the caches, record ``version``, resume requests."""
+        try:
+            await _maybe_await(self._llm.finish_weight_update())
+            await self._llm.reset_prefix_cache(reset_running_requests=True)
+            self.weight_version = self.weight_version + 1 if version is None else version
+        finally:
+            try:
+                await self._llm.resume_generation()
+            finally:
+                self._update_lock.release()
 
     async def _rpc(self, method: str, *args: Any) -> Any:
         try:

@@ -1,13 +1,17 @@
-"""Weights as size-bounded safetensors buckets: the form weights take between processes.
+"""The CPU fallback of weight sync: buckets as safetensors files in shared memory.
 
-Engines whose workers live in other processes (vLLM's engine core, SGLang's scheduler)
-receive weights as safetensors files in shared memory (``/dev/shm`` where it exists), one
-bucket at a time, so the extra memory a weight update needs is one bucket, not a model.
+On accelerators the rollout backends use their engines' own transfer APIs (CUDA IPC,
+NCCL). On CPU, where those do not run, vLLM's workers (other processes) receive weights as
+safetensors files in ``/dev/shm`` (or ``RL_WEIGHT_DIR``), one bucket at a time, so the
+extra memory a weight update needs is one bucket, not a model. Free space is checked before
+each write; a full directory raises `WeightFileSpaceError` saying what to change.
+Imported inside vLLM's worker processes too, so it imports nothing from rl_core.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,19 +19,20 @@ from pathlib import Path
 from torch import Tensor
 
 __all__ = [
-    "DEFAULT_BUCKET_BYTES",
-    "iter_buckets",
+    "WeightFileSpaceError",
+    "check_free_space",
     "read_bucket",
     "shm_dir",
     "tensor_bytes",
     "write_bucket",
 ]
 
-DEFAULT_BUCKET_BYTES = 512 * 2**20
-
 
 def shm_dir() -> str:
-    """A directory in RAM-backed shared memory when the OS has one, else the temp dir."""
+    """Where bucket files go: ``RL_WEIGHT_DIR`` when set, else RAM-backed ``/dev/shm`` when
+    the OS has one, else the temp dir."""
+    if os.environ.get("RL_WEIGHT_DIR"):
+        return os.environ["RL_WEIGHT_DIR"]
     return (
         "/dev/shm"
         if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
@@ -35,39 +40,30 @@ def shm_dir() -> str:
     )
 
 
-def iter_buckets(
-    weights: Iterable[tuple[str, Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
-) -> Iterator[list[tuple[str, Tensor]]]:
-    """Group (name, tensor) pairs into lists of at most `bucket_bytes` (one larger tensor
-    makes a bucket of its own). Names must be unique within one update."""
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes={bucket_bytes} is invalid: expected a positive size")
-    bucket: list[tuple[str, Tensor]] = []
-    size = 0
-    seen: set[str] = set()
-    for name, tensor in weights:
-        if not isinstance(name, str) or not isinstance(tensor, Tensor):
-            raise TypeError(
-                f"weights must yield (str, torch.Tensor) pairs, got "
-                f"({type(name).__name__}, {type(tensor).__name__})"
-            )
-        if name in seen:
-            raise ValueError(f"weight {name!r} appears twice in one update")
-        seen.add(name)
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
+class WeightFileSpaceError(OSError):
+    """Not enough free space for a weight bucket file (names directory, need and free)."""
+
+
+def check_free_space(directory: str, needed: int, margin: int = 16 * 2**20) -> None:
+    """Raise `WeightFileSpaceError` unless ``directory`` has ``needed`` + ``margin`` bytes
+    free. Docker gives containers a 64 MB ``/dev/shm`` by default."""
+    free = shutil.disk_usage(directory).free
+    if free < needed + margin:
+        raise WeightFileSpaceError(
+            f"weight sync: {directory!r} has {free / 2**20:.1f} MiB free, a weight bucket "
+            f"needs {needed / 2**20:.1f} MiB (+{margin / 2**20:.0f} MiB margin): lower "
+            "engine_kwargs.weight_bucket_bytes, give the container more shared memory "
+            "(docker --shm-size) or set RL_WEIGHT_DIR to a larger directory"
+        )
 
 
 def write_bucket(bucket: list[tuple[str, Tensor]], directory: str | None = None) -> str:
-    """Write one bucket to a fresh safetensors file and return its path."""
+    """Write one bucket to a fresh safetensors file and return its path (after checking
+    that the directory has room for it)."""
     from safetensors.torch import save_file
 
+    directory = directory or shm_dir()
+    check_free_space(directory, tensor_bytes(bucket))
     tensors: dict[str, Tensor] = {}
     storages: set[int] = set()
     for name, tensor in bucket:
@@ -77,9 +73,7 @@ def write_bucket(bucket: list[tuple[str, Tensor]], directory: str | None = None)
             t = t.clone()
         storages.add(t.untyped_storage().data_ptr())
         tensors[name] = t
-    fd, path = tempfile.mkstemp(
-        prefix="rl-weights-", suffix=".safetensors", dir=directory or shm_dir()
-    )
+    fd, path = tempfile.mkstemp(prefix="rl-weights-", suffix=".safetensors", dir=directory)
     os.close(fd)
     save_file(tensors, path)
     return path

@@ -8,6 +8,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         f"(import failed: {exc})"
     ) from exc
 
+from rl_core.single_controller.ray.lifecycle import ensure_ray
 from rl_core.single_controller.ray.worker_group import RayWorkerGroup
 
-__all__ = ["RayWorkerGroup"]
+__all__ = ["RayWorkerGroup", "ensure_ray"]

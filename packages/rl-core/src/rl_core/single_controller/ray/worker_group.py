@@ -11,15 +11,13 @@ address and port become every worker's ``MASTER_ADDR``/``MASTER_PORT``; local ra
 from the node each actor actually landed on. Then every actor sets its environment and
 builds its role object(s).
 
-Ray itself: an existing connection is used as is; otherwise ``ray.init()`` connects to
-``RAY_ADDRESS`` when set (a cluster) or starts a new Ray instance on this machine (never
-silently joining one that happens to run here: pass its address to use it).
+Ray itself: `ensure_ray` (an existing connection as is; else the cluster at ``RAY_ADDRESS``;
+else a new embedded instance with its driver-death watchdog, never a stray cluster).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import time
 import uuid
@@ -45,6 +43,7 @@ from rl_core.single_controller.errors import (
 from rl_core.single_controller.futures import GroupFuture
 from rl_core.single_controller.host import CallInfo
 from rl_core.single_controller.ray.host import DeferredSlice, DeferredWhole, RayWorkerHost, Slot
+from rl_core.single_controller.ray.lifecycle import ensure_ray
 from rl_core.single_controller.spec import ResourcePool, roles_of
 from rl_core.single_controller.worker import MeshRank, WorkerInfo, WorkerResources
 from rl_core.single_controller.worker_group import WorkerGroup, _GroupState
@@ -218,8 +217,7 @@ class RayWorkerGroup(WorkerGroup):
         if not isinstance(resource_pool, ResourcePool):
             raise TypeError(f"resource_pool must be a ResourcePool, got {resource_pool!r}")
         name, roles = roles_of(worker, name_prefix)
-        if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+        ensure_ray()
         self._pool = resource_pool
         self._platform = get_platform(resource_pool.platform)
         accelerators = resource_pool.accelerators_per_process

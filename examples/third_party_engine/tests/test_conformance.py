@@ -1,0 +1,18 @@
+"""rl-core's TrainEngine conformance suite on the tiny-hf engine (one process)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_core.testing.train_engine import TrainEngineConformance
+
+
+class TestTinyHFEngine(TrainEngineConformance):
+    engine_name = "tiny-hf"  # found through the entry point of the installed distribution
+    engine_options = {"model": {"attn_implementation": "eager"}}
+    distributed = False  # one process: no data parallelism, no resharding claimed
+
+    @pytest.fixture(scope="class", params=[1], ids=lambda n: f"world{n}")
+    @classmethod
+    def world_size(cls, request) -> int:
+        return request.param

@@ -1,0 +1,89 @@
+"""The trainer's one view of generation, whatever ``rollout.placement`` says.
+
+The loop calls `RolloutClient.generate_sequences` and `RolloutClient.sync_weights` and never
+branches on the placement:
+
+* ``colocated``: each training worker hosts a rollout engine (the hybrid engine); the
+  batch is split over the workers and weights sync in process;
+* ``split``: a rollout pool of its own (Ray actors, N devices each, engines of any TP size)
+  behind one sequence generator in the driver, with prefix-cache-aware load balancing;
+  weights go from the trainer's rank 0 to every replica (one session each);
+* ``remote``: OpenAI-compatible servers (evaluation, agents): their weights never change,
+  so `sync_weights` warns once and every sample stays version 0.
+
+`version` counts the syncs: the policy version the rollout generates with.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from rl_core.protocol import DataProto
+
+__all__ = ["RolloutClient", "build_rollout_client"]
+
+log = logging.getLogger(__name__)
+
+
+class RolloutClient:
+    """Generation and weight sync for the trainer (see the module docstring)."""
+
+    def __init__(self, placement: str, actor: Any, generator: Any = None) -> None:
+        self.placement = placement
+        self.actor = actor
+        self.generator = generator
+        self.version = 0
+        self._sender = generator.weight_sender() if generator is not None else None
+        self._warned = False
+
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        """One response per row (rows carry per-token versions when the engine records them)."""
+        if self.generator is None:
+            return self.actor.generate_sequences(batch)
+        return self.generator.generate_sequences(batch)
+
+    def sync_weights(self) -> float:
+        """The trainer's current weights to every rollout engine as policy version
+        ``version + 1``; returns the seconds it took."""
+        start = time.perf_counter()
+        version = self.version + 1
+        if self.placement == "colocated":
+            self.actor.sync_weights(version)
+        elif self._sender is not None:
+            self.actor.push_weights(self._sender, version)
+        else:
+            if not self._warned:
+                log.warning(
+                    "rollout.placement=%s: the rollout servers keep their own weights; the "
+                    "policy's updates never reach them (use it for evaluation and agents)",
+                    self.placement,
+                )
+                self._warned = True
+            return 0.0
+        self.version = version
+        return time.perf_counter() - start
+
+    def shutdown(self) -> None:
+        if self.generator is not None:
+            self.generator.shutdown()
+            self.generator = None
+
+
+def build_rollout_client(
+    cfg: Any, actor: Any, tokenizer: Any, model_path: str, pad_token_id: int | None
+) -> RolloutClient:
+    """The client for ``cfg.rollout.placement``; split/remote start their generator here."""
+    placement = cfg.rollout.placement
+    if placement == "colocated":
+        return RolloutClient(placement, actor)
+    from rl_algos.trainer.placement import rollout_generator_config
+    from rl_core.rollout import build_sequence_generator
+
+    generator = build_sequence_generator(
+        cfg.rollout.generator,
+        rollout_generator_config(cfg, model_path, pad_token_id),
+        tokenizer=tokenizer,
+    )
+    return RolloutClient(placement, actor, generator)
