@@ -16,3 +16,9 @@ class TestTinyHFEngine(TrainEngineConformance):
     @classmethod
     def world_size(cls, request) -> int:
         return request.param
+
+    @pytest.fixture(scope="class", params=["qwen2"])
+    @classmethod
+    def model_type(cls, request) -> str:
+        """One architecture keeps the CI leg short (the suite's default adds Llama)."""
+        return request.param
