@@ -15,7 +15,13 @@ import torch.distributed as dist
 
 from rl_core.platform import get_platform
 
-__all__ = ["all_reduce", "device_and_backend", "ensure_process_group", "local_device"]
+__all__ = [
+    "all_reduce",
+    "broadcast_from_rank0",
+    "device_and_backend",
+    "ensure_process_group",
+    "local_device",
+]
 
 
 def device_and_backend() -> tuple[str, str]:
@@ -73,3 +79,10 @@ def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp, what: str) -> torch.Tens
             f"all-reduce of {what} failed: {exc}"
         ) from exc
     return tensor
+
+
+def broadcast_from_rank0(value: str | None) -> str | None:
+    """Rank 0's value (e.g. an error text, or None) on every rank."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

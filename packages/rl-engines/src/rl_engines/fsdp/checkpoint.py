@@ -45,6 +45,7 @@ from rl_core.checkpoint import (
     write_manifest,
 )
 from rl_core.platform import get_platform
+from rl_engines.distributed import broadcast_from_rank0
 
 __all__ = [
     "load_checkpoint",
@@ -94,13 +95,6 @@ def _dcp_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _broadcast_error(error: str | None) -> str | None:
-    """Rank 0's error text (or None) on every rank."""
-    box = [error]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def save_checkpoint(
     path: str,
     model: nn.Module,
@@ -122,7 +116,7 @@ def save_checkpoint(
             os.makedirs(partial)
         except OSError as exc:
             error = f"rank 0: creating {partial!r} failed: {exc}"
-    error = _broadcast_error(error)
+    error = broadcast_from_rank0(error)
     if error is None:
         try:
             model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -147,7 +141,7 @@ def save_checkpoint(
             except Exception as exc:
                 error = f"rank 0: {describe_write_failure(partial, exc)}"
         if not flags.any():
-            error = _broadcast_error(error)
+            error = broadcast_from_rank0(error)
     if error is not None:
         if rank == 0:
             discard_staging(path)
@@ -170,7 +164,7 @@ def load_checkpoint(
             verify_manifest(path)
         except CheckpointCorruptError as exc:
             verdict = json.dumps([exc.path, exc.file, exc.reason])
-    verdict = _broadcast_error(verdict)
+    verdict = broadcast_from_rank0(verdict)
     if verdict is not None:
         raise CheckpointCorruptError(*json.loads(verdict))
     with open(os.path.join(path, META)) as f:

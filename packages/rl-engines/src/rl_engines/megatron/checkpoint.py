@@ -7,9 +7,12 @@ Layout of a checkpoint directory::
     <path>/extra_rank{r}.pt step, LR scheduler, optimizer step count, RNG states of rank r
     <path>/meta.json        engine, parallel layout, world size, step (written last)
 
-Everything is written into ``<path>.partial`` and renamed to ``<path>`` only after every
-rank finished, as the fsdp engine does. ``extra_rank*.pt`` files are read with
-``weights_only=True`` (no pickled code from a checkpoint is executed).
+The integrity rules are rl-core's (`rl_core.checkpoint`), as in the fsdp engine: every
+rank writes into a staging directory; after a barrier rank 0 writes ``meta.json`` and the
+manifest (sizes and sha256 of every file, fsynced, written last) and publishes the
+directory atomically (an existing checkpoint is exchanged, never deleted first). Loading
+verifies the manifest first: a corrupt or truncated file is named on every rank.
+``extra_rank*.pt`` files are read with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import json
 import multiprocessing
 import os
 import queue
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +29,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rl_core.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointError,
+    describe_write_failure,
+    discard_staging,
+    publish,
+    staging_path,
+    verify_manifest,
+    write_manifest,
+)
+from rl_engines.distributed import broadcast_from_rank0
 from rl_engines.fsdp.checkpoint import rng_state, set_rng_state
 
 __all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
@@ -94,30 +107,48 @@ def save_checkpoint(
     from megatron.core import dist_checkpointing
 
     path = os.path.abspath(path.rstrip("/"))
-    partial = path + ".partial"
+    partial = str(staging_path(path))
     rank = dist.get_rank()
+    error = None
     if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-    dist.barrier()
-    _in_process_results_queue()
-    try:
-        with _writer_processes_allowed():
-            dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
-        extra = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
-        torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
-    except Exception as exc:
-        raise _rank_error("saving checkpoint", path, exc) from exc
-    dist.barrier()
-    if rank == 0:
-        with open(os.path.join(partial, META), "w") as f:
-            json.dump({**meta, "world_size": dist.get_world_size()}, f, indent=1)
-        old = path + ".old"
-        if os.path.exists(path):
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(path, old)
-        os.rename(partial, path)
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            discard_staging(path)
+            os.makedirs(partial)
+        except OSError as exc:
+            error = f"rank 0: creating {partial!r} failed: {exc}"
+    error = broadcast_from_rank0(error)
+    if error is None:
+        _in_process_results_queue()
+        local_error = None
+        try:
+            with _writer_processes_allowed():
+                dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
+            extra = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
+            torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
+        except Exception as exc:
+            local_error = f"rank {rank}: {describe_write_failure(partial, exc)}"
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.int64)
+        flags[rank] = 0 if local_error is None else 1
+        dist.all_reduce(flags)  # which ranks failed
+        if flags.any():
+            bad = [int(r) for r in flags.nonzero().flatten()]
+            error = local_error or f"rank(s) {bad} failed to write their shards"
+        else:
+            if rank == 0:
+                try:
+                    with open(os.path.join(partial, META), "w") as f:
+                        json.dump({**meta, "world_size": dist.get_world_size()}, f, indent=1)
+                    write_manifest(partial, {"engine": meta.get("engine")})
+                    publish(partial, path)
+                except Exception as exc:
+                    error = f"rank 0: {describe_write_failure(partial, exc)}"
+            error = broadcast_from_rank0(error)
+    if error is not None:
+        if rank == 0:
+            discard_staging(path)
+        dist.barrier()
+        kept = "the previous checkpoint there is intact" if os.path.isdir(path) else "nothing"
+        raise CheckpointError(f"saving checkpoint {path!r} failed: {error} ({kept} was kept)")
     dist.barrier()
 
 
@@ -128,6 +159,15 @@ def load_checkpoint(
     from megatron.core import dist_checkpointing
 
     path = os.path.abspath(path.rstrip("/"))
+    verdict = None
+    if dist.get_rank() == 0:
+        try:
+            verify_manifest(path)
+        except CheckpointCorruptError as exc:
+            verdict = json.dumps([exc.path, exc.file, exc.reason])
+    verdict = broadcast_from_rank0(verdict)
+    if verdict is not None:
+        raise CheckpointCorruptError(*json.loads(verdict))
     meta_file = os.path.join(path, META)
     if not os.path.isfile(meta_file):
         raise FileNotFoundError(
@@ -137,8 +177,14 @@ def load_checkpoint(
     with open(meta_file) as f:
         meta = json.load(f)
     rank = dist.get_rank()
-    same_world = meta.get("world_size") == dist.get_world_size()
-    extra_file = os.path.join(path, f"extra_rank{rank if same_world else 0}.pt")
+    if meta.get("world_size") != dist.get_world_size():
+        raise ValueError(
+            f"rank {rank}: checkpoint {path!r} was saved at world size "
+            f"{meta.get('world_size')} (layout {meta.get('parallel')}), this engine runs at "
+            f"world size {dist.get_world_size()}: the megatron engine loads checkpoints only at "
+            "the world size and parallel layout that saved them (supports_resharding=False)"
+        )
+    extra_file = os.path.join(path, f"extra_rank{rank}.pt")
     try:
         extra = torch.load(extra_file, weights_only=True)
         state = dist_checkpointing.load(_sharded_state(chunks, optimizer), path)
@@ -152,6 +198,4 @@ def load_checkpoint(
         optimizer.load_state_dict(optim)
     except Exception as exc:
         raise _rank_error("loading checkpoint", path, exc) from exc
-    if not same_world:
-        extra.pop("rng", None)
     return extra, meta

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rl_core.engine import iter_layer_buckets
 from rl_engines.megatron.convert import (
     hf_layer_to_megatron,
     megatron_layer_to_hf,
@@ -246,30 +247,18 @@ def export_hf_weights(
                 owners.setdefault(tuple(key), stage)
     else:
         owners = dict.fromkeys(local, 0)
-    bucket: list[tuple[str, Tensor]] = []
-    size = 0
-    for key in sorted(owners):
-        stage = owners[key]
-        unit = None
-        if stage == layout.pp_rank:
-            unit = _build_unit(local[key], key, arch, layout, value_head)
-        if layout.pp > 1:
-            unit = _broadcast_unit(unit, layout.pp_ranks[stage], layout)
-        items = [(n, (t.to(dtype) if dtype is not None else t).cpu()) for n, t in unit.items()]
-        nbytes = sum(t.numel() * t.element_size() for _, t in items)
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        if nbytes <= bucket_bytes:
-            bucket += items
-            size += nbytes
-            continue
-        for item in items:  # a unit over the budget: split between (never inside) tensors
-            t_bytes = item[1].numel() * item[1].element_size()
-            if bucket and size + t_bytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append(item)
-            size += t_bytes
-    if bucket:
-        yield bucket
+
+    def named() -> Iterator[tuple[str, Tensor]]:
+        for key in sorted(owners):
+            stage = owners[key]
+            unit = None
+            if stage == layout.pp_rank:
+                unit = _build_unit(local[key], key, arch, layout, value_head)
+            if layout.pp > 1:
+                unit = _broadcast_unit(unit, layout.pp_ranks[stage], layout)
+            for name, tensor in unit.items():
+                yield name, (tensor.to(dtype) if dtype is not None else tensor).cpu()
+
+    # whole layers per bucket (rl-core's one bucketing helper): a fused parameter of the
+    # rollout engine (qkv, gate_up) never straddles two buckets
+    yield from iter_layer_buckets(named(), bucket_bytes)
