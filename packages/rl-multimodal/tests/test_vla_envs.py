@@ -102,6 +102,7 @@ def _pendulum(n: int | None = None):
     return gymnasium.make("Pendulum-v1", render_mode="rgb_array")
 
 
+@pytest.mark.sim  # Pendulum renders with pygame (the `sim` extra's session has it)
 def test_gymnasium_adapter_single_envs_match_direct_stepping():
     adapter = GymnasiumVectorEnv([_pendulum, _pendulum], instruction="swing up", image_size=64)
     ref = _pendulum()

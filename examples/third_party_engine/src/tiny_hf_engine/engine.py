@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from rl_core.checkpoint import (
+    discard_staging,
+    publish,
+    staging_path,
+    verify_manifest,
+    write_manifest,
+)
 from rl_core.engine import (
     INFER_KEYS,
     TRAIN_KEYS,
@@ -25,6 +31,7 @@ from rl_core.engine import (
     TrainEngine,
     check_batch,
     check_outputs,
+    iter_layer_buckets,
     local_micro_batch_count,
     split_micro_batches,
     token_log_probs_and_entropy,
@@ -224,19 +231,15 @@ class TinyHFEngine(TrainEngine):
     ) -> Iterator[list[tuple[str, Tensor]]]:
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise ValueError(f"bucket_bytes={bucket_bytes!r} is invalid: expected an integer >= 1")
-        bucket, size = [], 0
+        # whole layers per bucket (rl-core's helper): a rollout's fused parameters (qkv,
+        # gate_up) never straddle two buckets
+        yield from iter_layer_buckets(self._named_weights(dtype), bucket_bytes)
+
+    def _named_weights(self, dtype: Any) -> Iterator[tuple[str, Tensor]]:
         for name, tensor in self.model.state_dict().items():
             if self.tied and name == "lm_head.weight":
                 continue  # exported once, as the input embedding
-            tensor = tensor.detach().to(dtype) if dtype is not None else tensor.detach()
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+            yield name, (tensor.detach().to(dtype) if dtype is not None else tensor.detach())
 
     def save(self, path: str) -> None:
         self._require("save")
@@ -245,8 +248,8 @@ class TinyHFEngine(TrainEngine):
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
             raise FloatingPointError(f"refusing to save {path!r}: parameters are not finite")
         path = os.path.abspath(path.rstrip("/"))
-        partial = path + ".partial"
-        shutil.rmtree(partial, ignore_errors=True)
+        partial = staging_path(path)  # rl-core's integrity rules: stage, manifest, publish
+        discard_staging(path)
         os.makedirs(partial)
         state = {
             "model": self.model.state_dict(),
@@ -257,14 +260,16 @@ class TinyHFEngine(TrainEngine):
             "cpu_rng": torch.get_rng_state(),
         }
         torch.save(state, os.path.join(partial, _STATE))
-        shutil.rmtree(path, ignore_errors=True)
-        os.rename(partial, path)
+        write_manifest(partial, {"engine": "tiny-hf"})  # fsyncs, written last
+        publish(partial, path)  # an existing checkpoint is exchanged, never deleted first
 
     def load(self, path: str) -> None:
         self._require("load")
         if self.optimizer is None:
             raise RuntimeError("load on an EngineConfig.inference_only engine")
         file = os.path.join(path, _STATE)
+        if os.path.isdir(path):
+            verify_manifest(path)  # names a corrupt or truncated file
         if not os.path.isfile(file):
             raise FileNotFoundError(
                 f"{path!r} is not a tiny-hf checkpoint (no {_STATE}): expected a directory "
