@@ -120,6 +120,7 @@ def test_gymnasium_adapter_single_envs_match_direct_stepping():
     adapter.close()
 
 
+@pytest.mark.sim  # Pendulum renders with pygame (the `sim` extra's session has it)
 def test_gymnasium_adapter_vector_env_and_truncation():
     vec = gymnasium.vector.SyncVectorEnv(
         [lambda: gymnasium.make("Pendulum-v1", render_mode="rgb_array", max_episode_steps=3)] * 2
