@@ -37,7 +37,7 @@ def test_validation_reports_paper_metrics_per_data_source(ray_cluster, raw_confi
     try:
         metrics = trainer.validate()
         # the same reward with the training-time shaping, on a fresh generation
-        train_batch = trainer._generate_and_score(trainer._next_prompts(), 0)
+        train_batch = trainer._generate_and_score(trainer._next_prompts(), 0, 0)
     finally:
         trainer.close()
     train_metrics = train_batch.meta_info["reward_metrics"]
