@@ -107,7 +107,7 @@ def test_reward_functions_that_hang_raise_or_return_garbage(raw_config, tmp_path
     trainer = RLTrainer(config)
     try:
         workers_seen: set[int] = set()
-        batch, metrics = trainer._rollout({})
+        batch, metrics = trainer._rollout({}, 0)
         workers_seen |= {w.process.pid for w in trainer.reward._pool._workers}
         # half the calls fail (hang, raise, wrong type, killed worker): the default
         # reward.max_failure_fraction=0.5 lets the step go on, every failure counted
