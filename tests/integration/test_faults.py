@@ -250,8 +250,9 @@ def _kill_during(group: Any, method: str, pid: int, delay_s: float) -> None:
 @pytest.mark.ray
 @pytest.mark.parametrize(
     ("method", "role", "delay_s"),
-    # generation of 8 tokens is quick: the kill follows the dispatch at once
-    [("update_actor", "training worker", 0.3), ("generate_sequences", "rollout worker", 0.0)],
+    # both calls can finish in well under a second on a fast machine: the kill follows
+    # the dispatch at once, so it always lands while the call is outstanding
+    [("update_actor", "training worker", 0.0), ("generate_sequences", "rollout worker", 0.0)],
 )
 def test_a_worker_killed_mid_step_is_named(
     ray_cluster, raw_config, tmp_path, method, role, delay_s
