@@ -65,6 +65,7 @@ from rl_engines.megatron.model import (
 )
 from rl_engines.megatron.parallel import ParallelState
 from rl_engines.megatron.weights import Layout, export_hf_weights, load_hf_weights
+from rl_engines.moe import RouterStats
 
 __all__ = ["MegatronEngine"]
 
@@ -85,6 +86,36 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         for value in state.values():
             if isinstance(value, Tensor):
                 value.zero_()
+
+
+def install_router_probes(chunks: Sequence[torch.nn.Module], stats: RouterStats) -> None:
+    """Have every MoE router of ``chunks`` report its logits and routing to ``stats``
+    (megatron-core's ``TopKRouter.routing(logits, padding_mask)`` is wrapped per instance;
+    its ``padding_mask`` is True at padding).
+
+    The routers also attach the load-balancing loss unscaled: with
+    ``calculate_per_token_loss`` megatron-core multiplies it by the micro-batch's token
+    count, expecting its own grad finalisation to divide by the step's tokens, which this
+    engine (sum-style losses) does not do; the engine scales the coefficient instead."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    for chunk in chunks:
+        for router in chunk.modules():
+            if not isinstance(router, TopKRouter):
+                continue
+            router.calculate_per_token_loss = False
+
+            def routing(logits, padding_mask=None, _plain=router.routing, _router=router):
+                probs, routing_map = _plain(logits, padding_mask=padding_mask)
+                flat = logits.reshape(-1, logits.shape[-1])
+                if padding_mask is None:
+                    valid = torch.ones(flat.shape[0], dtype=torch.bool, device=flat.device)
+                else:
+                    valid = ~padding_mask.reshape(-1).bool()
+                stats.record(_router.layer_number, flat, routing_map, valid)
+                return probs, routing_map
+
+            router.routing = routing
 
 
 class MegatronEngine(TrainEngine):
@@ -153,6 +184,10 @@ class MegatronEngine(TrainEngine):
         self._step = 0
         self._offloaded = False
         self._grad_groups = self._classify_params()
+        self.router_stats: RouterStats | None = None
+        if self.arch.num_experts is not None:
+            self.router_stats = RouterStats(self.arch.num_layers, self.arch.num_experts)
+            install_router_probes(self.chunks, self.router_stats)
         torch.manual_seed(config.seed + self.rank)
 
     # ---- layout -------------------------------------------------------------------
@@ -337,7 +372,11 @@ class MegatronEngine(TrainEngine):
 
         def forward_step(data_iterator, model):
             index, mb, aligned = next(data_iterator)
-            output = model(aligned.input_ids, aligned.position_ids, mask)
+            kwargs = {}
+            if self.router_stats is not None:
+                kwargs["padding_mask"] = self._routing_padding_mask(model, aligned.padding_mask)
+                self.router_stats.skip = kwargs["padding_mask"] is None  # no real token
+            output = model(aligned.input_ids, aligned.position_ids, mask, **kwargs)
 
             def loss_func(output_tensor):
                 outs = outputs_from_logits(
@@ -367,6 +406,20 @@ class MegatronEngine(TrainEngine):
             forward_only=forward_only,
         )
 
+    def _routing_padding_mask(self, model, padding: Tensor) -> Tensor | None:
+        """The MoE routers' padding mask for ``model`` (a chunk): padding tokens are left
+        out of the load-balancing loss and the router statistics. None when the micro-batch
+        has no real token (no mean exists; megatron-core would divide by zero).
+        megatron-core scatters the mask over sequence-parallel ranks only on the first
+        pipeline stage, so later stages get their sequence slice here."""
+        if bool(padding.all()):
+            return None
+        unwrapped = getattr(model, "module", model)
+        if self.mcfg.sequence_parallel and not getattr(unwrapped, "pre_process", True):
+            step = padding.shape[1] // self.layout.tp
+            padding = padding[:, self.layout.tp_rank * step : (self.layout.tp_rank + 1) * step]
+        return padding
+
     # ---- training -----------------------------------------------------------------
     def train_batch(
         self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
@@ -394,6 +447,8 @@ class MegatronEngine(TrainEngine):
         losses: list[float] = []
         nonfinite = [0.0]
         metric_sums: dict[str, float] = {}
+        if self.router_stats is not None:
+            self.router_stats.enabled = True
 
         def on_outputs(index, outs, mb):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
@@ -408,7 +463,11 @@ class MegatronEngine(TrainEngine):
                 metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
             return loss
 
-        self._run_schedule(micro_batches, outputs, temperature, False, on_outputs)
+        try:
+            self._run_schedule(micro_batches, outputs, temperature, False, on_outputs)
+        finally:
+            if self.router_stats is not None:
+                self.router_stats.enabled = False
         self._finalize_grads()
         owner = self.is_collect_rank
         keys = self._metric_keys(sorted(metric_sums) if owner else None)
@@ -469,8 +528,9 @@ class MegatronEngine(TrainEngine):
         return names
 
     def _moe_metrics(self, num_micro: int) -> dict[str, float]:
-        """Load-balancing loss per token (summed over MoE layers, averaged over the step's
-        micro-batches), from Megatron's aux-loss tracker; then the tracker is cleared."""
+        """Load-balancing loss (summed over MoE layers, averaged over the step's
+        micro-batches and DP ranks) from Megatron's aux-loss tracker, which is then cleared;
+        and the router statistics (`rl_engines.moe`)."""
         if self.arch.num_experts is None:
             return {}
         from megatron.core.transformer.moe.moe_utils import (
@@ -488,12 +548,20 @@ class MegatronEngine(TrainEngine):
             values_all, (names, values.tolist(), self.layout.tp_rank, self.layout.dp_rank)
         )
         totals: dict[str, float] = {}
-        for ns, vs, tp_rank, dp_rank in values_all:
-            if tp_rank == 0 and dp_rank == 0:  # one copy per pipeline stage
+        sp = self.mcfg.sequence_parallel
+        for ns, vs, tp_rank, _ in values_all:
+            # sequence-parallel ranks hold partial sums of a layer's loss; otherwise TP
+            # ranks repeat it. Each pipeline stage adds its layers; DP ranks are averaged.
+            if sp or tp_rank == 0:
                 for n, v in zip(ns, vs):
-                    totals[n] = totals.get(n, 0.0) + v / num_micro
+                    totals[n] = totals.get(n, 0.0) + v / (num_micro * self.layout.dp)
         clear_aux_losses_tracker()
-        return {f"moe/{n}": v for n, v in totals.items()}
+        metrics = {f"moe/{n}": v for n, v in totals.items()}
+        # every rank's tokens count once: TP ranks hold the same tokens unless sequence
+        # parallel splits them; pipeline stages hold different layers
+        contributes = self.mcfg.sequence_parallel or self.layout.tp_rank == 0
+        metrics.update(self.router_stats.metrics(contributes, self.device))
+        return metrics
 
     # ---- inference ----------------------------------------------------------------
     @torch.no_grad()
