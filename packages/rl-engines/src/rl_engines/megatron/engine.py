@@ -631,6 +631,7 @@ class MegatronEngine(TrainEngine):
             "engine": "megatron",
             "step": self._step,
             "value_model": self.value_model,
+            "hf_config": self.hf_config.to_dict(),  # for offline export (`offline`)
             "parallel": {
                 "tp": self.layout.tp,
                 "pp": self.layout.pp,
@@ -640,6 +641,14 @@ class MegatronEngine(TrainEngine):
             },
         }
         ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta)
+
+    @classmethod
+    def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
+        """Offline, one process: the checkpoint's full weights under Hugging Face names,
+        whatever TP/PP/EP layout saved it (`rl_engines.megatron.offline`)."""
+        from rl_engines.megatron.offline import read_hf_weights
+
+        return read_hf_weights(path)
 
     def load(self, path: str) -> None:
         self._require_onloaded("load")
