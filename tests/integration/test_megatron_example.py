@@ -29,18 +29,22 @@ FSDP_OVERRIDES = [
 ]
 
 
-def _train(tmp_path: Path, overrides: list[str]) -> list[dict]:
-    out = tmp_path / "run"
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="disabled", RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
+    return env
+
+
+def _train(tmp_path: Path, overrides: list[str]) -> list[dict]:
+    out = tmp_path / "run"
+    command = [str(RL), "train", str(EXAMPLE), f"trainer.output_dir={out}"]
     proc = subprocess.run(
-        [str(RL), "train", str(EXAMPLE), f"trainer.output_dir={out}", "trainer.loggers=[jsonl]"]
-        + overrides,
+        [*command, "trainer.loggers=[jsonl]", *overrides],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=1400,
-        env=env,
+        env=_env(),
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert (out / "checkpoints" / "latest").read_text() == "step_2"
@@ -61,6 +65,22 @@ def _train(tmp_path: Path, overrides: list[str]) -> list[dict]:
 def test_grpo_tiny_moe_trains_with_megatron_expert_parallelism(tmp_path):
     pytest.importorskip("megatron.core")
     _train(tmp_path, [])
+    # `rl export` turns the EP=2 checkpoint into a Hugging Face model that transformers loads
+    hf = tmp_path / "hf"
+    proc = subprocess.run(
+        [str(RL), "export", str(tmp_path / "run"), str(hf)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(hf)
+    assert model.config.model_type == "qwen3_moe" and model.config.num_experts == 4
+    assert AutoTokenizer.from_pretrained(hf)("1+2").input_ids
+    assert (hf / "generation_config.json").is_file()
 
 
 def test_grpo_tiny_moe_trains_with_fsdp_when_megatron_settings_are_reset(tmp_path):
