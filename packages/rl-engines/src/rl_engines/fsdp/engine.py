@@ -315,11 +315,13 @@ class FSDPEngine(TrainEngine):
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         nonfinite = torch.zeros((), dtype=torch.float64, device=self.device)
         metric_sums: dict[str, float] = {}
+        probe = self.router_probe  # MoE: routing statistics, load-balancing loss
         for index, (micro_batch, _) in enumerate(micro_batches):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
             micro_batch = micro_batch.to(self.device)  # the loss sees it on our device
             tensors = self._tensors(micro_batch)
-            with self._routing(tensors["attention_mask"]) as aux_loss:
+            routing = probe.forward(tensors["attention_mask"]) if probe else nullcontext([])
+            with routing as aux_loss:
                 out = forward_micro_batch(
                     self.model,
                     tensors,
@@ -359,6 +361,7 @@ class FSDPEngine(TrainEngine):
             self.scheduler.step()
             self._step += 1
         self.optimizer.zero_grad(set_to_none=True)
+        moe_metrics = probe.step_metrics(num_micro, self.device) if probe else {}
         if not finite and self.config.on_nan == "raise":
             raise FloatingPointError(
                 f"rank {self.rank}: non-finite {'loss' if reduced[1].item() else 'gradient norm'} "
@@ -375,16 +378,8 @@ class FSDPEngine(TrainEngine):
             "skipped": 0.0 if finite else 1.0,
         }
         result.update({k: reduced[2 + i].item() for i, k in enumerate(keys)})
-        if self.router_probe is not None:
-            result.update(self.router_probe.step_metrics(num_micro, self.device))
+        result.update(moe_metrics)
         return result
-
-    def _routing(self, attention_mask: Tensor):
-        """Around a training forward: the MoE routers' statistics and load-balancing loss
-        over the micro-batch's real tokens (a list holding that loss; empty for dense)."""
-        if self.router_probe is None:
-            return nullcontext([])
-        return self.router_probe.forward(attention_mask)
 
     def _call_loss(
         self, loss_fn: LossFn, out: dict[str, Tensor], micro_batch: DataProto, ctx: LossContext

@@ -64,6 +64,7 @@ from rl_engines.megatron.model import (
     transformer_config,
 )
 from rl_engines.megatron.parallel import ParallelState
+from rl_engines.megatron.routing import install_router_probes, routing_padding_mask
 from rl_engines.megatron.weights import Layout, export_hf_weights, load_hf_weights
 from rl_engines.moe import RouterStats
 
@@ -86,36 +87,6 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         for value in state.values():
             if isinstance(value, Tensor):
                 value.zero_()
-
-
-def install_router_probes(chunks: Sequence[torch.nn.Module], stats: RouterStats) -> None:
-    """Have every MoE router of ``chunks`` report its logits and routing to ``stats``
-    (megatron-core's ``TopKRouter.routing(logits, padding_mask)`` is wrapped per instance;
-    its ``padding_mask`` is True at padding).
-
-    The routers also attach the load-balancing loss unscaled: with
-    ``calculate_per_token_loss`` megatron-core multiplies it by the micro-batch's token
-    count, expecting its own grad finalisation to divide by the step's tokens, which this
-    engine (sum-style losses) does not do; the engine scales the coefficient instead."""
-    from megatron.core.transformer.moe.router import TopKRouter
-
-    for chunk in chunks:
-        for router in chunk.modules():
-            if not isinstance(router, TopKRouter):
-                continue
-            router.calculate_per_token_loss = False
-
-            def routing(logits, padding_mask=None, _plain=router.routing, _router=router):
-                probs, routing_map = _plain(logits, padding_mask=padding_mask)
-                flat = logits.reshape(-1, logits.shape[-1])
-                if padding_mask is None:
-                    valid = torch.ones(flat.shape[0], dtype=torch.bool, device=flat.device)
-                else:
-                    valid = ~padding_mask.reshape(-1).bool()
-                stats.record(_router.layer_number, flat, routing_map, valid)
-                return probs, routing_map
-
-            router.routing = routing
 
 
 class MegatronEngine(TrainEngine):
@@ -374,7 +345,9 @@ class MegatronEngine(TrainEngine):
             index, mb, aligned = next(data_iterator)
             kwargs = {}
             if self.router_stats is not None:
-                kwargs["padding_mask"] = self._routing_padding_mask(model, aligned.padding_mask)
+                kwargs["padding_mask"] = routing_padding_mask(
+                    model, aligned.padding_mask, self.mcfg.sequence_parallel, self.layout
+                )
                 self.router_stats.skip = kwargs["padding_mask"] is None  # no real token
             output = model(aligned.input_ids, aligned.position_ids, mask, **kwargs)
 
@@ -405,20 +378,6 @@ class MegatronEngine(TrainEngine):
             micro_batch_size=rows,
             forward_only=forward_only,
         )
-
-    def _routing_padding_mask(self, model, padding: Tensor) -> Tensor | None:
-        """The MoE routers' padding mask for ``model`` (a chunk): padding tokens are left
-        out of the load-balancing loss and the router statistics. None when the micro-batch
-        has no real token (no mean exists; megatron-core would divide by zero).
-        megatron-core scatters the mask over sequence-parallel ranks only on the first
-        pipeline stage, so later stages get their sequence slice here."""
-        if bool(padding.all()):
-            return None
-        unwrapped = getattr(model, "module", model)
-        if self.mcfg.sequence_parallel and not getattr(unwrapped, "pre_process", True):
-            step = padding.shape[1] // self.layout.tp
-            padding = padding[:, self.layout.tp_rank * step : (self.layout.tp_rank + 1) * step]
-        return padding
 
     # ---- training -----------------------------------------------------------------
     def train_batch(
