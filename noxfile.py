@@ -146,8 +146,10 @@ def tests_rl_rollout_vllm(session: nox.Session) -> None:
 def tests_rl_engines_megatron(session: nox.Session) -> None:
     """The megatron engine on CPU (gloo + the engine's CPU shim): conversion round trips,
     start-up errors, the TrainEngine conformance suite for DP, TP+SP, PP and EP, the
-    equivalence with FSDP2 / Hugging Face, and `rl train examples/grpo_tiny_moe.yaml`
-    (EP=2) for 2 steps. The dev env (it has the megatron extra)."""
+    equivalence with FSDP2 / Hugging Face (incl. the MoE load-balancing loss and router
+    statistics), `rl export` of TP/PP/EP checkpoints, and `rl train
+    examples/grpo_tiny_moe.yaml` for 2 steps with EP=2 and with the FSDP2 engine (+ `rl
+    export` of the EP run). The dev env (it has the megatron extra)."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     tests = ["packages/rl-engines/tests", "tests/integration/test_megatron_example.py"]

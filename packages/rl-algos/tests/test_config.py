@@ -56,6 +56,20 @@ def test_yaml_file_overrides_and_precedence(tmp_path):
     assert not gspo.algorithm.dynamic_sampling.enabled
 
 
+def test_empty_mapping_override_replaces_instead_of_merging(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "model: {path: /models/tiny}\ndata: {train_files: [a.parquet]}\n"
+        "actor:\n  engine: megatron\n  engine_kwargs: {moe_token_dispatcher: allgather}\n"
+    )
+    assert load_config(path).actor.engine_kwargs == {"moe_token_dispatcher": "allgather"}
+    # a non-empty mapping still merges key by key; `{}` empties it
+    merged = load_config(path, ["actor.engine_kwargs={vpp: 2}"]).actor.engine_kwargs
+    assert merged == {"moe_token_dispatcher": "allgather", "vpp": 2}
+    cfg = load_config(path, ["actor.engine=fsdp", "actor.engine_kwargs={}"])
+    assert cfg.actor.engine == "fsdp" and cfg.actor.engine_kwargs == {}
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_loads_and_sets_only_its_fields(name):
     cfg = load([f"algorithm.preset={name}"])

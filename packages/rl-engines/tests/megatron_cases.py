@@ -39,3 +39,20 @@ def gather_dp(results: list[dict[str, Any]], key: str) -> torch.Tensor:
     """Concatenate a per-shard [b, R] output of the collect ranks in data-parallel order."""
     shards = {r["dp_rank"]: r[key] for r in results if r["collect"]}
     return torch.cat([shards[i] for i in range(len(shards))])
+
+
+def update_and_save(model_dir: str, options: dict[str, Any], path: str) -> dict[str, Any]:
+    """One optimizer step, a checkpoint at ``path``, then the log-probs of the saved weights."""
+    eng = build_engine("megatron", engine_config(model_dir, options, optim=OPTIM))
+    batch = make_rl_batch(num_seqs=8)
+    local = batch.chunk(eng.dp_size)[eng.dp_rank]
+    eng.train_batch(local, pg_loss)
+    eng.save(path)
+    out = eng.infer_batch(local, outputs=("log_probs",))
+    result = {
+        "dp_rank": eng.dp_rank,
+        "collect": eng.is_collect_rank,
+        "log_probs": out.batch["log_probs"],
+    }
+    eng.close()
+    return result

@@ -59,3 +59,12 @@ def test_missing_extra_names_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0
     assert "PluginLoadError" in out.stderr and "rl-engines[fsdp]" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value", [-0.1, "0.01", True])
+def test_bad_moe_aux_loss_coeff_is_named(value):
+    from rl_engines.fsdp.engine import FSDPOptions
+
+    with pytest.raises(ValueError, match=r"engine_kwargs.moe_aux_loss_coeff=.* expected None or"):
+        FSDPOptions.from_kwargs({"moe_aux_loss_coeff": value})
+    assert FSDPOptions.from_kwargs({"moe_aux_loss_coeff": 0.01}).moe_aux_loss_coeff == 0.01

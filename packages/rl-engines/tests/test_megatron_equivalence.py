@@ -30,6 +30,21 @@ LAYOUTS = {
         },
     ),
     "ep2": ("qwen3_moe", {"parallel": {"expert_parallel_size": 2}}),
+    # the load-balancing loss in the gradient: each of the 2 EP (= DP) ranks averages its
+    # 4 sequences' loss, as FSDP2 does over 2 micro-batches of 4; padding takes no part
+    "ep2-aux": (
+        "qwen3_moe",
+        {
+            "parallel": {"expert_parallel_size": 2},
+            "engine_kwargs": {"moe_aux_loss_coeff": 0.05},
+        },
+    ),
+}
+FSDP_OPTIONS = {
+    "ep2-aux": {
+        "engine_kwargs": {"moe_aux_loss_coeff": 0.05},
+        "micro_batch": {"micro_batch_size": 4},
+    }
 }
 
 
@@ -46,10 +61,11 @@ def fsdp_results(model_dirs):
     runner = SpawnRunner.shared(1)
     cache = {}
 
-    def get(model_type, options):
-        key = (model_type, repr(options.get("model")))
+    def get(model_type, options, extra):
+        key = (model_type, repr(options.get("model")), repr(extra))
         if key not in cache:
             fsdp_options = {"model": options["model"]} if "model" in options else {}
+            fsdp_options.update(extra)
             (cache[key],) = runner.run(
                 megatron_cases.one_update, "fsdp", model_dirs[model_type], fsdp_options
             )
@@ -64,7 +80,7 @@ def test_megatron_matches_fsdp_and_hf(layout, model_dirs, fsdp_results):
     results = SpawnRunner.shared(2).run(
         megatron_cases.one_update, "megatron", model_dirs[model_type], options
     )
-    want = fsdp_results(model_type, options)
+    want = fsdp_results(model_type, options, FSDP_OPTIONS.get(layout, {}))
     got_lp = megatron_cases.gather_dp(results, "log_probs")
     got_ent = megatron_cases.gather_dp(results, "entropy")
     if "override_config" not in str(options):  # float64 HF reference on the saved weights
@@ -78,6 +94,13 @@ def test_megatron_matches_fsdp_and_hf(layout, model_dirs, fsdp_results):
     m, f = results[0]["metrics"], want["metrics"]
     assert m["loss"] == pytest.approx(f["loss"], rel=1e-5, abs=1e-7)
     assert m["grad_norm"] == pytest.approx(f["grad_norm"], rel=1e-5)
+    moe_keys = {k for k in f if k.startswith("moe/")} - {"moe/load_balancing_loss"}
+    if model_type == "qwen3_moe":  # router statistics over the step's real tokens
+        assert moe_keys == {"moe/expert_load_max_over_mean", "moe/router_entropy"}
+    if "moe_aux_loss_coeff" in str(options):
+        moe_keys.add("moe/load_balancing_loss")
+    for key in moe_keys:
+        assert m[key] == pytest.approx(f[key], rel=1e-5), key
     for r in results:  # every rank exports the full, updated weights
         assert set(r["weights"]) == set(want["weights"])
         for name, tensor in want["weights"].items():

@@ -1,6 +1,8 @@
 """Load the config: defaults, preset, one YAML file, `key=value` overrides.
 
-Precedence: dataclass defaults < `algorithm.preset` < YAML < overrides. Every mistake
+Precedence: dataclass defaults < `algorithm.preset` < YAML < overrides. Mappings merge
+key by key, except that an override ``key={}`` empties the mapping (e.g.
+``actor.engine_kwargs={}`` drops an engine's options set in the YAML). Every mistake
 raises `ConfigError` with the full key path, the value, what is allowed and, for typos,
 the closest valid key or choice::
 
@@ -270,6 +272,11 @@ def _overrides(items: Sequence[str]) -> DictConfig:
         raise ConfigError("", f"could not parse the overrides {list(items)}: {exc}") from None
 
 
+def _emptied_mappings(items: Sequence[str]) -> list[str]:
+    """Keys of the overrides ``key={}``: they replace the mapping instead of merging."""
+    return [item.split("=", 1)[0] for item in items if item.split("=", 1)[1].strip() == "{}"]
+
+
 def _python_names(merged: DictConfig) -> DictConfig:
     """Rename sections whose YAML name is a Python keyword (``async`` -> ``async_``)."""
     data = OmegaConf.to_container(merged, resolve=False)
@@ -299,7 +306,10 @@ def load_config(
             )
         layers.insert(0, OmegaConf.create(PRESETS[preset]))
     try:
-        merged = _python_names(OmegaConf.merge(*layers))
+        merged = OmegaConf.merge(*layers)
+        for key in _emptied_mappings(overrides):
+            OmegaConf.update(merged, key, {}, merge=False)
+        merged = _python_names(merged)
         _check_keys(OmegaConf.to_container(merged, resolve=False), RLConfig, "")
         typed = OmegaConf.merge(OmegaConf.structured(RLConfig), merged)
         data = OmegaConf.to_container(typed, resolve=True, throw_on_missing=True)

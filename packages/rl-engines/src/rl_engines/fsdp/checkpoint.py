@@ -7,9 +7,10 @@ Layout of a checkpoint directory::
     <path>/meta.json        world size, data-parallel layout, step
     <path>/manifest.json    sizes and sha256 of every file above (written last)
 
-The rules are rl-core's checkpoint contract (`rl_core.checkpoint`): every rank writes into
-a staging directory next to ``<path>``; after a barrier rank 0 fsyncs it, writes the
-manifest and publishes it atomically (an existing ``<path>`` is exchanged, never deleted
+The rules are rl-core's checkpoint contract (`rl_core.checkpoint`), implemented once for
+both engines in `rl_engines.checkpointing`: every rank writes into a staging directory
+next to ``<path>``; after the ranks agree rank 0 writes the manifest and publishes it
+atomically (an existing ``<path>`` is exchanged, never deleted
 first), so ``<path>`` is at every instant the old complete checkpoint or the new one.
 Loading verifies the manifest first (rank 0, the verdict is broadcast): a truncated or
 corrupt file raises `CheckpointCorruptError` naming it. Per-rank state is read with
@@ -20,13 +21,10 @@ RNG states are then taken from rank 0's file.
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -34,18 +32,15 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rl_core.checkpoint import (
-    CheckpointCorruptError,
-    CheckpointError,
-    describe_write_failure,
-    discard_staging,
-    publish,
-    staging_path,
-    verify_manifest,
-    write_manifest,
+from rl_core.checkpoint import verify_manifest
+from rl_engines.checkpointing import (
+    META,
+    rank_error,
+    rng_state,
+    save_staged,
+    set_rng_state,
+    verified_meta,
 )
-from rl_core.platform import get_platform
-from rl_engines.distributed import broadcast_from_rank0
 
 __all__ = [
     "load_checkpoint",
@@ -54,36 +49,6 @@ __all__ = [
     "save_checkpoint",
     "set_rng_state",
 ]
-
-META = "meta.json"
-
-
-def rng_state() -> dict[str, Any]:
-    """Host and device RNG states (the device's through the platform), as tensors and
-    plain values (loadable with weights_only=True)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-        "python": random.getstate(),
-    }
-    device_state = get_platform().get_rng_state()
-    if device_state is not None:
-        state["device"] = device_state
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    random.setstate(state["python"])
-    if "device" in state:
-        get_platform().set_rng_state(state["device"])
-
-
-def _rank_error(what: str, path: str, exc: BaseException) -> RuntimeError:
-    return RuntimeError(f"rank {dist.get_rank()}: {what} {path!r} failed: {exc}")
 
 
 def _dcp_cause(exc: BaseException) -> BaseException:
@@ -102,53 +67,22 @@ def save_checkpoint(
     extra: dict[str, Any],
     meta: dict[str, Any],
 ) -> None:
-    """Collective: write model/optimizer shards and per-rank ``extra`` atomically to ``path``.
+    """Collective: write model/optimizer shards and per-rank ``extra`` atomically to ``path``
+    (`rl_engines.checkpointing.save_staged`).
 
     A failure on any rank (e.g. a full disk) removes the staging directory, leaves an
     existing checkpoint at ``path`` untouched and raises `CheckpointError` on every rank."""
-    path = os.path.abspath(path.rstrip("/"))
-    partial = str(staging_path(path))
-    rank = dist.get_rank()
-    error = None
-    if rank == 0:
-        try:
-            discard_staging(path)
-            os.makedirs(partial)
-        except OSError as exc:
-            error = f"rank 0: creating {partial!r} failed: {exc}"
-    error = broadcast_from_rank0(error)
-    if error is None:
+
+    def write_shards(partial: str) -> None:
         try:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=partial)
-            torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
-            local_ok = 1
-        except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
-            local_ok = 0
-            local_error = f"rank {rank}: {describe_write_failure(partial, _dcp_cause(exc))}"
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.int64)
-        flags[rank] = 1 - local_ok
-        dist.all_reduce(flags)  # which ranks failed
-        if flags.any():
-            bad = [int(r) for r in flags.nonzero().flatten()]
-            error = local_error if not local_ok else f"rank(s) {bad} failed to write their shards"
-        elif rank == 0:
-            try:
-                with open(os.path.join(partial, META), "w") as f:
-                    json.dump({**meta, "world_size": dist.get_world_size()}, f, indent=1)
-                write_manifest(partial, {"engine": meta.get("engine")})
-                publish(partial, path)
-            except Exception as exc:
-                error = f"rank 0: {describe_write_failure(partial, exc)}"
-        if not flags.any():
-            error = broadcast_from_rank0(error)
-    if error is not None:
-        if rank == 0:
-            discard_staging(path)
-        dist.barrier()
-        kept = "the previous checkpoint there is intact" if os.path.isdir(path) else "nothing"
-        raise CheckpointError(f"saving checkpoint {path!r} failed: {error} ({kept} was kept)")
-    dist.barrier()
+        except CheckpointException as exc:  # a BaseException: report the rank's own cause
+            cause = _dcp_cause(exc)
+            raise (cause if isinstance(cause, Exception) else RuntimeError(str(cause))) from exc
+        torch.save(extra, os.path.join(partial, f"extra_rank{dist.get_rank()}.pt"))
+
+    save_staged(path, write_shards, meta)
 
 
 def load_checkpoint(
@@ -158,17 +92,7 @@ def load_checkpoint(
     (extra, meta). A bad checkpoint raises `CheckpointCorruptError` on every rank."""
     path = os.path.abspath(path.rstrip("/"))
     rank = dist.get_rank()
-    verdict = None
-    if rank == 0:
-        try:
-            verify_manifest(path)
-        except CheckpointCorruptError as exc:
-            verdict = json.dumps([exc.path, exc.file, exc.reason])
-    verdict = broadcast_from_rank0(verdict)
-    if verdict is not None:
-        raise CheckpointCorruptError(*json.loads(verdict))
-    with open(os.path.join(path, META)) as f:
-        meta = json.load(f)
+    meta = verified_meta(path)
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
@@ -177,13 +101,13 @@ def load_checkpoint(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
     except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
-        raise _rank_error("loading checkpoint", path, exc) from exc
+        raise rank_error("loading checkpoint", path, exc) from exc
     same_world = meta.get("world_size") == dist.get_world_size()
     extra_file = os.path.join(path, f"extra_rank{rank if same_world else 0}.pt")
     try:
         extra = torch.load(extra_file, weights_only=True)
     except Exception as exc:
-        raise _rank_error("loading", extra_file, exc) from exc
+        raise rank_error("loading", extra_file, exc) from exc
     if not same_world:
         extra.pop("rng", None)
     return extra, meta

@@ -27,7 +27,7 @@ import json
 import math
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -80,6 +80,7 @@ from rl_engines.fsdp.model import (
 )
 from rl_engines.fsdp.multimodal import multimodal_kwargs
 from rl_engines.lora import adapter_tensors, apply_lora, merge_lora_weights
+from rl_engines.moe import HFRouterProbe
 
 __all__ = ["FSDPEngine", "FSDPOptions"]
 
@@ -91,9 +92,14 @@ class FSDPOptions:
     ``logprob_chunk_tokens``: tokens per chunk of the LM head when computing log-probs and
     entropy (a micro-batch with more tokens is split, and each chunk is recomputed in
     backward); 0 computes full logits at once.
+    ``moe_aux_loss_coeff``: weight of the MoE load-balancing loss added to the training loss
+    (`rl_engines.moe`; None: the Hugging Face config's ``router_aux_loss_coef``, 0 if it
+    has none); the loss is the mean over micro-batches and data-parallel ranks, as in the
+    megatron engine.
     """
 
     logprob_chunk_tokens: int = 4096
+    moe_aux_loss_coeff: float | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> FSDPOptions:
@@ -110,6 +116,14 @@ class FSDPOptions:
             raise ValueError(
                 f"EngineConfig.engine_kwargs.logprob_chunk_tokens={chunk!r} is invalid: "
                 "expected an integer >= 0 (0: no chunking)"
+            )
+        coeff = options.moe_aux_loss_coeff
+        if coeff is not None and (
+            isinstance(coeff, bool) or not isinstance(coeff, (int, float)) or not coeff >= 0
+        ):
+            raise ValueError(
+                f"EngineConfig.engine_kwargs.moe_aux_loss_coeff={coeff!r} is invalid: expected "
+                "None or a number >= 0"
             )
         return options
 
@@ -202,6 +216,11 @@ class FSDPEngine(TrainEngine):
             if self.value_model
             else ChunkedLMHead.install(self.model, self.options.logprob_chunk_tokens)
         )
+        self.router_probe = HFRouterProbe.install(self.model)
+        coeff = self.options.moe_aux_loss_coeff
+        if coeff is None:
+            coeff = getattr(self.hf_config.get_text_config(), "router_aux_loss_coef", 0.0)
+        self.moe_aux_loss_coeff = float(coeff or 0.0)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if not config.inference_only:
@@ -296,24 +315,31 @@ class FSDPEngine(TrainEngine):
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         nonfinite = torch.zeros((), dtype=torch.float64, device=self.device)
         metric_sums: dict[str, float] = {}
+        probe = self.router_probe  # MoE: routing statistics, load-balancing loss
         for index, (micro_batch, _) in enumerate(micro_batches):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
             micro_batch = micro_batch.to(self.device)  # the loss sees it on our device
             tensors = self._tensors(micro_batch)
-            out = forward_micro_batch(
-                self.model,
-                tensors,
-                outputs,
-                temperature,
-                self.packed,
-                self.value_model,
-                self.head,
-                extra=multimodal_kwargs(
-                    self.model, micro_batch, tensors, self.device, self.compute_dtype
-                ),
-            )
+            routing = probe.forward(tensors["attention_mask"]) if probe else nullcontext([])
+            with routing as aux_loss:
+                out = forward_micro_batch(
+                    self.model,
+                    tensors,
+                    outputs,
+                    temperature,
+                    self.packed,
+                    self.value_model,
+                    self.head,
+                    extra=multimodal_kwargs(
+                        self.model, micro_batch, tensors, self.device, self.compute_dtype
+                    ),
+                )
             loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
-            loss.backward()
+            if aux_loss and self.moe_aux_loss_coeff:  # mean over micro-batches and DP ranks
+                scale = self.moe_aux_loss_coeff / (num_micro * self.dp_size)
+                (loss + scale * aux_loss[0]).backward()
+            else:
+                loss.backward()
             loss_sum += loss.detach().double()
             nonfinite += (~torch.isfinite(loss.detach())).double()
             for key, value in metrics.items():
@@ -335,6 +361,7 @@ class FSDPEngine(TrainEngine):
             self.scheduler.step()
             self._step += 1
         self.optimizer.zero_grad(set_to_none=True)
+        moe_metrics = probe.step_metrics(num_micro, self.device) if probe else {}
         if not finite and self.config.on_nan == "raise":
             raise FloatingPointError(
                 f"rank {self.rank}: non-finite {'loss' if reduced[1].item() else 'gradient norm'} "
@@ -351,6 +378,7 @@ class FSDPEngine(TrainEngine):
             "skipped": 0.0 if finite else 1.0,
         }
         result.update({k: reduced[2 + i].item() for i, k in enumerate(keys)})
+        result.update(moe_metrics)
         return result
 
     def _call_loss(

@@ -7,10 +7,10 @@ Layout of a checkpoint directory::
     <path>/extra_rank{r}.pt step, LR scheduler, optimizer step count, RNG states of rank r
     <path>/meta.json        engine, parallel layout, world size, step (written last)
 
-The integrity rules are rl-core's (`rl_core.checkpoint`), as in the fsdp engine: every
-rank writes into a staging directory; after a barrier rank 0 writes ``meta.json`` and the
-manifest (sizes and sha256 of every file, fsynced, written last) and publishes the
-directory atomically (an existing checkpoint is exchanged, never deleted first). Loading
+The integrity rules are rl-core's (`rl_core.checkpoint`), implemented for both engines
+by `rl_engines.checkpointing`: every rank writes into a staging directory; once all
+succeeded rank 0 writes ``meta.json`` and the manifest (sizes and sha256 of every file,
+fsynced, written last) and publishes the directory atomically (an existing checkpoint is exchanged, never deleted first). Loading
 verifies the manifest first: a corrupt or truncated file is named on every rank.
 ``extra_rank*.pt`` files are read with ``weights_only=True``.
 """
@@ -18,7 +18,6 @@ verifies the manifest first: a corrupt or truncated file is named on every rank.
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing
 import os
 import queue
@@ -29,26 +28,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rl_core.checkpoint import (
-    CheckpointCorruptError,
-    CheckpointError,
-    describe_write_failure,
-    discard_staging,
-    publish,
-    staging_path,
-    verify_manifest,
-    write_manifest,
+from rl_engines.checkpointing import (
+    rank_error,
+    rng_state,
+    save_staged,
+    set_rng_state,
+    verified_meta,
 )
-from rl_engines.distributed import broadcast_from_rank0
-from rl_engines.fsdp.checkpoint import rng_state, set_rng_state
 
 __all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
-
-META = "meta.json"
-
-
-def _rank_error(what: str, path: str, exc: BaseException) -> RuntimeError:
-    return RuntimeError(f"rank {dist.get_rank()}: {what} {path!r} failed: {exc}")
 
 
 def _sharded_state(chunks: list[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -103,53 +91,18 @@ def save_checkpoint(
     extra: dict[str, Any],
     meta: dict[str, Any],
 ) -> None:
-    """Collective: write model/optimizer shards and per-rank ``extra`` atomically."""
+    """Collective: write model/optimizer shards and per-rank ``extra`` atomically
+    (`rl_engines.checkpointing.save_staged`)."""
     from megatron.core import dist_checkpointing
 
-    path = os.path.abspath(path.rstrip("/"))
-    partial = str(staging_path(path))
-    rank = dist.get_rank()
-    error = None
-    if rank == 0:
-        try:
-            discard_staging(path)
-            os.makedirs(partial)
-        except OSError as exc:
-            error = f"rank 0: creating {partial!r} failed: {exc}"
-    error = broadcast_from_rank0(error)
-    if error is None:
+    def write_shards(partial: str) -> None:
         _in_process_results_queue()
-        local_error = None
-        try:
-            with _writer_processes_allowed():
-                dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
-            extra = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
-            torch.save(extra, os.path.join(partial, f"extra_rank{rank}.pt"))
-        except Exception as exc:
-            local_error = f"rank {rank}: {describe_write_failure(partial, exc)}"
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.int64)
-        flags[rank] = 0 if local_error is None else 1
-        dist.all_reduce(flags)  # which ranks failed
-        if flags.any():
-            bad = [int(r) for r in flags.nonzero().flatten()]
-            error = local_error or f"rank(s) {bad} failed to write their shards"
-        else:
-            if rank == 0:
-                try:
-                    with open(os.path.join(partial, META), "w") as f:
-                        json.dump({**meta, "world_size": dist.get_world_size()}, f, indent=1)
-                    write_manifest(partial, {"engine": meta.get("engine")})
-                    publish(partial, path)
-                except Exception as exc:
-                    error = f"rank 0: {describe_write_failure(partial, exc)}"
-            error = broadcast_from_rank0(error)
-    if error is not None:
-        if rank == 0:
-            discard_staging(path)
-        dist.barrier()
-        kept = "the previous checkpoint there is intact" if os.path.isdir(path) else "nothing"
-        raise CheckpointError(f"saving checkpoint {path!r} failed: {error} ({kept} was kept)")
-    dist.barrier()
+        with _writer_processes_allowed():
+            dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
+        data = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
+        torch.save(data, os.path.join(partial, f"extra_rank{dist.get_rank()}.pt"))
+
+    save_staged(path, write_shards, meta)
 
 
 def load_checkpoint(
@@ -159,23 +112,7 @@ def load_checkpoint(
     from megatron.core import dist_checkpointing
 
     path = os.path.abspath(path.rstrip("/"))
-    verdict = None
-    if dist.get_rank() == 0:
-        try:
-            verify_manifest(path)
-        except CheckpointCorruptError as exc:
-            verdict = json.dumps([exc.path, exc.file, exc.reason])
-    verdict = broadcast_from_rank0(verdict)
-    if verdict is not None:
-        raise CheckpointCorruptError(*json.loads(verdict))
-    meta_file = os.path.join(path, META)
-    if not os.path.isfile(meta_file):
-        raise FileNotFoundError(
-            f"rank {dist.get_rank()}: {path!r} is not a complete checkpoint (no {META}): "
-            "expected a directory written by TrainEngine.save"
-        )
-    with open(meta_file) as f:
-        meta = json.load(f)
+    meta = verified_meta(path)
     rank = dist.get_rank()
     if meta.get("world_size") != dist.get_world_size():
         raise ValueError(
@@ -197,5 +134,5 @@ def load_checkpoint(
             optim["state"][param_id] = param_state
         optimizer.load_state_dict(optim)
     except Exception as exc:
-        raise _rank_error("loading checkpoint", path, exc) from exc
+        raise rank_error("loading checkpoint", path, exc) from exc
     return extra, meta

@@ -64,7 +64,9 @@ from rl_engines.megatron.model import (
     transformer_config,
 )
 from rl_engines.megatron.parallel import ParallelState
+from rl_engines.megatron.routing import install_router_probes, routing_padding_mask
 from rl_engines.megatron.weights import Layout, export_hf_weights, load_hf_weights
+from rl_engines.moe import RouterStats
 
 __all__ = ["MegatronEngine"]
 
@@ -153,6 +155,10 @@ class MegatronEngine(TrainEngine):
         self._step = 0
         self._offloaded = False
         self._grad_groups = self._classify_params()
+        self.router_stats: RouterStats | None = None
+        if self.arch.num_experts is not None:
+            self.router_stats = RouterStats(self.arch.num_layers, self.arch.num_experts)
+            install_router_probes(self.chunks, self.router_stats)
         torch.manual_seed(config.seed + self.rank)
 
     # ---- layout -------------------------------------------------------------------
@@ -337,7 +343,13 @@ class MegatronEngine(TrainEngine):
 
         def forward_step(data_iterator, model):
             index, mb, aligned = next(data_iterator)
-            output = model(aligned.input_ids, aligned.position_ids, mask)
+            kwargs = {}
+            if self.router_stats is not None:
+                kwargs["padding_mask"] = routing_padding_mask(
+                    model, aligned.padding_mask, self.mcfg.sequence_parallel, self.layout
+                )
+                self.router_stats.skip = kwargs["padding_mask"] is None  # no real token
+            output = model(aligned.input_ids, aligned.position_ids, mask, **kwargs)
 
             def loss_func(output_tensor):
                 outs = outputs_from_logits(
@@ -394,6 +406,8 @@ class MegatronEngine(TrainEngine):
         losses: list[float] = []
         nonfinite = [0.0]
         metric_sums: dict[str, float] = {}
+        if self.router_stats is not None:
+            self.router_stats.enabled = True
 
         def on_outputs(index, outs, mb):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
@@ -408,7 +422,11 @@ class MegatronEngine(TrainEngine):
                 metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
             return loss
 
-        self._run_schedule(micro_batches, outputs, temperature, False, on_outputs)
+        try:
+            self._run_schedule(micro_batches, outputs, temperature, False, on_outputs)
+        finally:
+            if self.router_stats is not None:
+                self.router_stats.enabled = False
         self._finalize_grads()
         owner = self.is_collect_rank
         keys = self._metric_keys(sorted(metric_sums) if owner else None)
@@ -469,8 +487,9 @@ class MegatronEngine(TrainEngine):
         return names
 
     def _moe_metrics(self, num_micro: int) -> dict[str, float]:
-        """Load-balancing loss per token (summed over MoE layers, averaged over the step's
-        micro-batches), from Megatron's aux-loss tracker; then the tracker is cleared."""
+        """Load-balancing loss (summed over MoE layers, averaged over the step's
+        micro-batches and DP ranks) from Megatron's aux-loss tracker, which is then cleared;
+        and the router statistics (`rl_engines.moe`)."""
         if self.arch.num_experts is None:
             return {}
         from megatron.core.transformer.moe.moe_utils import (
@@ -488,12 +507,20 @@ class MegatronEngine(TrainEngine):
             values_all, (names, values.tolist(), self.layout.tp_rank, self.layout.dp_rank)
         )
         totals: dict[str, float] = {}
-        for ns, vs, tp_rank, dp_rank in values_all:
-            if tp_rank == 0 and dp_rank == 0:  # one copy per pipeline stage
+        sp = self.mcfg.sequence_parallel
+        for ns, vs, tp_rank, _ in values_all:
+            # sequence-parallel ranks hold partial sums of a layer's loss; otherwise TP
+            # ranks repeat it. Each pipeline stage adds its layers; DP ranks are averaged.
+            if sp or tp_rank == 0:
                 for n, v in zip(ns, vs):
-                    totals[n] = totals.get(n, 0.0) + v / num_micro
+                    totals[n] = totals.get(n, 0.0) + v / (num_micro * self.layout.dp)
         clear_aux_losses_tracker()
-        return {f"moe/{n}": v for n, v in totals.items()}
+        metrics = {f"moe/{n}": v for n, v in totals.items()}
+        # every rank's tokens count once: TP ranks hold the same tokens unless sequence
+        # parallel splits them; pipeline stages hold different layers
+        contributes = self.mcfg.sequence_parallel or self.layout.tp_rank == 0
+        metrics.update(self.router_stats.metrics(contributes, self.device))
+        return metrics
 
     # ---- inference ----------------------------------------------------------------
     @torch.no_grad()
@@ -563,6 +590,7 @@ class MegatronEngine(TrainEngine):
             "engine": "megatron",
             "step": self._step,
             "value_model": self.value_model,
+            "hf_config": self.hf_config.to_dict(),  # for offline export (`offline`)
             "parallel": {
                 "tp": self.layout.tp,
                 "pp": self.layout.pp,
@@ -572,6 +600,14 @@ class MegatronEngine(TrainEngine):
             },
         }
         ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta)
+
+    @classmethod
+    def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
+        """Offline, one process: the checkpoint's full weights under Hugging Face names,
+        whatever TP/PP/EP layout saved it (`rl_engines.megatron.offline`)."""
+        from rl_engines.megatron.offline import read_hf_weights
+
+        return read_hf_weights(path)
 
     def load(self, path: str) -> None:
         self._require_onloaded("load")

@@ -30,6 +30,7 @@ class AlignedBatch:
     labels: Tensor  # [K] the response token ids
     valid: Tensor  # [n, R] bool, response tokens that are real (n real rows)
     num_rows: int
+    padding_mask: Tensor  # [b, s] bool, True at padding (excluded from MoE routing statistics)
 
 
 def causal_mask(seq_len: int, device: torch.device) -> Tensor:
@@ -59,6 +60,9 @@ def align_micro_batch(tensors: dict[str, Tensor], rows: int, seq_len: int) -> Al
     src = new_col[:, total - resp_len - 1 : total - 1]  # predicts response column j
     valid = mask[:, total - resp_len :] & mask[:, total - resp_len - 1 : total - 1]
     rows_idx = torch.arange(n, device=ids.device).unsqueeze(1).expand(n, resp_len)
+    padding = torch.ones(rows, seq_len, dtype=torch.bool, device=ids.device)
+    lengths = mask.sum(-1, keepdim=True)
+    padding[:n] = torch.arange(seq_len, device=ids.device).unsqueeze(0) >= lengths
     positions = torch.arange(seq_len, device=ids.device).unsqueeze(0).expand(rows, seq_len)
     return AlignedBatch(
         input_ids=out_ids,
@@ -68,6 +72,7 @@ def align_micro_batch(tensors: dict[str, Tensor], rows: int, seq_len: int) -> Al
         labels=tensors["responses"][valid],
         valid=valid,
         num_rows=n,
+        padding_mask=padding,
     )
 
 
