@@ -213,6 +213,16 @@ def build(session: nox.Session) -> None:
         )
 
 
+@nox.session(name="min-versions", python="3.11")
+def min_versions(session: nox.Session) -> None:
+    """Every package's sdist and wheel (built from the sdist), each installed into a clean
+    venv with only its declared dependencies at the lowest versions their ranges allow
+    (siblings too; torch stays at uv.lock's version, hard-linked from uv's cache), then
+    imported and smoke-tested; see tools/min_versions.py."""
+    work = Path(session.create_tmp()) / "min-versions"
+    session.run("python", "tools/min_versions.py", "--work", str(work), *session.posargs)
+
+
 nox.options.sessions = [
     "lint",
     "lock",
@@ -225,4 +235,5 @@ nox.options.sessions = [
     "tests-faults",  # fault injection, budget ~4 minutes on 2 CPUs
     "third-party-engine",  # 32 conformance cases, one process: 12 min on the loaded shared dev box
     "build",
+    "min-versions",  # 4 min on the loaded 2-CPU dev box (load 4), warm uv cache
 ]

@@ -64,7 +64,8 @@ def _canonical(name: str) -> str:
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+    parts = [int(p) for p in re.findall(r"\d+", text)[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 # ---------------------------------------------------------------- requirements of a wheel
@@ -216,7 +217,7 @@ def locked_torch_pins() -> list[str]:
 # ---------------------------------------------------------------- one leg
 def run_leg(dist: str, wheels: dict[str, Path], work: Path, pins: Path) -> float:
     start = time.perf_counter()
-    directory, extras = LEGS[dist]
+    extras = LEGS[dist][1]
     siblings, third_party = closure(dist, set(extras), wheels)
     venv = work / f"venv-{dist}"
     _run(["uv", "venv", "-q", "--clear", "--python", "3.11", str(venv)])
@@ -226,9 +227,7 @@ def run_leg(dist: str, wheels: dict[str, Path], work: Path, pins: Path) -> float
         if name == dist:
             wheel = wheels[name]
         else:
-            spec = next(
-                (s for d in siblings if (s := sibling_spec(d, name, wheels))), ""
-            )
+            spec = next((s for d in siblings if (s := sibling_spec(d, name, wheels))), "")
             wheel = sibling_wheel(name, spec, wheels, work)
         suffix = f"[{','.join(sorted(wanted))}]" if wanted else ""
         targets.append(f"{name}{suffix} @ {wheel.resolve().as_uri()}")
@@ -242,9 +241,7 @@ def run_leg(dist: str, wheels: dict[str, Path], work: Path, pins: Path) -> float
     ])  # fmt: skip
     names = [split_requirement(r)[0] for r in third_party]
     freeze = _run(["uv", "pip", "freeze", "--python", python], capture_output=True).stdout
-    chosen = [
-        line for line in freeze.splitlines() if _canonical(line.split("==")[0]) in names
-    ]
+    chosen = [line for line in freeze.splitlines() if _canonical(line.split("==")[0]) in names]
     print("   installed: " + ", ".join(chosen), flush=True)
     _run([python, str(Path(__file__).resolve()), "--smoke", dist], cwd=work)
     took = time.perf_counter() - start
@@ -287,7 +284,7 @@ def _smoke_rl_rollout() -> None:
     from rl_core.rollout import ROLLOUTS
 
     ROLLOUTS.get("hf")  # imports the HF backend: transformers, pillow
-    import rl_rollout.agent_loop.tool_loop  # noqa: F401  (jsonschema)
+    import rl_rollout.agent_loop.tool_loop
 
     assert rl_rollout.__version__
 
@@ -373,9 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         for name in LEGS:  # sdist, then the wheel from the sdist (uv build's default)
             _run(["uv", "build", "-q", "--out-dir", str(dist), str(ROOT / LEGS[name][0])])
-        wheels = {
-            name: next(dist.glob(f"{name.replace('-', '_')}-*.whl")) for name in LEGS
-        }
+        wheels = {name: next(dist.glob(f"{name.replace('-', '_')}-*.whl")) for name in LEGS}
         pins = work / "torch-pins.txt"
         pins.write_text("\n".join(locked_torch_pins()) + "\n")
         print(f"built {len(wheels)} wheels and sdists in {time.perf_counter() - start:.0f} s")
