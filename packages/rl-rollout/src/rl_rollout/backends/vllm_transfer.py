@@ -22,17 +22,12 @@ from typing import Any
 
 from torch import Tensor
 
+from rl_core.single_controller.host import find_free_port
 from rl_rollout.weight_sync import SyncStats, WeightSyncError, _wait_all
 
 __all__ = ["VLLMNcclSender"]
 
 _GROUPS: dict[tuple[str, int], Any] = {}  # (address, port) -> the trainer's communicator
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -43,7 +38,7 @@ class VLLMNcclSender:
     tensor_parallel_size: int
     timeout_s: float = 600.0
     master_address: str = field(default_factory=lambda: socket.gethostbyname(socket.gethostname()))
-    master_port: int = field(default_factory=_free_port)
+    master_port: int = field(default_factory=find_free_port)
 
     def _group(self) -> Any:
         key = (self.master_address, self.master_port)
