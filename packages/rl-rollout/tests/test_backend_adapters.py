@@ -168,7 +168,9 @@ def test_server_options_name_the_key_the_value_and_the_expectation(key, value, e
     from rl_rollout.backends.options import SGLangOptions, VLLMOptions
 
     config = RolloutConfig(model_path="/m", engine_kwargs={key: value})
-    pattern = rf"RolloutConfig\.engine_kwargs\['{key}'\]={value!r} is invalid: expected .*{expected}"
+    pattern = (
+        rf"RolloutConfig\.engine_kwargs\['{key}'\]={value!r} is invalid: expected .*{expected}"
+    )
     with pytest.raises(ValueError, match=pattern):
         vllm_engine_args(config, False)
     if key != "weight_transfer":

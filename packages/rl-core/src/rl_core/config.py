@@ -48,7 +48,9 @@ def dataclass_from_dict(cls: type[T], data: Any, where: str) -> T:
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
-        raise ValueError(f"{where}={data!r} is invalid: expected a mapping of {cls.__name__} fields")
+        raise ValueError(
+            f"{where}={data!r} is invalid: expected a mapping of {cls.__name__} fields"
+        )
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(str(k) for k in set(data) - set(fields))
     if unknown:

@@ -29,6 +29,7 @@ from rl_rollout.weight_sync import RayPoolSender
 
 __all__ = ["AgentLoopGenerator", "manager_config_from_dict"]
 
+
 def manager_config_from_dict(data: Mapping[str, Any]) -> RolloutManagerConfig:
     """Build and validate a `RolloutManagerConfig` from nested plain mappings."""
     data = dict(data)
