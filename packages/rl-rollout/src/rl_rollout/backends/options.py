@@ -19,6 +19,7 @@ __all__ = ["SGLangOptions", "VLLMOptions"]
 
 OptionsT = TypeVar("OptionsT", bound="_ServerOptions")
 WEIGHT_TRANSFERS = ("auto", "ipc", "nccl", "files")
+SGLANG_WEIGHT_TRANSFERS = ("auto", "nccl")
 
 
 @dataclass(frozen=True)
@@ -90,4 +91,14 @@ class VLLMOptions(_ServerOptions):
 
 @dataclass(frozen=True)
 class SGLangOptions(_ServerOptions):
-    """The sglang backend's options (see `_ServerOptions`)."""
+    """The sglang backend's options; ``weight_transfer``: ``auto`` (tensors in process,
+    ``update_weights_from_tensor``) or ``nccl`` (a split pool receives the trainer's
+    broadcasts)."""
+
+    weight_transfer: str = "auto"
+
+    def validate(self) -> SGLangOptions:
+        super().validate()
+        if self.weight_transfer not in SGLANG_WEIGHT_TRANSFERS:
+            raise self._bad("weight_transfer", f"one of {SGLANG_WEIGHT_TRANSFERS}")
+        return self

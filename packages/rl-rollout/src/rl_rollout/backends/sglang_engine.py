@@ -13,9 +13,11 @@ with truncation active it differs from the ``vllm``/``hf`` backends (documented 
 Weights update in place, one session per sync (``begin_weight_update`` ->
 buckets -> ``end_weight_update``, required since SGLang 0.5.21), in whole-layer buckets
 (`rl_core.engine.iter_layer_buckets`): colocated with ``update_weights_from_tensor`` (the
-tensors travel by torch multiprocessing handles, CUDA IPC on GPUs); split with
-``update_weights_from_distributed`` after `init_weights_update_group` (the trainer
-broadcasts each bucket over NCCL, `receive_distributed` loads it). Requests in flight are
+tensors travel by torch multiprocessing handles, CUDA IPC on GPUs); split (with
+``engine_kwargs={"weight_transfer": "nccl"}``) with ``update_weights_from_distributed``
+after ``init_weights_update_group``: the trainer's rank 0 broadcasts each bucket over NCCL
+(`rl_rollout.backends.nccl_transfer.NcclPoolSender`, the receiver protocol shared with the
+``vllm`` backend). Requests in flight are
 aborted by the update (SGLang retracts them); `sleep` releases the
 KV cache and weights (``release_memory_occupation``, needs ``enable_memory_saver``, set
 here), `wake_up` resumes them; `reset_prefix_cache` flushes the radix cache.
@@ -27,8 +29,9 @@ ignored and a warning says so once.
 Backend options (``RolloutConfig.engine_kwargs``, typed as `SGLangOptions`):
 ``gpu_memory_utilization`` (default 0.5; SGLang's ``mem_fraction_static``), ``enforce_eager``
 (True; ``disable_cuda_graph``), ``enable_prefix_caching`` (True; the radix cache),
-``weight_bucket_bytes`` (default 512 MiB), ``update_timeout_s`` (default 600); every other key
-goes to `sglang.Engine`.
+``weight_bucket_bytes`` (default 512 MiB), ``update_timeout_s`` (default 600),
+``weight_transfer`` (``"nccl"``: the split pool receives broadcasts; ``"auto"``: tensors in
+process); every other key goes to `sglang.Engine`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, Samp
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
+from rl_rollout.backends.nccl_transfer import GROUP_NAME
 from rl_rollout.backends.options import SGLangOptions
 
 __all__ = [
@@ -56,7 +60,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _SEED_LIMIT = 2**63
-_GROUP = "rl_weight_sync"
 
 
 def sglang_engine_kwargs(config: RolloutConfig) -> dict[str, Any]:
@@ -149,6 +152,7 @@ class SGLangRolloutEngine(RolloutEngine):
         self._placeholders = placeholder_token_ids(model_config.hf_config)
         self._in_flight: dict[str, list[str]] = {}
         self.weight_version = 0
+        self._transfer_ready = False
         self._closed = False
 
     @property
@@ -258,48 +262,58 @@ class SGLangRolloutEngine(RolloutEngine):
         self.weight_version = self.weight_version + 1 if version is None else version
         await self.reset_prefix_cache()
 
-    async def init_weights_update_group(
+    # -- split placement over NCCL: the trainer's rank 0 broadcasts (rl_rollout.backends.
+    #    nccl_transfer.NcclPoolSender drives these through the replica actor) -----------
+
+    async def init_nccl_weight_transfer(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int
     ) -> None:
-        """Split placement: join the trainer's broadcast group (the trainer is rank 0)."""
+        """Join the trainer's broadcast group (the trainer is rank 0, this engine's TP
+        workers from ``rank_offset``); the trainer joins concurrently."""
         from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
 
         request = InitWeightsUpdateGroupReqInput(
             master_address=master_address,
-            master_port=master_port,
-            rank_offset=rank_offset,
-            world_size=world_size,
-            group_name=_GROUP,
+            master_port=int(master_port),
+            rank_offset=int(rank_offset),
+            world_size=int(world_size),
+            group_name=GROUP_NAME,
             backend="nccl",
         )
         await self._checked(
             "init_weights_update_group", self._tm.init_weights_update_group(request, None)
         )
+        self._transfer_ready = True
 
-    async def receive_distributed(
-        self, metadata: Iterable[list[tuple[str, str, list[int]]]], version: int | None = None
-    ) -> None:
-        """Split placement: one session, one ``update_weights_from_distributed`` per bucket
-        of (name, dtype, shape); the trainer broadcasts the tensors concurrently."""
+    async def begin_nccl_update(self) -> None:
+        """Open one update session (``begin_weight_update``); SGLang aborts the
+        requests in flight (retracts them) for the update."""
+        if not self._transfer_ready:
+            raise RuntimeError("begin_nccl_update: call init_nccl_weight_transfer first")
+        await self._session("begin_weight_update")
+
+    async def receive_nccl_bucket(self, names: list[str], dtypes: list[str], shapes: list) -> None:
+        """Receive one bucket the trainer broadcasts now, tensor by tensor in this order."""
         from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
 
-        await self._session("begin_weight_update")
-        try:
-            for bucket in metadata:
-                request = UpdateWeightsFromDistributedReqInput(
-                    names=[m[0] for m in bucket],
-                    dtypes=[m[1] for m in bucket],
-                    shapes=[list(m[2]) for m in bucket],
-                    group_name=_GROUP,
-                    flush_cache=False,
-                )
-                await self._checked(
-                    "update_weights_from_distributed",
-                    self._tm.update_weights_from_distributed(request, None),
-                )
-        finally:
-            await self._session("end_weight_update")
-        self.weight_version = self.weight_version + 1 if version is None else version
+        request = UpdateWeightsFromDistributedReqInput(
+            names=list(names),
+            dtypes=list(dtypes),
+            shapes=[list(shape) for shape in shapes],
+            group_name=GROUP_NAME,
+            flush_cache=False,
+        )
+        await self._checked(
+            "update_weights_from_distributed",
+            self._tm.update_weights_from_distributed(request, None),
+        )
+
+    async def finish_nccl_update(self, version: int | None = None) -> None:
+        """Close the session, record ``version`` (None: a failed sync keeps the old
+        version) and flush the radix cache."""
+        await self._session("end_weight_update")
+        if version is not None:
+            self.weight_version = version
         await self.reset_prefix_cache()
 
     async def sleep(self, level: int = 1) -> None:
