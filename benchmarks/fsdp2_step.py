@@ -270,9 +270,10 @@ def mfu(steps: int, packed: bool) -> str:
     variants = [("engine", {})]
     if packed:
         variants.append(("engine, packed", {"use_remove_padding": True}))
-    for label, model_extra in variants:
+    for label, engine_kwargs in variants:
         config = {
-            "model": {"config": shape, "compute_dtype": "bfloat16", **model_extra},
+            "model": {"config": shape, "compute_dtype": "bfloat16"},
+            "engine_kwargs": engine_kwargs,
             "optim": OPTIM,
             "micro_batch": {"micro_batch_size": micro},
         }

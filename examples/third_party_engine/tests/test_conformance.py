@@ -9,7 +9,7 @@ from rl_core.testing.train_engine import TrainEngineConformance
 
 class TestTinyHFEngine(TrainEngineConformance):
     engine_name = "tiny-hf"  # found through the entry point of the installed distribution
-    engine_options = {"model": {"attn_implementation": "eager"}}
+    engine_options = {"engine_kwargs": {"attn_implementation": "eager"}}
     distributed = False  # one process: no data parallelism, no resharding claimed
 
     @pytest.fixture(scope="class", params=[1], ids=lambda n: f"world{n}")

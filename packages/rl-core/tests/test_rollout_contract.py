@@ -82,7 +82,6 @@ def test_rollout_config_validation():
         ("dtype", "fp32"),
         ("tensor_parallel_size", 0),
         ("max_model_len", 1),
-        ("gpu_memory_utilization", 0.0),
         ("max_num_seqs", 0),
         ("engine_kwargs", None),
     ]:

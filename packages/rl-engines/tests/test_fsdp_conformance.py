@@ -12,7 +12,7 @@ from rl_core.testing.train_engine import TrainEngineConformance
 @pytest.mark.slow
 class TestFSDPConformance(TrainEngineConformance):
     engine_name = "fsdp"
-    engine_options = {"model": {"use_remove_padding": False}}
+    engine_options = {"engine_kwargs": {"use_remove_padding": False}}
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ class TestFSDPPackedConformance(TrainEngineConformance):
     """Padding-free packing on sdpa (block-diagonal mask from position ids)."""
 
     engine_name = "fsdp"
-    engine_options = {"model": {"use_remove_padding": True}}
+    engine_options = {"engine_kwargs": {"use_remove_padding": True}}
 
     @pytest.fixture(scope="class", params=[2], ids=lambda n: f"world{n}")
     @classmethod

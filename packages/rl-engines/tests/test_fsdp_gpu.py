@@ -102,7 +102,9 @@ def test_flash_attention_varlen_packing_matches_padded_sdpa(model_dir):
     padded = build_engine("fsdp", engine_config(model_dir, options))
     packed = build_engine(
         "fsdp",
-        engine_config(model_dir, options, model={"attn_implementation": "flash_attention_2"}),
+        engine_config(
+            model_dir, options, engine_kwargs={"attn_implementation": "flash_attention_2"}
+        ),
     )
     assert packed.packed and not padded.packed
     batch = make_rl_batch()

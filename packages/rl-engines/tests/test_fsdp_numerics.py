@@ -40,7 +40,7 @@ CASES = {
     "micro": {"micro_batch": {"micro_batch_size": 1}},
     "tokens-packed": {
         "micro_batch": {"max_tokens_per_micro_batch": 24},
-        "model": {"use_remove_padding": True},
+        "engine_kwargs": {"use_remove_padding": True},
     },
     "checkpointing": {"parallel": {"activation_checkpointing": True}},
     "no-reshard": {"parallel": {"reshard_after_forward": False}},

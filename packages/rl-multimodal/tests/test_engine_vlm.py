@@ -17,12 +17,13 @@ from rl_core.testing.train_engine import pg_loss
 ARCHS = ("qwen2_5_vl", "qwen2_vl")
 
 
-def _engine(model_dir: str, **model):
+def _engine(model_dir: str, packed: bool = False, **model):
     return build_engine(
         "fsdp",
         EngineConfig.from_dict(
             {
-                "model": {"path": model_dir, "use_remove_padding": False, **model},
+                "model": {"path": model_dir, **model},
+                "engine_kwargs": {"use_remove_padding": packed},
                 "optim": {"lr": 1e-2, "weight_decay": 0.1, "grad_clip": None},
                 "micro_batch": {"max_tokens_per_micro_batch": 160},  # reorders rows
                 "timeout_s": 120.0,
@@ -109,6 +110,6 @@ def test_text_only_model_rejects_freeze_vision_tower(tmp_path):
 
 def test_packed_layout_with_images_is_a_clear_error(vlm_dirs):
     batch = vlm_rl_batch(vlm_dirs["qwen2_5_vl"], num_seqs=2, response_len=3)
-    engine = _engine(vlm_dirs["qwen2_5_vl"], use_remove_padding=True)
+    engine = _engine(vlm_dirs["qwen2_5_vl"], packed=True)
     with pytest.raises(ValueError, match="use_remove_padding=False"):
         engine.infer_batch(batch)

@@ -33,9 +33,12 @@ def test_vllm_engine_args_from_rollout_config():
         tensor_parallel_size=2,
         max_model_len=1024,
         seed=7,
-        gpu_memory_utilization=0.6,
         max_num_seqs=64,
-        engine_kwargs={"weight_bucket_bytes": 1 << 20, "kv_cache_dtype": "fp8"},
+        engine_kwargs={
+            "gpu_memory_utilization": 0.6,
+            "weight_bucket_bytes": 1 << 20,
+            "kv_cache_dtype": "fp8",
+        },
     )
     args = vllm_engine_args(config, sleep_mode_available=True)
     assert args["model"] == "/m" and args["skip_tokenizer_init"] is True
@@ -131,9 +134,12 @@ def test_sglang_engine_kwargs_from_rollout_config():
         backend="sglang",
         tensor_parallel_size=4,
         max_model_len=2048,
-        enable_prefix_caching=False,
-        enforce_eager=False,
-        engine_kwargs={"update_timeout_s": 5, "attention_backend": "fa3"},
+        engine_kwargs={
+            "enable_prefix_caching": False,
+            "enforce_eager": False,
+            "update_timeout_s": 5,
+            "attention_backend": "fa3",
+        },
     )
     kw = sglang_engine_kwargs(config)
     assert kw["model_path"] == "/m" and kw["skip_tokenizer_init"] is True
@@ -141,7 +147,40 @@ def test_sglang_engine_kwargs_from_rollout_config():
     assert kw["disable_radix_cache"] is True and kw["disable_cuda_graph"] is False
     assert kw["enable_memory_saver"] is True and kw["random_seed"] == 0
     assert kw["attention_backend"] == "fa3" and "update_timeout_s" not in kw
-    assert "context_length" not in sglang_engine_kwargs(RolloutConfig(model_path="/m"))
+    default = sglang_engine_kwargs(RolloutConfig(model_path="/m"))
+    assert "context_length" not in default and default["mem_fraction_static"] == 0.5
+    assert default["disable_cuda_graph"] is True and default["disable_radix_cache"] is False
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("gpu_memory_utilization", 0.0, r"a number in \(0, 1\]"),
+        ("gpu_memory_utilization", "0.5", r"a number in \(0, 1\]"),
+        ("enforce_eager", "yes", "true or false"),
+        ("enable_prefix_caching", 1, "true or false"),
+        ("weight_bucket_bytes", 0, "bytes >= 1"),
+        ("update_timeout_s", -1, "seconds > 0"),
+        ("weight_transfer", "rdma", "one of"),
+    ],
+)
+def test_server_options_name_the_key_the_value_and_the_expectation(key, value, expected):
+    from rl_rollout.backends.options import SGLangOptions, VLLMOptions
+
+    config = RolloutConfig(model_path="/m", engine_kwargs={key: value})
+    pattern = (
+        rf"RolloutConfig\.engine_kwargs\['{key}'\]={value!r} is invalid: expected .*{expected}"
+    )
+    with pytest.raises(ValueError, match=pattern):
+        vllm_engine_args(config, False)
+    with pytest.raises(ValueError, match=pattern):
+        sglang_engine_kwargs(config)
+    assert VLLMOptions.from_kwargs({}).gpu_memory_utilization == 0.5
+    # our own options never reach the libraries; theirs pass through untouched
+    sglang = SGLangOptions.from_kwargs({"weight_transfer": "nccl", "attention_backend": "fa3"})
+    assert sglang.weight_transfer == "nccl" and sglang.engine_args == {"attention_backend": "fa3"}
+    with pytest.raises(ValueError, match=r"'weight_transfer'\]='ipc' is invalid: expected one of"):
+        SGLangOptions.from_kwargs({"weight_transfer": "ipc"})
 
 
 def test_sglang_sampling_params_per_sample():

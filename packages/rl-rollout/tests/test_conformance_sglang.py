@@ -16,8 +16,10 @@ class TestSGLang(RolloutEngineConformance):
     backend = "sglang"
     config_overrides = {
         "dtype": "float32",
-        "gpu_memory_utilization": 0.3,
-        "engine_kwargs": {"enable_deterministic_inference": True},  # honours request seeds
+        "engine_kwargs": {
+            "gpu_memory_utilization": 0.3,
+            "enable_deterministic_inference": True,  # honours request seeds
+        },
     }
     logprob_atol = 5e-3
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from rl_core.checkpoint import (
     verify_manifest,
     write_manifest,
 )
+from rl_core.config import dataclass_from_dict
 from rl_core.engine import (
     INFER_KEYS,
     TRAIN_KEYS,
@@ -42,6 +44,25 @@ from rl_core.protocol import DataProto
 _STATE = "state.pt"
 
 
+@dataclass(frozen=True)
+class TinyHFOptions:
+    """This engine's own options (``EngineConfig.engine_kwargs``): the Hugging Face
+    attention kernel."""
+
+    attn_implementation: str = "sdpa"
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> TinyHFOptions:
+        options = dataclass_from_dict(cls, kwargs, "EngineConfig.engine_kwargs (tiny-hf)")
+        if not isinstance(options.attn_implementation, str) or not options.attn_implementation:
+            raise ValueError(
+                f"EngineConfig.engine_kwargs.attn_implementation="
+                f"{options.attn_implementation!r} is invalid: expected a Hugging Face kernel "
+                "name, e.g. 'sdpa' or 'eager'"
+            )
+        return options
+
+
 class TinyHFEngine(TrainEngine):
     """A Hugging Face causal LM (or 1-label token-classification value model) trained in
     this process; `dp_size` is 1."""
@@ -50,6 +71,7 @@ class TinyHFEngine(TrainEngine):
         from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
         self.config = config.validate()
+        self.options = TinyHFOptions.from_kwargs(config.engine_kwargs)
         model_cfg = config.model
         if model_cfg.path is None or not os.path.isdir(model_cfg.path):
             raise FileNotFoundError(
@@ -62,7 +84,7 @@ class TinyHFEngine(TrainEngine):
         self.model = auto.from_pretrained(
             model_cfg.path,
             dtype=getattr(torch, model_cfg.dtype),
-            attn_implementation=model_cfg.attn_implementation,
+            attn_implementation=self.options.attn_implementation,
         ).to(self._device)
         self.value_model = model_cfg.value_head
         self.tied = bool(getattr(self.model.config, "tie_word_embeddings", False))

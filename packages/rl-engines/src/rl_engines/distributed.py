@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rl_core.platform import get_platform
+from rl_core.single_controller.host import find_free_port
 
 __all__ = [
     "all_reduce",
@@ -36,12 +37,6 @@ def local_device() -> torch.device:
     return get_platform().process_device()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ensure_process_group(backend: str, timeout_s: float) -> None:
     """Join the default process group if this process has none yet.
 
@@ -62,7 +57,7 @@ def ensure_process_group(backend: str, timeout_s: float) -> None:
         return
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        init_method=f"tcp://127.0.0.1:{find_free_port()}",
         rank=0,
         world_size=1,
         timeout=timeout,

@@ -15,35 +15,19 @@ that in-process engine; otherwise it starts ``num_replicas`` replicas itself.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch import Tensor
 
+from rl_core.config import dataclass_from_dict
 from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
 from rl_core.protocol import DataProto
-from rl_core.rollout import RolloutConfig, RolloutEngine, SamplingParams, SequenceGenerator
-from rl_rollout.agent_loop.base import AgentLoopConfig
+from rl_core.rollout import RolloutConfig, RolloutEngine, SequenceGenerator
 from rl_rollout.manager import RolloutManager, RolloutManagerConfig
 from rl_rollout.weight_sync import RayPoolSender
 
 __all__ = ["AgentLoopGenerator", "manager_config_from_dict"]
-
-_NESTED = {"rollout": RolloutConfig, "loop": AgentLoopConfig, "sampling": SamplingParams}
-
-
-def _dataclass_from_dict(cls: type, data: Mapping[str, Any], where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise TypeError(f"{where}: expected a mapping of {cls.__name__} fields, got {data!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
-    kwargs = dict(data)
-    if cls is SamplingParams and "stop_token_ids" in kwargs:
-        kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
-    return cls(**kwargs)
 
 
 def manager_config_from_dict(data: Mapping[str, Any]) -> RolloutManagerConfig:
@@ -51,10 +35,10 @@ def manager_config_from_dict(data: Mapping[str, Any]) -> RolloutManagerConfig:
     data = dict(data)
     if "rollout" not in data:
         raise ValueError("rollout config: missing key 'rollout' (the RolloutConfig of the engines)")
-    for key, cls in _NESTED.items():
-        if key in data and not isinstance(data[key], cls):
-            data[key] = _dataclass_from_dict(cls, data[key], f"rollout config '{key}'")
-    return _dataclass_from_dict(RolloutManagerConfig, data, "rollout config").validate()
+    sampling = data.get("sampling")
+    if isinstance(sampling, Mapping) and "stop_token_ids" in sampling:
+        data["sampling"] = {**sampling, "stop_token_ids": tuple(sampling["stop_token_ids"])}
+    return dataclass_from_dict(RolloutManagerConfig, data, "rollout config").validate()
 
 
 class AgentLoopGenerator(SequenceGenerator):

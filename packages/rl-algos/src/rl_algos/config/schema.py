@@ -61,7 +61,9 @@ class ModelConfig:
     the rollout's own dtype is `rollout.dtype`); attn_implementation: the Hugging Face
     attention kernel ("auto": the platform's preferred one, e.g. flash_attention_2 where
     flash-attn is installed); use_remove_padding: padding-free packing (null: when the
-    attention kernel is a varlen one); freeze_vision_tower: a vision-language model's
+    attention kernel is a varlen one); both are options of the fsdp engine: when set
+    (not "auto"/null) they go into every role's `engine_kwargs` (a role's own
+    `engine_kwargs` wins); freeze_vision_tower: a vision-language model's
     vision encoder is not trained.
     lora: train low-rank adapters instead of all weights (rank, alpha, target_modules,
     dropout); the reference policy is then the same model with its adapters disabled.
@@ -214,7 +216,9 @@ class RolloutConfig:
     val_n: int = 1
     stop_token_ids: list[int] = field(default_factory=list)
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float | None = None
+    """vLLM/SGLang: the accelerator memory fraction; set, it goes into `engine_kwargs`
+    (null: the backend's default, 0.5)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 5
     max_parallel_calls: int = 1
@@ -257,10 +261,10 @@ class RolloutConfig:
         check_field(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
         check_field(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "-1 (off) or >= 1")
         check_field(
-            0 < self.gpu_memory_utilization <= 1,
+            self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
             "gpu_memory_utilization",
             self.gpu_memory_utilization,
-            "in (0, 1]",
+            "null (the backend's default) or in (0, 1]",
         )
 
 

@@ -97,8 +97,20 @@ def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: in
         "seed": cfg.trainer.seed,
         "on_nan": role.on_nan,
         "timeout_s": cfg.trainer.call_timeout_s,
-        "engine_kwargs": dict(getattr(role, "engine_kwargs", None) or {}),
+        "engine_kwargs": _engine_kwargs(cfg, getattr(role, "engine_kwargs", None)),
     }
+
+
+def _engine_kwargs(cfg: Any, role_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """A role's engine options: `model.attn_implementation` / `model.use_remove_padding`
+    when set (options of the fsdp engine), then the role's own `engine_kwargs`."""
+    model = cfg.model
+    kwargs: dict[str, Any] = {}
+    if model.attn_implementation != "auto":
+        kwargs["attn_implementation"] = model.attn_implementation
+    if model.use_remove_padding is not None:
+        kwargs["use_remove_padding"] = model.use_remove_padding
+    return {**kwargs, **dict(role_kwargs or {})}
 
 
 def _lora(cfg: Any) -> dict[str, Any] | None:
@@ -107,16 +119,9 @@ def _lora(cfg: Any) -> dict[str, Any] | None:
 
 
 def _model_fields(cfg: Any, path: str, **extra: Any) -> dict[str, Any]:
-    """The engine's ModelConfig from the `model` section (precision, attention, packing)."""
+    """The engine's ModelConfig from the `model` section (path and precision)."""
     model = cfg.model
-    return {
-        "path": path,
-        "dtype": model.dtype,
-        "compute_dtype": model.compute_dtype,
-        "attn_implementation": model.attn_implementation,
-        "use_remove_padding": model.use_remove_padding,
-        **extra,
-    }
+    return {"path": path, "dtype": model.dtype, "compute_dtype": model.compute_dtype, **extra}
 
 
 def _inference_only(engine_config: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +182,15 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     }
 
 
+def _rollout_kwargs(rollout: Any) -> dict[str, Any]:
+    """The rollout backend's options: `rollout.gpu_memory_utilization` when set (vLLM,
+    SGLang), then `rollout.engine_kwargs` (which wins)."""
+    kwargs: dict[str, Any] = {}
+    if rollout.gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = rollout.gpu_memory_utilization
+    return {**kwargs, **dict(rollout.engine_kwargs)}
+
+
 def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
     """The sequence generator's config mapping: local (one engine inside each actor
     worker) for the colocated placement, a Ray rollout pool for split, servers for remote."""
@@ -189,8 +203,7 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
             "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
             "seed": cfg.trainer.seed,
             "tensor_parallel_size": rollout.tensor_parallel_size,
-            "gpu_memory_utilization": rollout.gpu_memory_utilization,
-            "engine_kwargs": dict(rollout.engine_kwargs),
+            "engine_kwargs": _rollout_kwargs(rollout),
         },
         "mode": "local",
         "agent_loop": rollout.agent_loop,
@@ -249,6 +262,7 @@ def reward_model_worker_config(cfg: Any) -> dict[str, Any]:
     model = _model_fields(cfg, cfg.reward.model_path, value_head=True)
     engine_config = {"model": model, "seed": cfg.trainer.seed}
     engine_config["timeout_s"] = cfg.trainer.call_timeout_s
+    engine_config["engine_kwargs"] = _engine_kwargs(cfg, None)
     return {"engine": cfg.reward.model_engine, "engine_config": _inference_only(engine_config)}
 
 

@@ -12,6 +12,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rl_core.config import dataclass_from_dict
+from rl_core.config import is_int as _is_int
+from rl_core.config import is_real as _is_real
+
 __all__ = [
     "EngineConfig",
     "LoRAConfig",
@@ -24,14 +28,6 @@ __all__ = [
 DTYPES = ("float32", "bfloat16", "float16")
 LR_SCHEDULES = ("constant", "cosine")
 ON_NAN = ("raise", "skip")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _bad(obj: Any, name: str, expected: str) -> ValueError:
@@ -86,8 +82,9 @@ class ModelConfig:
     ``dtype`` is the dtype of the master weights and optimizer state; ``compute_dtype`` the
     dtype forward/backward run in ("auto": bfloat16 on accelerators, float32 on CPU);
     gradients are reduced in ``reduce_dtype``. ``value_head`` builds a value model (a scalar
-    head per token) instead of a causal LM. ``use_remove_padding`` packs the real tokens of
-    a micro-batch into one row (None: only when a varlen attention kernel is available).
+    head per token) instead of a causal LM: the role of the model (critic, reward model),
+    which every engine honours. How a backend runs the model (attention kernel, padding
+    removal, ...) is its own option, in ``EngineConfig.engine_kwargs``.
     ``override_config`` updates the Hugging Face config before the model is built.
     ``freeze_vision_tower`` keeps a vision-language model's vision encoder fixed (no
     gradients, not in the optimizer); False trains it with the rest.
@@ -100,8 +97,6 @@ class ModelConfig:
     reduce_dtype: str = "float32"
     trust_remote_code: bool = False
     value_head: bool = False
-    attn_implementation: str = "sdpa"
-    use_remove_padding: bool | None = None
     override_config: dict[str, Any] = field(default_factory=dict)
     freeze_vision_tower: bool = False
     lora: LoRAConfig | None = None
@@ -124,16 +119,12 @@ class ModelConfig:
             raise _bad(self, "compute_dtype", f"'auto' or one of {DTYPES}")
         if self.reduce_dtype not in DTYPES:
             raise _bad(self, "reduce_dtype", f"one of {DTYPES}")
-        if not isinstance(self.attn_implementation, str) or not self.attn_implementation:
-            raise _bad(self, "attn_implementation", "e.g. 'sdpa', 'eager', 'flash_attention_2'")
-        if self.use_remove_padding not in (None, True, False):
-            raise _bad(self, "use_remove_padding", "None (auto), True or False")
         if not isinstance(self.override_config, dict):
             raise _bad(self, "override_config", "a dict of Hugging Face config fields")
         if not isinstance(self.freeze_vision_tower, bool):
             raise _bad(self, "freeze_vision_tower", "True or False")
         if isinstance(self.lora, dict):
-            self.lora = _from_dict(LoRAConfig, self.lora, "ModelConfig.lora")
+            self.lora = dataclass_from_dict(LoRAConfig, self.lora, "ModelConfig.lora")
         if self.lora is not None:
             if not isinstance(self.lora, LoRAConfig):
                 raise _bad(self, "lora", "None or a LoRAConfig (rank, alpha, target_modules, ...)")
@@ -320,7 +311,9 @@ class EngineConfig:
     ``on_nan``: what a non-finite loss or gradient norm does: "raise" (FloatingPointError)
     or "skip" (drop the step: no optimizer/scheduler step; metrics say ``skipped=1``);
     either way parameters never take a non-finite update. ``timeout_s`` bounds every
-    collective. ``engine_kwargs`` holds backend-specific options.
+    collective. ``engine_kwargs``: the backend's own options (e.g. the fsdp engine's
+    ``attn_implementation``, ``use_remove_padding``, ``logprob_chunk_tokens``; the megatron
+    engine's ``sequence_parallel``), which the engine validates into its own typed options.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -360,33 +353,7 @@ class EngineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
         """Build from nested plain dicts (e.g. ``OmegaConf.to_container``); unknown keys raise."""
-        return _from_dict(cls, data, "EngineConfig")
+        return dataclass_from_dict(cls, data, "EngineConfig")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-_NESTED = {
-    "model": ModelConfig,
-    "optim": OptimizerConfig,
-    "parallel": ParallelConfig,
-    "micro_batch": MicroBatchConfig,
-    "infer_micro_batch": MicroBatchConfig,
-}
-
-
-def _from_dict(cls: type, data: Any, where: str) -> Any:
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a dict, got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(names)}")
-    kwargs = {}
-    for key, value in data.items():
-        if cls is EngineConfig and key in _NESTED and value is not None:
-            value = _from_dict(_NESTED[key], value, f"{where}.{key}")
-        kwargs[key] = value
-    return cls(**kwargs)

@@ -24,7 +24,6 @@ Semantics every implementation honours (checked by ``rl_core.testing.rollout_eng
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,8 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from rl_core.config import is_int as _is_int
+from rl_core.config import is_real as _is_real
 from rl_core.registry import Registry
 
 __all__ = [
@@ -52,14 +53,6 @@ _MAX_SEED = 2**63 - 1
 
 ROLLOUTS: Registry[type[RolloutEngine]] = Registry("rl.rollouts", kind="rollout engine")
 """Rollout engines by name: ``hf``, ``vllm``, ``sglang`` from rl-rollout, or your own."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -143,10 +136,14 @@ class GenerationOutput:
 
 @dataclass
 class RolloutConfig:
-    """How to start a rollout engine. Backend-specific options go in ``engine_kwargs``.
+    """How to start a rollout engine. Backend-specific options go in ``engine_kwargs``,
+    which the backend validates into its own typed options (e.g. vLLM's and SGLang's
+    ``gpu_memory_utilization``, ``enforce_eager``, ``enable_prefix_caching``; the Hugging
+    Face backend's ``batch_wait_ms``).
 
     ``dtype`` is a torch dtype name ("float32", "bfloat16", "float16"); CPU runs use
     float32. ``max_model_len`` None means the model's own context length.
+    ``max_num_seqs``: the most sequences an engine runs at once.
     """
 
     model_path: str
@@ -155,9 +152,6 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     max_model_len: int | None = None
     seed: int = 0
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
     max_num_seqs: int = 256
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -183,8 +177,6 @@ class RolloutConfig:
             raise bad("max_model_len", "None or an integer >= 2")
         if not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED:
             raise bad("seed", f"an integer in [0, {_MAX_SEED}]")
-        if not _is_real(self.gpu_memory_utilization) or not 0 < self.gpu_memory_utilization <= 1:
-            raise bad("gpu_memory_utilization", "a number in (0, 1]")
         if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
             raise bad("max_num_seqs", "an integer >= 1")
         if not isinstance(self.engine_kwargs, dict):

@@ -21,23 +21,18 @@ import atexit
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from rl_core.single_controller.host import find_free_port
 
 __all__ = ["RankError", "SpawnRunner"]
 
 
 class RankError(RuntimeError):
     """A function failed on one or more ranks of a `SpawnRunner`."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(rank: int, env: dict[str, str], tasks: Any, results: Any) -> None:
@@ -105,7 +100,7 @@ class SpawnRunner:
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_WORLD_SIZE": str(self.world_size),
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(find_free_port()),
         }
         self._tasks = [ctx.Queue() for _ in range(self.world_size)]
         self._results = ctx.Queue()

@@ -7,7 +7,7 @@ name your package registers under ``rl.engines``)::
 
     class TestMyEngine(TrainEngineConformance):
         engine_name = "my-engine"
-        engine_options = {"model": {"attn_implementation": "eager"}}  # optional
+        engine_options = {"engine_kwargs": {"attn_implementation": "eager"}}  # optional
 
 Every check runs SPMD on ``world_size`` spawned processes (gloo on CPU, default 1 and 2;
 override the ``world_size`` fixture) on tiny random Hugging Face models (Qwen2 with tied

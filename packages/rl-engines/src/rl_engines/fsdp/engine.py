@@ -37,6 +37,7 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from rl_core.config import dataclass_from_dict, is_int, is_real
 from rl_core.engine import (
     INFER_KEYS,
     TRAIN_KEYS,
@@ -89,43 +90,47 @@ __all__ = ["FSDPEngine", "FSDPOptions"]
 class FSDPOptions:
     """The fsdp engine's own options (``EngineConfig.engine_kwargs``).
 
-    ``logprob_chunk_tokens``: tokens per chunk of the LM head when computing log-probs and
-    entropy (a micro-batch with more tokens is split, and each chunk is recomputed in
-    backward); 0 computes full logits at once.
+    ``attn_implementation``: the Hugging Face attention kernel ("sdpa", "eager",
+    "flash_attention_2", ...; "auto": the platform's preference). ``use_remove_padding``:
+    pack the real tokens of a micro-batch into one row (None: only when the attention
+    kernel is a varlen one). ``logprob_chunk_tokens``: tokens per chunk of the LM head when
+    computing log-probs and entropy (a micro-batch with more tokens is split, and each chunk
+    is recomputed in backward); 0 computes full logits at once.
     ``moe_aux_loss_coeff``: weight of the MoE load-balancing loss added to the training loss
     (`rl_engines.moe`; None: the Hugging Face config's ``router_aux_loss_coef``, 0 if it
     has none); the loss is the mean over micro-batches and data-parallel ranks, as in the
     megatron engine.
     """
 
+    attn_implementation: str = "auto"
+    use_remove_padding: bool | None = None
     logprob_chunk_tokens: int = 4096
     moe_aux_loss_coeff: float | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> FSDPOptions:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise ValueError(
-                f"EngineConfig.engine_kwargs has unknown key(s) {unknown} for the fsdp "
-                f"engine: expected some of {sorted(names)}"
+        options = dataclass_from_dict(cls, kwargs, "EngineConfig.engine_kwargs (fsdp engine)")
+        return options.validate()
+
+    def _bad(self, name: str, expected: str) -> ValueError:
+        return ValueError(
+            f"EngineConfig.engine_kwargs.{name}={getattr(self, name)!r} is invalid: "
+            f"expected {expected}"
+        )
+
+    def validate(self) -> FSDPOptions:
+        if not isinstance(self.attn_implementation, str) or not self.attn_implementation:
+            raise self._bad(
+                "attn_implementation", "'auto' or a Hugging Face kernel name, e.g. 'sdpa'"
             )
-        options = cls(**kwargs)
-        chunk = options.logprob_chunk_tokens
-        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 0:
-            raise ValueError(
-                f"EngineConfig.engine_kwargs.logprob_chunk_tokens={chunk!r} is invalid: "
-                "expected an integer >= 0 (0: no chunking)"
-            )
-        coeff = options.moe_aux_loss_coeff
-        if coeff is not None and (
-            isinstance(coeff, bool) or not isinstance(coeff, (int, float)) or not coeff >= 0
-        ):
-            raise ValueError(
-                f"EngineConfig.engine_kwargs.moe_aux_loss_coeff={coeff!r} is invalid: expected "
-                "None or a number >= 0"
-            )
-        return options
+        if self.use_remove_padding not in (None, True, False):
+            raise self._bad("use_remove_padding", "null (auto), true or false")
+        if not is_int(self.logprob_chunk_tokens) or self.logprob_chunk_tokens < 0:
+            raise self._bad("logprob_chunk_tokens", "an integer >= 0 (0: no chunking)")
+        coeff = self.moe_aux_loss_coeff
+        if coeff is not None and (not is_real(coeff) or not coeff >= 0):
+            raise self._bad("moe_aux_loss_coeff", "None or a number >= 0")
+        return self
 
 
 RESERVED_METRICS = (
@@ -188,12 +193,13 @@ class FSDPEngine(TrainEngine):
                 "ParallelConfig.cpu_offload=True on a CPU device: expected an accelerator "
                 "(parameters already live in host memory)"
             )
+        attention = resolve_attn_implementation(self.options.attn_implementation)
         self.packed = (
-            mcfg.use_remove_padding
-            if mcfg.use_remove_padding is not None
-            else varlen_attention_available(resolve_attn_implementation(mcfg))
+            self.options.use_remove_padding
+            if self.options.use_remove_padding is not None
+            else varlen_attention_available(attention)
         )
-        model = build_hf_model(mcfg, config.seed)
+        model = build_hf_model(mcfg, config.seed, attention)
         self.lora = mcfg.lora
         if self.lora is not None:
             model = apply_lora(model, self.lora)  # base frozen; only adapters train

@@ -120,7 +120,7 @@ def forward_micro_batch(
         if extra:
             raise ValueError(
                 f"model inputs {sorted(extra)} (a vision-language batch) need the padded layout: "
-                "set ModelConfig.use_remove_padding=False"
+                "set EngineConfig.engine_kwargs.use_remove_padding=False"
             )
         return _forward_packed(model, tensors, outputs, temperature, value_model, head)
     return _forward_padded(model, tensors, outputs, temperature, value_model, head, extra or {})

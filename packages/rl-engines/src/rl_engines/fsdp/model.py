@@ -49,11 +49,12 @@ def resolve_compute_dtype(config: ModelConfig) -> torch.dtype:
     return _dtype(config.compute_dtype)
 
 
-def resolve_attn_implementation(config: ModelConfig) -> str:
-    """``attn_implementation`` with "auto" resolved by the platform's preference."""
-    if config.attn_implementation == "auto":
+def resolve_attn_implementation(attn_implementation: str) -> str:
+    """A Hugging Face ``attn_implementation`` with "auto" resolved by the platform's
+    preference."""
+    if attn_implementation == "auto":
         return get_platform().preferred_attention()
-    return config.attn_implementation
+    return attn_implementation
 
 
 def _hf_config(config: ModelConfig) -> Any:
@@ -81,7 +82,7 @@ def _hf_config(config: ModelConfig) -> Any:
     return hf_config
 
 
-def build_hf_model(config: ModelConfig, seed: int) -> nn.Module:
+def build_hf_model(config: ModelConfig, seed: int, attn_implementation: str = "auto") -> nn.Module:
     """The unsharded model on CPU in ``config.dtype`` (weights from ``path`` or random)."""
     from transformers import (
         AutoModelForCausalLM,
@@ -98,7 +99,7 @@ def build_hf_model(config: ModelConfig, seed: int) -> nn.Module:
         auto = AutoModelForCausalLM
     kwargs = {
         "dtype": _dtype(config.dtype),
-        "attn_implementation": resolve_attn_implementation(config),
+        "attn_implementation": resolve_attn_implementation(attn_implementation),
         "trust_remote_code": config.trust_remote_code,
     }
     torch.manual_seed(seed)  # random init (config models, fresh value heads) equal on all ranks

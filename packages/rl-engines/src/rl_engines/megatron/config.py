@@ -9,19 +9,16 @@ merges both and `validate` checks every field against the world size, raising
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from rl_core.config import dataclass_from_dict
+from rl_core.config import is_int as _is_int
 from rl_core.engine import EngineConfig
 
 __all__ = ["MegatronConfig"]
 
 DISPATCHERS = ("allgather", "alltoall")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -53,27 +50,15 @@ class MegatronConfig:
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig) -> MegatronConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
         kwargs = dict(config.engine_kwargs)
-        unknown = sorted(set(kwargs) - names)
-        if unknown:
-            raise ValueError(
-                f"EngineConfig.engine_kwargs has unknown key(s) {unknown} for the megatron "
-                f"engine: expected some of {sorted(names)}"
-            )
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size"):
             if name in kwargs:
                 raise ValueError(
                     f"EngineConfig.engine_kwargs[{name!r}]: set parallel.{name} instead "
                     "(one place for each size)"
                 )
-        parallel = config.parallel
-        return cls(
-            tensor_parallel_size=parallel.tensor_parallel_size,
-            pipeline_parallel_size=parallel.pipeline_parallel_size,
-            expert_parallel_size=parallel.expert_parallel_size,
-            **kwargs,
-        )
+            kwargs[name] = getattr(config.parallel, name)
+        return dataclass_from_dict(cls, kwargs, "EngineConfig.engine_kwargs (megatron engine)")
 
     @property
     def etp(self) -> int:

@@ -33,18 +33,13 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from rl_core.single_controller.host import find_free_port
 from rl_rollout.weight_sync import SyncStats, WeightSyncError, _wait_all
 
 __all__ = ["GROUP_NAME", "NcclPoolSender"]
 
 GROUP_NAME = "rl_weight_sync"
 _GROUPS: dict[tuple[str, int], Any] = {}  # (address, port) -> the trainer's communicator
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _trainer_group(backend: str, address: str, port: int, world: int, timeout_s: float) -> Any:
@@ -91,7 +86,7 @@ class NcclPoolSender:
     backend: Literal["vllm", "sglang"]
     timeout_s: float = 600.0
     master_address: str = field(default_factory=lambda: socket.gethostbyname(socket.gethostname()))
-    master_port: int = field(default_factory=_free_port)
+    master_port: int = field(default_factory=find_free_port)
 
     def __post_init__(self) -> None:
         if self.backend not in ("vllm", "sglang"):

@@ -26,9 +26,12 @@ Seeds: SGLang applies per-request ``sampling_seed`` only with
 ``enable_deterministic_inference=True`` (pass it in ``engine_kwargs``); otherwise seeds are
 ignored and a warning says so once.
 
-Backend options (``RolloutConfig.engine_kwargs``): ``weight_bucket_bytes`` (default
-512 MiB), ``update_timeout_s`` (default 600), ``weight_transfer`` (``"nccl"``: the split
-pool receives broadcasts); every other key goes to `sglang.Engine`.
+Backend options (``RolloutConfig.engine_kwargs``, typed as `SGLangOptions`):
+``gpu_memory_utilization`` (default 0.5; SGLang's ``mem_fraction_static``), ``enforce_eager``
+(True; ``disable_cuda_graph``), ``enable_prefix_caching`` (True; the radix cache),
+``weight_bucket_bytes`` (default 512 MiB), ``update_timeout_s`` (default 600),
+``weight_transfer`` (``"nccl"``: the split pool receives broadcasts; ``"auto"``: tensors in
+process); every other key goes to `sglang.Engine`.
 """
 
 from __future__ import annotations
@@ -40,12 +43,13 @@ from typing import Any
 
 from torch import Tensor
 
-from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
+from rl_core.engine import iter_layer_buckets
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.nccl_transfer import GROUP_NAME
+from rl_rollout.backends.options import SGLangOptions
 
 __all__ = [
     "SGLangRolloutEngine",
@@ -55,28 +59,29 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s", "weight_transfer")
 _SEED_LIMIT = 2**63
 
 
 def sglang_engine_kwargs(config: RolloutConfig) -> dict[str, Any]:
-    """`sglang.Engine` keyword arguments for a `RolloutConfig` (a pure function)."""
+    """`sglang.Engine` keyword arguments for a `RolloutConfig` (a pure function;
+    ``engine_kwargs`` are read as `SGLangOptions`)."""
+    options = SGLangOptions.from_kwargs(config.engine_kwargs)
     kwargs: dict[str, Any] = {
         "model_path": config.model_path,
         "skip_tokenizer_init": True,
         "tp_size": config.tensor_parallel_size,
         "dtype": config.dtype,
         "random_seed": config.seed,
-        "mem_fraction_static": config.gpu_memory_utilization,
-        "disable_cuda_graph": config.enforce_eager,
-        "disable_radix_cache": not config.enable_prefix_caching,
+        "mem_fraction_static": options.gpu_memory_utilization,
+        "disable_cuda_graph": options.enforce_eager,
+        "disable_radix_cache": not options.enable_prefix_caching,
         "max_running_requests": config.max_num_seqs,
         "enable_memory_saver": True,  # release/resume_memory_occupation for sleep/wake_up
         "log_level": "error",
     }
     if config.max_model_len is not None:
         kwargs["context_length"] = config.max_model_len
-    kwargs.update({k: v for k, v in config.engine_kwargs.items() if k not in _OWN_OPTIONS})
+    kwargs.update(options.engine_args)
     return kwargs
 
 
@@ -133,9 +138,9 @@ class SGLangRolloutEngine(RolloutEngine):
             ) from exc
         config.validate()
         self.config = config
-        options = config.engine_kwargs
-        self._bucket_bytes = int(options.get("weight_bucket_bytes", DEFAULT_BUCKET_BYTES))
-        self._update_timeout_s = float(options.get("update_timeout_s", 600.0))
+        options = SGLangOptions.from_kwargs(config.engine_kwargs)
+        self._bucket_bytes = options.weight_bucket_bytes
+        self._update_timeout_s = float(options.update_timeout_s)
         kwargs = sglang_engine_kwargs(config)
         self._seeds_honoured = bool(kwargs.get("enable_deterministic_inference", False))
         self._warned_seed = False

@@ -28,9 +28,11 @@ arrive before the update's version is set were sampled before the pause. Sleep m
 enabled where vLLM supports it (CUDA, ROCm, XPU); on CPU `sleep`/`wake_up` are accepted and
 free nothing.
 
-Backend options (``RolloutConfig.engine_kwargs``): ``weight_bucket_bytes`` (default 512 MiB),
-``update_timeout_s`` (default 600), ``weight_transfer`` (``auto``: ``ipc`` on accelerators,
-``files`` on CPU); every other key goes to `vllm.AsyncEngineArgs`.
+Backend options (``RolloutConfig.engine_kwargs``, typed as `VLLMOptions`):
+``gpu_memory_utilization`` (default 0.5), ``enforce_eager`` (True), ``enable_prefix_caching``
+(True), ``weight_bucket_bytes`` (default 512 MiB), ``update_timeout_s`` (default 600),
+``weight_transfer`` (``auto``: ``ipc`` on accelerators, ``files`` on CPU); every other key
+goes to `vllm.AsyncEngineArgs`.
 """
 
 from __future__ import annotations
@@ -45,19 +47,18 @@ from typing import Any
 
 from torch import Tensor
 
-from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
+from rl_core.engine import iter_layer_buckets
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
+from rl_rollout.backends.options import VLLMOptions
 from rl_rollout.backends.weight_files import write_bucket
 
 __all__ = ["VLLMRolloutEngine", "vllm_engine_args", "vllm_sampling_kwargs"]
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "rl_rollout.backends.vllm_worker.RLWorkerExtension"
-_OWN_OPTIONS = ("weight_bucket_bytes", "update_timeout_s", "weight_transfer")
-_TRANSFERS = ("auto", "ipc", "nccl", "files")
 
 
 def _model_max_len(model_path: str) -> int:
@@ -70,12 +71,14 @@ def _model_max_len(model_path: str) -> int:
 def vllm_engine_args(
     config: RolloutConfig, sleep_mode_available: bool, cpu: bool = False, transfer: str = "files"
 ) -> dict[str, Any]:
-    """`vllm.AsyncEngineArgs` keyword arguments for a `RolloutConfig` (a pure function).
+    """`vllm.AsyncEngineArgs` keyword arguments for a `RolloutConfig` (a pure function;
+    ``engine_kwargs`` are read as `VLLMOptions`).
 
     On CPU, chunked prefill is off (with a batch budget of at least the context length):
     vLLM-CPU's worker dies on a seeded request whose prompt is split across steps
     ("CPU Generator does not use offset"). ``engine_kwargs`` can override both.
     """
+    options = VLLMOptions.from_kwargs(config.engine_kwargs)
     args: dict[str, Any] = {
         "model": config.model_path,
         "skip_tokenizer_init": True,
@@ -83,9 +86,9 @@ def vllm_engine_args(
         "dtype": config.dtype,
         "max_model_len": config.max_model_len,
         "seed": config.seed,
-        "gpu_memory_utilization": config.gpu_memory_utilization,
-        "enforce_eager": config.enforce_eager,
-        "enable_prefix_caching": config.enable_prefix_caching,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "enforce_eager": options.enforce_eager,
+        "enable_prefix_caching": options.enable_prefix_caching,
         "max_num_seqs": config.max_num_seqs,
         "logprobs_mode": "processed_logprobs",
         "generation_config": "vllm",  # stop ids come from the caller only
@@ -99,8 +102,7 @@ def vllm_engine_args(
         model_len = config.max_model_len or _model_max_len(config.model_path)
         args["enable_chunked_prefill"] = False
         args["max_num_batched_tokens"] = max(model_len, 8192, config.max_num_seqs)
-    extra = {k: v for k, v in config.engine_kwargs.items() if k not in _OWN_OPTIONS}
-    args.update(extra)
+    args.update(options.engine_args)
     return args
 
 
@@ -196,15 +198,10 @@ class VLLMRolloutEngine(RolloutEngine):
 
         config.validate()
         self.config = config
-        options = config.engine_kwargs
-        self._bucket_bytes = int(options.get("weight_bucket_bytes", DEFAULT_BUCKET_BYTES))
-        self._update_timeout_s = float(options.get("update_timeout_s", 600.0))
-        transfer = options.get("weight_transfer", "auto")
-        if transfer not in _TRANSFERS:
-            raise ValueError(
-                f"RolloutConfig.engine_kwargs['weight_transfer']={transfer!r} is invalid: "
-                f"expected one of {_TRANSFERS}"
-            )
+        options = VLLMOptions.from_kwargs(config.engine_kwargs)
+        self._bucket_bytes = options.weight_bucket_bytes
+        self._update_timeout_s = float(options.update_timeout_s)
+        transfer = options.weight_transfer
         if transfer == "auto":
             transfer = "files" if current_platform.is_cpu() else "ipc"
         if transfer == "files" and not current_platform.is_cpu():
