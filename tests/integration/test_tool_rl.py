@@ -110,7 +110,7 @@ def warm_start(src: str, dst: Path) -> dict[str, float]:
         attention[i, : len(seq)] = 1
         loss_mask[i, len(prompt) : len(seq)] = torch.tensor(mask, dtype=torch.float32)
     weights = torch.tensor([w for *_, w in rows])
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 
     def branch_log_probs() -> torch.Tensor:
         """log p(response | prompt) of every row, over its loss-masked tokens."""
@@ -175,7 +175,7 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
     model_dir, warm = tool_model
     assert all(m > 0.8 for m in warm["mass"]) and all(
         abs(s - TOOL_SHARE) < 0.1 for s in warm["share"]
-    )
+    ), warm
     train, val = problem_files
     cfg = load_config(
         {
