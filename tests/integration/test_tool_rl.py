@@ -29,8 +29,11 @@ from pathlib import Path
 import pytest
 import torch
 
-# The warm start and the run took more than 10 minutes on the shared 2-core machine (the
-# warm start alone did not finish in 10); not part of CI's default sessions.
+# NOT YET PASSING (2026-11-23): on the shared 2-core machine the warm start ran 400 steps
+# in 5-7.5 min without reaching its target (per-row mean loss, lr 1e-2: both branches
+# memorised, mass 0.92, but the tool share fell to ~0.01; token-summed loss: neither
+# branch learned, mass < 0.01 - suspect the loss scale or the masked rows). Deselected
+# from CI's default sessions (marker `learning`) until the warm start is fixed.
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.learning, pytest.mark.timeout(3600)]
 
 HERE = Path(__file__).resolve().parent
