@@ -93,7 +93,7 @@ def tests_integration(session: nox.Session) -> None:
     random models, 2 FSDP workers on embedded Ray, the `rl` command) in the full dev env."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    expr = f"not faults and {HARDWARE_MARKERS}"
+    expr = f"not faults and not learning and {HARDWARE_MARKERS}"
     session.run("pytest", "tests/integration", "-m", expr, *session.posargs, env=env)
 
 

@@ -98,7 +98,11 @@ def test_export_errors_name_the_problem(tmp_path, capsys):
 
 def test_lora_run_of_grpo_tiny_exports_adapter_and_merged_model(tmp_path):
     """examples/grpo_tiny.yaml with LoRA for 4 steps (local backend), a KL loss against the reference
-    (the base model with adapters disabled), then both export formats."""
+    (the base model with adapters disabled), then both export formats.
+
+    The rollout receives merged weights after every update: its sampled tokens' log-probs
+    equal the actor's (PEFT model, recomputed) old log-probs, which differ from the base
+    model's (the reference) once the adapters have learned."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -119,12 +123,21 @@ def test_lora_run_of_grpo_tiny_exports_adapter_and_merged_model(tmp_path):
             "trainer.backend=local",  # one in-process worker (2 Ray ranks: the test above)
             "trainer.num_workers=1",
             "trainer.save_every=4",
+            "actor.recompute_old_log_probs=true",  # the actor's log-probs of every sample
             "trainer.val_every=0",
             # a dense reward (share of digits) so a random model's samples differ in score
             f"reward.function_path={Path(__file__).with_name('digit_reward.py')}",
         ],
     )
     trainer = RLTrainer(config)
+    updates = []
+    update_actor = trainer.groups.actor.update_actor
+
+    def recording_update_actor(batch):
+        updates.append(batch)
+        return update_actor(batch)
+
+    trainer.groups.actor.update_actor = recording_update_actor
     try:
         history = trainer.fit()
     finally:
@@ -139,6 +152,19 @@ def test_lora_run_of_grpo_tiny_exports_adapter_and_merged_model(tmp_path):
     first = next(i for i, g in enumerate(grad) if g > 0)
     assert first < len(steps) - 1, f"no update before the last step: {grad}"
     assert all(abs(k) < 1e-7 for k in kl[: first + 1]) and kl[first + 1] > 1e-7, kl
+    for step, batch in enumerate(updates):
+        t = batch.batch
+        mask = t["response_mask"].bool()
+        rollout, old, ref = (
+            t[k][mask] for k in ("rollout_log_probs", "old_log_probs", "ref_log_prob")
+        )
+        # the rollout sampled with the merged weights of exactly this actor
+        torch.testing.assert_close(rollout, old, atol=2e-4, rtol=0)
+        gap = float((old - ref).abs().max())
+        if step <= first:  # adapters still at B = 0: merged == base
+            assert gap < 1e-5, (step, gap)
+        else:  # trained adapters: the policy left the base model
+            assert gap > 1e-3, (step, gap)
     step_dir = tmp_path / "run" / "checkpoints" / "step_4"
     adapter_dir, merged_dir = tmp_path / "adapter", tmp_path / "merged"
     assert rl_main(["export", str(step_dir), str(adapter_dir)]) == 0

@@ -79,3 +79,47 @@ def test_tool_schemas_go_into_the_prompt_template(tmp_path, monkeypatch):
     )
     text = tokenizer.decode(dataset[0]["raw_prompt_ids"])
     assert '"name": "python"' in text and text.endswith("assistant\nNOTHINK")
+
+
+def test_tool_loop_settings_are_checked_before_ray_starts(tmp_path):
+    import pytest
+
+    from rl_algos.config import check_plugins
+    from rl_algos.errors import ConfigError
+
+    check_plugins(_config(tmp_path))  # the valid tool-loop config passes
+    cases = [
+        (
+            ["rollout.tool_parser=hermez"],
+            r"rollout\.tool_parser: invalid value 'hermez'.*"
+            r"did you mean 'hermes'\?",
+        ),
+        (
+            ["rollout.agent_loop=single_turn"],
+            r"rollout\.agent_loop: invalid value 'single_turn' "
+            r"with rollout\.tools=\['python'\].*expected 'tool'",
+        ),
+    ]
+    for extra, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            check_plugins(_config(tmp_path, extra))
+    no_tools = _config(tmp_path)
+    no_tools.rollout.tools = {}  # (an override merges into the dict, cannot empty it)
+    with pytest.raises(ConfigError, match=r"rollout\.tools: empty with rollout\.agent_loop='tool'"):
+        check_plugins(no_tools)
+    for extra, message in (
+        (["rollout.tool_timeout_s=0"], r"rollout\.tool_timeout_s: invalid value 0"),
+        (["rollout.max_turns=0"], r"rollout\.max_turns: invalid value 0"),
+        (["rollout.tool_response_truncation=top"], r"rollout\.tool_response_truncation"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            _config(tmp_path, extra)
+    # a tool's own arguments are checked when its schema is rendered into the prompts
+    bad = _config(tmp_path, ["rollout.tools={python: {max_concurrency: 0}}"])
+    with pytest.raises(
+        ConfigError, match=r"rollout\.tools\.python: invalid arguments \{'max_concurrency': 0\}"
+    ):
+        _prompt_template_kwargs(bad)
+    bad = _config(tmp_path, ["rollout.tools={python: {max_concurency: 2}}"])
+    with pytest.raises(ConfigError, match=r"rollout\.tools\.python: .*max_concurency"):
+        _prompt_template_kwargs(bad)

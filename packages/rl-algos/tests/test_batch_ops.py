@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
+from rl_algos.trainer.batch_ops import (
+    add_group_ids_and_seeds,
+    batch_metrics,
+    timed,
+    tool_metrics,
+    trim_padding,
+)
 from rl_core.protocol import DataProto
 
 PAD = 0
@@ -155,3 +161,22 @@ def test_timed_accumulates_wall_time():
     with pytest.raises(RuntimeError), timed(timing, "failing"):
         raise RuntimeError("boom")
     assert "failing" in timing  # recorded even when the block raises
+
+
+def test_tool_metrics_from_the_agent_loops_counts():
+    """4 samples: 0, 2, 1, 0 tool calls (1 of them an error), 1, 3, 2, 1 turns."""
+    batch = DataProto.from_dict(
+        {"x": torch.zeros(4, 1)},
+        {
+            "num_tool_calls": np.array([0, 2, 1, 0]),
+            "num_tool_errors": np.array([0, 1, 0, 0]),
+            "num_turns": np.array([1, 3, 2, 1]),
+        },
+    )
+    assert tool_metrics(batch, "rollout") == {
+        "rollout/tool_call_rate": 0.5,
+        "rollout/tool_calls/mean": 0.75,
+        "rollout/tool_errors/mean": 0.25,
+        "rollout/num_turns/mean": 1.75,
+    }
+    assert tool_metrics(DataProto.from_dict({"x": torch.zeros(2, 1)}), "val") == {}

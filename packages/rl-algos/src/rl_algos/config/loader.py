@@ -39,6 +39,7 @@ __all__ = ["AGENT_LOOPS", "GROUP_ESTIMATORS", "check_plugins", "load_config"]
 # config check names without importing that package.
 AGENT_LOOPS: Registry[Any] = Registry("rl.agent_loops", kind="agent loop")
 TOOLS: Registry[Any] = Registry("rl.tools", kind="tool")
+TOOL_PARSERS: Registry[Any] = Registry("rl.tool_parsers", kind="tool-call parser")
 
 # Estimators whose baseline is computed within the samples of one prompt.
 GROUP_ESTIMATORS = (
@@ -338,6 +339,8 @@ def check_plugins(cfg: RLConfig) -> None:
     checks += [
         (f"rollout.tools.{name}", name, TOOLS, "rl-rollout") for name in dict(cfg.rollout.tools)
     ]
+    if cfg.rollout.agent_loop != "single_turn":
+        checks.append(("rollout.tool_parser", cfg.rollout.tool_parser, TOOL_PARSERS, "rl-rollout"))
     if cfg.uses_critic:
         checks.append(("critic.engine", cfg.critic.engine, ENGINES, "rl-engines[fsdp]"))
     if cfg.reward.model_path is not None:
@@ -351,3 +354,23 @@ def check_plugins(cfg: RLConfig) -> None:
                 f"(installed: {', '.join(names) or 'none'}; the built-in ones come with "
                 f"pip install '{package}'){suggest(name, names)}",
             )
+    _check_tool_loop(cfg)
+
+
+def _check_tool_loop(cfg: RLConfig) -> None:
+    """Tools and the agent loop must go together: the built-in single-turn loop never runs
+    a tool (its schemas would still reach the prompts), the tool loop needs one."""
+    rollout = cfg.rollout
+    tools = sorted(dict(rollout.tools))
+    if tools and rollout.agent_loop == "single_turn":
+        raise ConfigError(
+            "rollout.agent_loop",
+            f"invalid value 'single_turn' with rollout.tools={tools}: the single-turn loop "
+            "never runs a tool call; expected 'tool' (or an agent loop of your own)",
+        )
+    if not tools and rollout.agent_loop == "tool":
+        raise ConfigError(
+            "rollout.tools",
+            "empty with rollout.agent_loop='tool'; expected at least one tool, e.g. "
+            "rollout.tools={python: {}}",
+        )

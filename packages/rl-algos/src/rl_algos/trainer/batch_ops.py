@@ -15,6 +15,7 @@ __all__ = [
     "add_group_ids_and_seeds",
     "batch_metrics",
     "timed",
+    "tool_metrics",
     "trim_padding",
 ]
 
@@ -102,4 +103,23 @@ def batch_metrics(batch: DataProto, max_response_length: int) -> dict[str, float
     metrics.update(_stats("response_length", resp_len))
     metrics["response_length/clip_ratio"] = float((resp_len >= max_response_length).float().mean())
     metrics.update(_stats("prompt_length", t["attention_mask"][:, :prompt_len].sum(-1)))
+    return metrics
+
+
+def tool_metrics(batch: DataProto, prefix: str) -> dict[str, float]:
+    """Multi-turn tool use of a rollout batch, from the agent loop's per-sample counts:
+    ``<prefix>/tool_call_rate`` (share of samples with at least one call),
+    ``<prefix>/tool_calls/mean``, ``<prefix>/tool_errors/mean`` (malformed calls, unknown
+    tools, time-outs, ...) and ``<prefix>/num_turns/mean``; empty when the batch has none."""
+    fields = batch.non_tensor_batch
+    if "num_tool_calls" not in fields or len(batch) == 0:
+        return {}
+    calls = np.asarray(fields["num_tool_calls"], dtype=np.float64)
+    metrics = {
+        f"{prefix}/tool_call_rate": float((calls > 0).mean()),
+        f"{prefix}/tool_calls/mean": float(calls.mean()),
+    }
+    for key, name in (("num_tool_errors", "tool_errors"), ("num_turns", "num_turns")):
+        if key in fields:
+            metrics[f"{prefix}/{name}/mean"] = float(np.asarray(fields[key], np.float64).mean())
     return metrics

@@ -35,7 +35,7 @@ import torch
 
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
-from rl_algos.errors import InputError, UserInputError
+from rl_algos.errors import ConfigError, InputError, UserInputError
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.trainer.async_rollout import (
@@ -44,7 +44,13 @@ from rl_algos.trainer.async_rollout import (
     save_batches,
     staleness_metrics,
 )
-from rl_algos.trainer.batch_ops import add_group_ids_and_seeds, batch_metrics, timed, trim_padding
+from rl_algos.trainer.batch_ops import (
+    add_group_ids_and_seeds,
+    batch_metrics,
+    timed,
+    tool_metrics,
+    trim_padding,
+)
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
 from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
 from rl_algos.trainer.rollout_client import RolloutClient, build_rollout_client
@@ -341,6 +347,8 @@ class RLTrainer:
                 norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
             )
         metrics.update(batch_metrics(batch, cfg.data.max_response_length))
+        if cfg.rollout.agent_loop != "single_turn":
+            metrics.update(tool_metrics(batch, "rollout"))
         update = _divisible(batch, groups.dp_size)
         update.meta_info["global_step"] = self.global_step  # seeds the update's shuffle
         if groups.critic is not None:
@@ -414,6 +422,8 @@ class RLTrainer:
             preds=extras["pred"].tolist() if "pred" in extras else None,
         )
         metrics["val/response_length"] = float(out.batch["response_mask"].sum(-1).float().mean())
+        if cfg.rollout.agent_loop != "single_turn":
+            metrics.update(tool_metrics(out, "val"))
         # Other numbers a reward function returns per sample (e.g. "boxed") are averaged.
         for name, values in extras.items():
             if name in ("acc", "pred", "score"):
@@ -664,7 +674,13 @@ def tool_schemas(tools: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     registry: Registry[Any] = Registry("rl.tools", kind="tool")
     schemas = []
     for name, kwargs in tools.items():
-        tool = registry.build(name, **dict(kwargs))
+        try:
+            tool = registry.build(name, **dict(kwargs))
+        except (TypeError, ValueError) as exc:  # bad constructor arguments
+            raise ConfigError(
+                f"rollout.tools.{name}",
+                f"invalid arguments {dict(kwargs)!r}: {exc}",
+            ) from exc
         schemas.append(tool.schema.to_openai())
     return schemas
 
