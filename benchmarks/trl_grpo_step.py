@@ -36,7 +36,7 @@ def default_model_dir() -> str:
     found = sorted(root.glob("SmolLM2-135M-Instruct*"))
     if not found:
         raise SystemExit(
-            f"no converted SmolLM2 under {root}: run `uv run python -c \"from "
+            f'no converted SmolLM2 under {root}: run `uv run python -c "from '
             "rl_algos.trainer.model_source import resolve_model_path as r; "
             "print(r('smollm2-135m-instruct'))\"` in the workspace first"
         )

@@ -60,9 +60,7 @@ def test_too_small_problem_space_fails_clearly():
 
 
 def test_arithmetic_digits_multiplier_and_varied_phrasings():
-    task = ArithmeticTask(
-        digits=(1, 2), max_multiplier=9, nonnegative=True, phrasings="varied"
-    )
+    task = ArithmeticTask(digits=(1, 2), max_multiplier=9, nonnegative=True, phrasings="varied")
     rows = make_splits(task, 600, 0, seed=5)["train"]
     digit_counts, ops, questions = set(), set(), set()
     for row in rows:
@@ -102,7 +100,7 @@ def test_generate_command_takes_the_new_arithmetic_options(tmp_path):
     out = tmp_path / "arith"
     args = ["arithmetic", "--out", str(out), "--train-size", "30", "--test-size", "5"]
     args += ["--digits", "1", "2", "--max-multiplier", "5", "--nonnegative", "--ops", "*", "-"]
-    assert generate_main(args + ["--phrasings", "varied", "--format", "jsonl"]) == 0
+    assert generate_main([*args, "--phrasings", "varied", "--format", "jsonl"]) == 0
     for row in read_rows(out / "train.jsonl"):
         a, op, b = row["extra_info"]["expression"].split()
         assert int(b) <= 5 if op == "*" else int(a) >= int(b)

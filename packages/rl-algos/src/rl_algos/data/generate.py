@@ -63,9 +63,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
             annotation = str(field.type)
             if isinstance(field.default, tuple) or annotation.startswith("tuple"):
                 item = int if annotation.startswith("tuple[int") else str
-                sub.add_argument(
-                    flag, dest=field.name, nargs="+", type=item, default=field.default
-                )
+                sub.add_argument(flag, dest=field.name, nargs="+", type=item, default=field.default)
             elif isinstance(field.default, bool):
                 sub.add_argument(
                     flag,

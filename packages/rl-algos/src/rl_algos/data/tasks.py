@@ -99,7 +99,9 @@ class ArithmeticTask:
             )
         if self.digits is not None:
             self.digits = tuple(self.digits)
-            if not self.digits or any(not isinstance(d, int) or not 1 <= d <= 6 for d in self.digits):
+            if not self.digits or any(
+                not isinstance(d, int) or not 1 <= d <= 6 for d in self.digits
+            ):
                 raise ValueError(
                     f"arithmetic: digits must be a non-empty list of digit counts in 1..6, "
                     f"got {self.digits}"
@@ -146,7 +148,9 @@ class ArithmeticTask:
     def _ask(self, rng: random.Random, expression: str, ops: list[str], values: list[int]) -> str:
         if self.phrasings == "plain":
             return f"What is {expression}?"
-        shown = " ".join(rng.choice(_SYMBOLS[t]) if t in _SYMBOLS else t for t in expression.split())
+        shown = " ".join(
+            rng.choice(_SYMBOLS[t]) if t in _SYMBOLS else t for t in expression.split()
+        )
         if len(ops) == 1 and rng.random() < 0.5:
             return rng.choice(_WORDED[ops[0]]).format(a=values[0], b=values[1])
         return rng.choice(_SYMBOLIC).format(e=shown)
