@@ -3,7 +3,8 @@ step time: SmolLM2-135M-Instruct (the directory this project converted into
 ``~/.cache/rl/models``), fp32 on CPU, 8 prompts x 4 samples, exactly ``--new-tokens`` new
 tokens per sample (``min_new_tokens`` = ``max_new_tokens``), no reference model
 (``beta=0``), one optimizer step per generation (``num_iterations=1``,
-``steps_per_generation=1``), AdamW lr 1e-6, grad clip 1.
+``steps_per_generation=1``), AdamW lr 1e-6, grad clip 1, no gradient checkpointing (TRL
+turns it on by default; ``--gradient-checkpointing`` measures that).
 
 It needs TRL, which is not a dependency of this workspace: run it with a separate
 environment outside the repository, pinned to the workspace's torch and transformers::
@@ -68,6 +69,11 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="TRL's default; off here because grpo_step.py does not recompute activations",
+    )
     parser.add_argument("--json", help="also write the medians to this file")
     args = parser.parse_args()
 
@@ -119,6 +125,7 @@ def main() -> int:
         report_to="none",
         seed=0,
         dataloader_num_workers=0,
+        gradient_checkpointing=args.gradient_checkpointing,
     )
     clock = StepClock()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -138,6 +145,7 @@ def main() -> int:
         "setup_s": (clock.first_begin or START) - START,
         "steps_s": clock.steps,
         "threads": args.threads,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "shape": f"{args.prompts}x{args.samples}, {args.new_tokens} new tokens",
     }
     print(
