@@ -2,10 +2,12 @@
 
 SmolLM2-135M-Instruct (``model.path=smollm2-135m-instruct``, fp32), the generated
 arithmetic task, 8 prompts x 4 samples per step, exactly 64 new tokens per sample (the
-end-of-turn token does not stop generation, so every step does the same work), 2 FSDP2
-training workers on embedded Ray, each hosting its own ``hf`` rollout engine (colocated),
-GRPO without a reference model (as in the main job; ``--ref`` adds one), one optimizer
-step per RL step.
+end-of-turn token does not stop generation, so every step does the same work), training
+workers on embedded Ray (``--workers``, default 1; each gets cpus/workers intra-op
+threads), each hosting its own ``hf`` rollout engine (colocated), GRPO without a reference
+model (as in the main job; ``--ref`` adds one), one optimizer step per RL step.
+``--workers 1 2`` measures both counts one after the other in the same run and prints
+them side by side (the first count is what ``--json`` and the baseline record).
 
 The numbers come from the trainer's own metrics (``timing/*``, ``perf/*``,
 ``reward/seconds``): the median over ``--steps`` steps after one warm-up step, the set-up
