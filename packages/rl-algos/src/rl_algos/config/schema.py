@@ -470,7 +470,7 @@ class TrainerConfig:
     num_workers: int = 1
     cpus_per_worker: float | None = None
     """CPUs reserved per worker process; on the CPU platform also its intra-op threads.
-    null: on CPU, the node's CPUs split evenly among the node's workers (one worker on 2
+    null: on CPU, the node's free CPUs split evenly among the node's workers (one worker on 2
     cores: 1 process x 2 threads, measured faster than 2 FSDP ranks x 1 thread by
     benchmarks/grpo_step.py --workers 1 2); on accelerators, 1."""
     ray_num_cpus: int | None = None

@@ -329,7 +329,7 @@ def _init_models(groups: dict[str, WorkerGroup], timing: dict[str, float]) -> No
 def default_cpus_per_worker(
     platform: str, cluster_cpus: float, nnodes: int, workers_per_node: int
 ) -> float:
-    """`trainer.cpus_per_worker: null`: on CPU, a node's CPUs split evenly among its
+    """`trainer.cpus_per_worker: null`: on CPU, a node's free CPUs split evenly among its
     training workers (whole CPUs, at least 1: they become the intra-op threads); on
     accelerators, 1."""
     if platform != "cpu":
@@ -354,10 +354,10 @@ def _ray_groups(
     cpus = trainer.cpus_per_worker
     if cpus is None:
         cpus = 1.0
-        if not shares_cluster:  # the training workers are all the cluster runs
+        if not shares_cluster:  # the training workers are all this run adds to the cluster
             cpus = default_cpus_per_worker(
                 platform,
-                ray.cluster_resources().get("CPU", 1.0),
+                ray.available_resources().get("CPU", 1.0),  # what others hold stays theirs
                 trainer.nnodes,
                 trainer.num_workers,
             )
