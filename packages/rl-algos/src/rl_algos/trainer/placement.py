@@ -38,6 +38,7 @@ __all__ = [
     "RoleGroups",
     "actor_worker_config",
     "critic_worker_config",
+    "default_cpus_per_worker",
     "recomputes_old_log_probs",
     "rollout_generator_config",
     "start_role_groups",
