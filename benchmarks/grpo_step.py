@@ -2,10 +2,12 @@
 
 SmolLM2-135M-Instruct (``model.path=smollm2-135m-instruct``, fp32), the generated
 arithmetic task, 8 prompts x 4 samples per step, exactly 64 new tokens per sample (the
-end-of-turn token does not stop generation, so every step does the same work), 2 FSDP2
-training workers on embedded Ray, each hosting its own ``hf`` rollout engine (colocated),
-GRPO without a reference model (as in the main job; ``--ref`` adds one), one optimizer
-step per RL step.
+end-of-turn token does not stop generation, so every step does the same work), training
+workers on embedded Ray (``--workers``, default 1; each gets cpus/workers intra-op
+threads), each hosting its own ``hf`` rollout engine (colocated), GRPO without a reference
+model (as in the main job; ``--ref`` adds one), one optimizer step per RL step.
+``--workers 1 2`` measures both counts one after the other in the same run and prints
+them side by side (the first count is what ``--json`` and the baseline record).
 
 The numbers come from the trainer's own metrics (``timing/*``, ``perf/*``,
 ``reward/seconds``): the median over ``--steps`` steps after one warm-up step, the set-up
@@ -252,26 +254,13 @@ def machine_kind() -> str:
     return "-".join(name.lower().replace("nvidia", "").split())
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed steps (after 1 warm-up)")
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--max-prompt-length", type=int, default=96)
-    parser.add_argument("--ref", action="store_true", help="add a reference model (KL loss)")
-    parser.add_argument("--json", help="also write the medians to this file")
-    parser.add_argument("--kind", help="machine kind for the baseline (default: detected)")
-    parser.add_argument("--save-baseline", action="store_true", help="record this run")
-    parser.add_argument("--no-lower-bound", action="store_true", help="skip plain PyTorch")
-    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. actor.epochs=2")
-    args = parser.parse_args()
-
+def run_once(args: argparse.Namespace, workers: int) -> dict[str, float]:
+    """One trainer with `workers` training processes: set-up, 1 warm-up step, the timed
+    steps; the medians and set-up phases (the trainer is closed before returning)."""
     from rl_algos.config import load_config
     from rl_algos.trainer.loop import RLTrainer
 
+    args = argparse.Namespace(**{**vars(args), "workers": workers})
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="grpo-step-") as output_dir:
         config = build_config(args, output_dir)
@@ -291,16 +280,69 @@ def main() -> int:
     summary.update({f"setup/{k}_s": v for k, v in setup_phases.items()})
     for rank, peak in enumerate(peaks):
         summary[f"memory/peak_gib_rank{rank}"] = peak["peak_bytes"] / 2**30
+    return summary
+
+
+def compare_workers(by_workers: dict[int, dict[str, float]]) -> str:
+    """Side-by-side table of the worker counts measured in this run."""
+    threads = os.cpu_count() or 1
+    lines = [
+        "| training workers x threads | step | generate | actor update | set-up |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for workers, s in by_workers.items():
+        lines.append(
+            f"| {workers} x {max(1, threads // workers)} | {s['timing/step_s']:.2f} | "
+            f"{s['generate']:.2f} | {s['timing/update_actor_s']:.2f} | {s['setup_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="timed steps (after 1 warm-up)")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="training workers (each gets cpus/workers threads); several counts are "
+        "measured one after another in this run and compared, e.g. --workers 1 2",
+    )
+    parser.add_argument("--max-prompt-length", type=int, default=96)
+    parser.add_argument("--ref", action="store_true", help="add a reference model (KL loss)")
+    parser.add_argument("--json", help="also write the medians to this file")
+    parser.add_argument("--kind", help="machine kind for the baseline (default: detected)")
+    parser.add_argument("--save-baseline", action="store_true", help="record this run")
+    parser.add_argument("--no-lower-bound", action="store_true", help="skip plain PyTorch")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. actor.epochs=2")
+    args = parser.parse_args()
+
+    by_workers = {workers: run_once(args, workers) for workers in dict.fromkeys(args.workers)}
+    first = next(iter(by_workers))
+    summary = by_workers[first]  # the first count is the one recorded as `median`
     if not args.no_lower_bound:
         prompt_len = round(summary["prompt_length/mean"])  # the trainer's real prompts
-        summary.update(plain_lower_bounds(args, prompt_len))
+        bounds = plain_lower_bounds(args, prompt_len)
+        for s in by_workers.values():
+            s.update(bounds)
     kind = args.kind or machine_kind()
     baseline_file = Path(__file__).parent / "baselines" / f"grpo_step-{kind}.json"
     baseline = None
     if baseline_file.exists() and not args.save_baseline:
         baseline = json.loads(baseline_file.read_text())["median"]
-    print(markdown(summary, args, kind, baseline))
-    record = {"args": vars(args), "kind": kind, "median": summary}
+    for workers, s in by_workers.items():
+        shown = argparse.Namespace(**{**vars(args), "workers": workers})
+        print(markdown(s, shown, kind, baseline if workers == first else None), end="\n\n")
+    if len(by_workers) > 1:
+        print(compare_workers(by_workers))
+    record = {"args": {**vars(args), "workers": first}, "kind": kind, "median": summary}
+    if len(by_workers) > 1:
+        record["by_workers"] = {str(w): s for w, s in by_workers.items()}
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1))
     if args.save_baseline:

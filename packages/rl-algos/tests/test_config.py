@@ -304,3 +304,16 @@ def test_new_loss_settings_live_under_verl_names_and_fail_with_the_key():
 def test_group_estimators_need_several_samples(estimator):
     with pytest.raises(ConfigError, match=r"rollout\.n: invalid value 1"):
         load([f"algorithm.adv_estimator={estimator}", "rollout.n=1"])
+
+
+def test_cpus_per_worker_default_splits_a_cpu_node_among_its_workers():
+    from rl_algos.trainer.placement import default_cpus_per_worker
+
+    assert load().trainer.cpus_per_worker is None
+    assert default_cpus_per_worker("cpu", 2.0, 1, 1) == 2.0  # 1 process x 2 threads
+    assert default_cpus_per_worker("cpu", 2.0, 1, 2) == 1.0  # 2 ranks x 1 thread
+    assert default_cpus_per_worker("cpu", 16.0, 2, 3) == 2.0  # 8 per node // 3, whole CPUs
+    assert default_cpus_per_worker("cpu", 2.0, 1, 4) == 1.0  # never below 1
+    assert default_cpus_per_worker("cuda", 64.0, 1, 8) == 1.0
+    with pytest.raises(ConfigError, match="cpus_per_worker"):
+        load(["trainer.cpus_per_worker=0"])

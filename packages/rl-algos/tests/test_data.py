@@ -59,6 +59,53 @@ def test_too_small_problem_space_fails_clearly():
         ArithmeticTask(num_operands=1)
 
 
+def test_arithmetic_digits_multiplier_and_varied_phrasings():
+    task = ArithmeticTask(digits=(1, 2), max_multiplier=9, nonnegative=True, phrasings="varied")
+    rows = make_splits(task, 600, 0, seed=5)["train"]
+    digit_counts, ops, questions = set(), set(), set()
+    for row in rows:
+        a, op, b = row["extra_info"]["expression"].split()
+        a, b = int(a), int(b)
+        assert 0 <= a <= 99 and 0 <= b <= 99
+        digit_counts |= {len(str(a)), len(str(b))}
+        ops.add(op)
+        if op == "*":
+            assert b <= 9  # the multiplier cap
+        if op == "-":
+            assert a >= b  # nonnegative
+        truth = {"+": a + b, "-": a - b, "*": a * b}[op]  # independent of safe_eval
+        assert row["reward_model"]["ground_truth"] == str(truth)
+        question = row["prompt"][-1]["content"]
+        assert question.endswith(r"Put the final answer in \boxed{}, e.g. \boxed{7}.")
+        assert str(a) in question and str(b) in question
+        questions.add(re.sub(r"\d+", "N", question))
+    assert digit_counts == {1, 2} and ops == {"+", "-", "*"}
+    operands = [n for r in rows for n in r["extra_info"]["expression"].split()[::2]]
+    one_digit = sum(len(n) == 1 for n in operands) / len(operands)
+    assert 0.3 < one_digit < 0.6  # both common (fewer one-digit: duplicates are dropped)
+    assert len(questions) >= 20  # worded and symbolic forms, three product symbols
+    assert any("\u00d7" in q for q in questions) and any(" x " in q for q in questions)
+    assert any(q.startswith("Subtract N from N") for q in questions)
+    plain = make_splits(ArithmeticTask(digits=(1,)), 20, 0, seed=5)["train"]
+    assert all(re.fullmatch(r"What is \d \S \d\? .*", r["prompt"][-1]["content"]) for r in plain)
+    with pytest.raises(ValueError, match="digits"):
+        ArithmeticTask(digits=(0,))
+    with pytest.raises(ValueError, match="phrasings 'fancy'"):
+        ArithmeticTask(phrasings="fancy")
+    with pytest.raises(ValueError, match="max_multiplier"):
+        ArithmeticTask(max_multiplier=0)
+
+
+def test_generate_command_takes_the_new_arithmetic_options(tmp_path):
+    out = tmp_path / "arith"
+    args = ["arithmetic", "--out", str(out), "--train-size", "30", "--test-size", "5"]
+    args += ["--digits", "1", "2", "--max-multiplier", "5", "--nonnegative", "--ops", "*", "-"]
+    assert generate_main([*args, "--phrasings", "varied", "--format", "jsonl"]) == 0
+    for row in read_rows(out / "train.jsonl"):
+        a, op, b = row["extra_info"]["expression"].split()
+        assert int(b) <= 5 if op == "*" else int(a) >= int(b)
+
+
 def test_countdown_solutions_are_valid():
     splits = make_splits(
         CountdownTask(num_numbers=4, max_number=12, max_target=60), 200, 20, seed=0

@@ -87,16 +87,17 @@ def test_plot_metrics_writes_a_png_of_the_present_keys(tmp_path):
         metrics = {"critic/score/mean": step / 4, "actor/entropy": 2.0 - step / 10}
         if step % 2 == 0:
             metrics["val/accuracy"] = step / 8
+            metrics["val/boxed"] = step / 16
         logger.log(step, metrics)
     logger.close()
     png = tmp_path / "metrics.png"
     drawn = plot_metrics(tmp_path / "metrics.jsonl", png)
-    assert drawn == ["critic/score/mean", "val/accuracy", "actor/entropy"]
+    assert drawn == ["critic/score/mean", "val/accuracy", "val/boxed", "actor/entropy"]
     data = png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 5000
-    # the PNG is as tall as the number of panels: 3 panels of 2.4 in at 110 dpi
+    # the PNG is as tall as the number of panels: 4 panels of 2.4 in at 110 dpi
     height = int.from_bytes(data[20:24], "big")
-    assert height == pytest.approx(3 * 2.4 * 110, abs=2)
+    assert height == pytest.approx(4 * 2.4 * 110, abs=2)
 
 
 def test_plot_metrics_without_any_key_draws_nothing(tmp_path):

@@ -472,7 +472,11 @@ class TrainerConfig:
     backend: Literal["ray", "local"] = "ray"
     nnodes: int = 1
     num_workers: int = 1
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float | None = None
+    """CPUs reserved per worker process; on the CPU platform also its intra-op threads.
+    null: on CPU, the node's free CPUs split evenly among the node's workers (one worker on 2
+    cores: 1 process x 2 threads, measured faster than 2 FSDP ranks x 1 thread by
+    benchmarks/grpo_step.py --workers 1 2); on accelerators, 1."""
     ray_num_cpus: int | None = None
     placement: Literal["colocated", "split"] = "colocated"
     critic_workers: int = 1
@@ -489,7 +493,12 @@ class TrainerConfig:
             value = getattr(self, name)
             check_field(value >= 0, name, value, ">= 0 (0: never)" if "every" in name else ">= 0")
         check_field(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "> 0 seconds")
-        check_field(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")
+        check_field(
+            self.cpus_per_worker is None or self.cpus_per_worker > 0,
+            "cpus_per_worker",
+            self.cpus_per_worker,
+            "null (the node's CPUs split among its workers, on CPU) or a number > 0",
+        )
         check_field(
             self.gpus_per_worker is None or self.gpus_per_worker >= 0,
             "gpus_per_worker",

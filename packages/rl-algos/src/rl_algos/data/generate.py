@@ -60,8 +60,19 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         )
         for field in dataclasses.fields(cls):
             flag = "--" + field.name.replace("_", "-")
-            if isinstance(field.default, tuple):
-                sub.add_argument(flag, dest=field.name, nargs="+", default=field.default)
+            annotation = str(field.type)
+            if isinstance(field.default, tuple) or annotation.startswith("tuple"):
+                item = int if annotation.startswith("tuple[int") else str
+                sub.add_argument(flag, dest=field.name, nargs="+", type=item, default=field.default)
+            elif isinstance(field.default, bool):
+                sub.add_argument(
+                    flag,
+                    dest=field.name,
+                    action=argparse.BooleanOptionalAction,
+                    default=field.default,
+                )
+            elif annotation.startswith("int"):
+                sub.add_argument(flag, dest=field.name, type=int, default=field.default)
             elif field.default is None or isinstance(field.default, str):
                 sub.add_argument(flag, dest=field.name, type=str, default=field.default)
             else:

@@ -30,11 +30,47 @@ _INSTRUCTIONS = {
 }
 
 
+# Ways to ask for a two-operand problem (`phrasings: varied`); {a} and {b} are the operands.
+_SYMBOLS = {"+": ("+",), "-": ("-",), "*": ("*", "x", "\u00d7")}
+_WORDED = {
+    "+": (
+        "What is {a} plus {b}?",
+        "Add {a} and {b}.",
+        "What is the sum of {a} and {b}?",
+        "Calculate {a} + {b}.",
+        "If you have {a} apples and get {b} more, how many apples do you have?",
+    ),
+    "-": (
+        "What is {a} minus {b}?",
+        "Subtract {b} from {a}.",
+        "What is the difference {a} - {b}?",
+        "Calculate {a} - {b}.",
+        "If you have {a} apples and give away {b}, how many apples are left?",
+    ),
+    "*": (
+        "What is {a} times {b}?",
+        "Multiply {a} by {b}.",
+        "What is the product of {a} and {b}?",
+        "Calculate {a} x {b}.",
+        "If {a} boxes hold {b} apples each, how many apples are there in all?",
+    ),
+}
+_SYMBOLIC = ("What is {e}?", "Compute {e}.", "{e} = ?", "Evaluate: {e}", "Solve {e}.")
+
+
 @dataclass
 class ArithmeticTask:
-    """Integer arithmetic: `num_operands` integers in [min_value, max_value] joined by
-    operators from `ops` (usual precedence), e.g. "What is 12 + 7 * 3?". The ground truth
-    is the value as a string; `answer_format` asks for ``\\boxed{}`` or ``####``."""
+    """Integer arithmetic: `num_operands` integers joined by operators from `ops` (usual
+    precedence), e.g. "What is 12 + 7 * 3?". The ground truth is the value as a string;
+    `answer_format` asks for ``\\boxed{}`` or ``####``.
+
+    Operands are drawn from [min_value, max_value], or, with `digits` (e.g. ``[1, 2]``),
+    with a digit count drawn from `digits` first (so one- and two-digit operands are equally
+    common). `max_multiplier` caps the operand to the right of each ``*`` (9: a two-digit
+    number times a one-digit one); `nonnegative` swaps a two-operand subtraction's operands
+    so the result is never negative. `phrasings`: ``plain`` ("What is 3 + 4?") or ``varied``
+    (worded forms such as "Subtract 4 from 9." or "If 3 boxes hold 5 apples each, ...", and
+    the symbols ``*``, ``x``, ``\u00d7`` for a product; worded forms need two operands)."""
 
     min_value: int = 0
     max_value: int = 99
@@ -42,6 +78,10 @@ class ArithmeticTask:
     ops: tuple[str, ...] = ("+", "-", "*")
     answer_format: str = "boxed"
     system_prompt: str | None = None
+    digits: tuple[int, ...] | None = None
+    max_multiplier: int | None = None
+    nonnegative: bool = False
+    phrasings: str = "plain"
 
     data_source = "arithmetic"
 
@@ -57,19 +97,63 @@ class ArithmeticTask:
             raise ValueError(
                 f"arithmetic: answer_format {self.answer_format!r}; expected one of {list(_INSTRUCTIONS)}"
             )
+        if self.digits is not None:
+            self.digits = tuple(self.digits)
+            if not self.digits or any(
+                not isinstance(d, int) or not 1 <= d <= 6 for d in self.digits
+            ):
+                raise ValueError(
+                    f"arithmetic: digits must be a non-empty list of digit counts in 1..6, "
+                    f"got {self.digits}"
+                )
+        if self.max_multiplier is not None and self.max_multiplier < 1:
+            raise ValueError(
+                f"arithmetic: max_multiplier must be >= 1 (or null), got {self.max_multiplier}"
+            )
+        if self.phrasings not in ("plain", "varied"):
+            raise ValueError(
+                f"arithmetic: phrasings {self.phrasings!r}; expected 'plain' or 'varied'"
+            )
+
+    def _operand(self, rng: random.Random, cap: int | None = None) -> int:
+        if self.digits is not None:
+            n = rng.choice(self.digits)
+            low, high = (0 if n == 1 else 10 ** (n - 1)), 10**n - 1
+        else:
+            low, high = self.min_value, self.max_value
+        if cap is not None:
+            high = min(high, cap)
+            low = min(low, high)
+        return rng.randint(low, high)
 
     def sample(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
         """(problem key, row) for one random problem."""
-        values = [rng.randint(self.min_value, self.max_value) for _ in range(self.num_operands)]
+        values = [self._operand(rng)]
+        ops: list[str] = []
+        for _ in range(self.num_operands - 1):
+            ops.append(op := rng.choice(self.ops))
+            values.append(self._operand(rng, self.max_multiplier if op == "*" else None))
+        if self.nonnegative and ops == ["-"] and values[0] < values[1]:
+            values.reverse()
         parts = [str(values[0])]
-        for value in values[1:]:
-            parts += [rng.choice(self.ops), str(value)]
+        for op, value in zip(ops, values[1:], strict=True):
+            parts += [op, str(value)]
         expression = " ".join(parts)
         answer, _ = safe_eval(expression)
-        question = f"What is {expression}? {_INSTRUCTIONS[self.answer_format]}"
+        question = f"{self._ask(rng, expression, ops, values)} {_INSTRUCTIONS[self.answer_format]}"
         row = _row(self.data_source, question, str(int(answer)), self.system_prompt)
         row["extra_info"] = {"expression": expression}
         return expression, row
+
+    def _ask(self, rng: random.Random, expression: str, ops: list[str], values: list[int]) -> str:
+        if self.phrasings == "plain":
+            return f"What is {expression}?"
+        shown = " ".join(
+            rng.choice(_SYMBOLS[t]) if t in _SYMBOLS else t for t in expression.split()
+        )
+        if len(ops) == 1 and rng.random() < 0.5:
+            return rng.choice(_WORDED[ops[0]]).format(a=values[0], b=values[1])
+        return rng.choice(_SYMBOLIC).format(e=shown)
 
 
 @dataclass

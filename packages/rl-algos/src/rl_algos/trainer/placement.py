@@ -38,6 +38,7 @@ __all__ = [
     "RoleGroups",
     "actor_worker_config",
     "critic_worker_config",
+    "default_cpus_per_worker",
     "recomputes_old_log_probs",
     "rollout_generator_config",
     "start_role_groups",
@@ -314,7 +315,10 @@ def start_role_groups(
             owned_ray = ensure_ray(num_cpus)
         try:
             workers_start = time.perf_counter()
-            groups = _ray_groups(trainer, roles, needs_critic)
+            shares_cluster = (
+                trainer.placement == "split" and needs_critic
+            ) or cfg.rollout.placement != "colocated"
+            groups = _ray_groups(trainer, roles, needs_critic, shares_cluster)
             timing["workers_start"] = time.perf_counter() - workers_start
             _init_models(groups, timing)
         except BaseException:  # a failure or Ctrl-C while starting: stop what started
@@ -337,10 +341,23 @@ def _init_models(groups: dict[str, WorkerGroup], timing: dict[str, float]) -> No
             group.init_model()
 
 
+def default_cpus_per_worker(
+    platform: str, cluster_cpus: float, nnodes: int, workers_per_node: int
+) -> float:
+    """`trainer.cpus_per_worker: null`: on CPU, a node's free CPUs split evenly among its
+    training workers (whole CPUs, at least 1: they become the intra-op threads); on
+    accelerators, 1."""
+    if platform != "cpu":
+        return 1.0
+    return float(max(1, int(cluster_cpus / nnodes) // workers_per_node))
+
+
 def _ray_groups(
-    trainer: Any, roles: dict[str, ClassWithInitArgs], needs_critic: bool
+    trainer: Any, roles: dict[str, ClassWithInitArgs], needs_critic: bool, shares_cluster: bool
 ) -> dict[str, WorkerGroup]:
-    """The Ray worker groups of `roles` (colocated, or the critic apart when split)."""
+    """The Ray worker groups of `roles` (colocated, or the critic apart when split).
+    `shares_cluster`: other actors (a critic or rollout pool of their own) need CPUs too,
+    so ``cpus_per_worker: null`` stays at 1."""
     import ray
 
     from rl_core.single_controller.ray import RayWorkerGroup
@@ -349,10 +366,21 @@ def _ray_groups(
     platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
     log.info("worker platform: %s", platform)
 
+    cpus = trainer.cpus_per_worker
+    if cpus is None:
+        cpus = 1.0
+        if not shares_cluster:  # the training workers are all this run adds to the cluster
+            cpus = default_cpus_per_worker(
+                platform,
+                ray.available_resources().get("CPU", 1.0),  # what others hold stays theirs
+                trainer.nnodes,
+                trainer.num_workers,
+            )
+
     def pool_of(process_on_nodes: list[int]) -> ResourcePool:
         return ResourcePool(
             process_on_nodes,
-            cpus_per_process=trainer.cpus_per_worker,
+            cpus_per_process=cpus,
             accelerators_per_process=trainer.gpus_per_worker,
             platform=platform,
         )

@@ -213,6 +213,7 @@ def plot_metrics(
     keys: Iterable[str] = (
         "critic/score/mean",
         "val/accuracy",
+        "val/boxed",
         "val/score",
         "actor/entropy",
         "response_length/mean",
