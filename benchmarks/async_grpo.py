@@ -15,6 +15,10 @@ the curves compare at equal samples. Printed as a markdown table; ``--json FILE`
 numbers. Run it alone on the machine (it measures wall time)::
 
     uv run python benchmarks/async_grpo.py [--model smollm2-135m-instruct] [--steps 8]
+
+Measured 2026-11-23 (2-core AVX2 machine, quiet; ``--model smollm2-135m-instruct --steps 4
+--val-every 2``): split sync 0.47 samples/s, split async (max_staleness=1) 0.55 (1.19x),
+colocated sync 0.94; validation accuracy identical at equal samples (0.00, 0.00, 0.06).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def build_config(
                 "task": "arithmetic",
                 "train_size": 512,
                 "test_size": args.val_size,
-                "options": {"max_value": 20, "ops": ["+"]},
+                "options": {"max_value": 30, "ops": ["+"]},
             },
             "max_prompt_length": args.max_prompt_length,
             "max_response_length": args.new_tokens,
