@@ -81,7 +81,8 @@ class VLATrainer:
                 f"{val_env.num_envs}"
             )
         self.policy, self.env, self.val_env, self.cfg = policy, env, val_env, config
-        self.optim = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=0.0)
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=0.0)
         self.loss_cfg = PolicyLossConfig(
             clip_ratio_low=config.clip_ratio, clip_ratio_high=config.clip_ratio
         )
@@ -194,7 +195,9 @@ class VLATrainer:
                     m.update(vm)
                 self.optim.zero_grad()
                 loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(
+                    self.optim.param_groups[0]["params"], self.cfg.grad_clip
+                )
                 self.optim.step()
                 m["actor/grad_norm"] = float(norm)
                 m["actor/entropy"] = float(entropy.mean().detach())
