@@ -113,13 +113,21 @@ class VLATrainer:
         return metrics
 
     def _log_images(self, step: int, paths: dict[str, Path]) -> None:
+        """The frame strip to every tracker that takes images (TensorBoard, W&B, MLflow)."""
+        from PIL import Image
+
+        strip = np.asarray(Image.open(paths["strip"]).convert("RGB"))
         for backend in self.logger.backends:
             writer = getattr(backend, "writer", None)
             if writer is not None and hasattr(writer, "add_image"):
-                from PIL import Image
-
-                strip = np.asarray(Image.open(paths["strip"]).convert("RGB"))
                 writer.add_image("val/frames", strip, step, dataformats="HWC")
+            run = getattr(backend, "run", None)
+            wandb = getattr(backend, "wandb", None)
+            if run is not None and wandb is not None:
+                run.log({"val/frames": wandb.Image(strip)}, step=step)
+            mlflow = getattr(backend, "mlflow", None)
+            if mlflow is not None:
+                mlflow.log_image(strip, f"frames/val_step{step:04d}.png")
 
     # ---------------------------------------------------------------------- one update
     def _advantages(self, ep: Episodes) -> tuple[np.ndarray, np.ndarray | None]:
