@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import torch
 import pytest
 
 from rl_core.env import ActionSpec, EnvObservation, VectorEnv, check_action_chunk
@@ -35,7 +36,9 @@ def test_check_action_chunk_errors_name_the_field():
 
 
 def test_reach_episode_rewards_and_absorbing_state():
-    cfg = ReachConfig(n_directions=4, distance=0.3, radius=0.12, step_size=0.15, max_steps=3)
+    cfg = ReachConfig(
+        n_directions=4, distance=0.3, radius=0.12, step_size=0.15, max_steps=3, progress_reward=1.0
+    )
     env = ReachEnv(2, cfg)
     assert isinstance(env, VectorEnv)
     obs = env.reset([0, 0])
@@ -64,12 +67,51 @@ def test_reach_episode_rewards_and_absorbing_state():
 
 
 def test_reach_chunk_stops_at_success():
-    env = ReachEnv(1, ReachConfig(n_directions=4, max_steps=6, max_chunk=4))
+    env = ReachEnv(1, ReachConfig(n_directions=4, max_steps=6, max_chunk=4, progress_reward=1.0))
     env.reset([3])
     d = (env.target[0] - 0.5) / 0.3
     step = env.step(np.tile(d, (1, 4, 1)))  # 4 moves, success after the 2nd
     assert env.steps[0] == 2 and step.terminated[0] and step.info["success"][0]
     np.testing.assert_allclose(step.reward, [0.3 + 1.0], atol=1e-6)
+
+
+def test_reach_default_reward_does_not_make_standing_still_the_best_failure():
+    """The bug behind the reach task's collapse, by hand: with distance shaping, a group of
+    failed episodes ranks standing still above moving, so GRPO teaches "stand still"."""
+    from rl_algos.advantages import compute_grpo_outcome_advantage
+
+    def group_returns(progress_reward: float) -> np.ndarray:
+        cfg = ReachConfig(n_directions=4, max_steps=2, progress_reward=progress_reward)
+        env = ReachEnv(3, cfg)
+        env.reset([5, 5, 5])
+        d = (env.target[0] - 0.5) / 0.3  # unit vector to the target
+        side = np.array([-d[1], d[0]])  # orthogonal: moves, never arrives
+        actions = np.stack([np.zeros(2), side, -d])  # stay, sideways, away
+        total = np.zeros(3)
+        for _ in range(2):
+            total += env.step(actions[:, None, :]).reward
+        assert not env.success.any()
+        return total
+
+    shaped = group_returns(1.0)
+    # hand computation: stay 0; sideways 0.3 -> hypot(0.3, 0.3) = -0.1243; away 0.3 -> 0.6
+    np.testing.assert_allclose(shaped, [0.0, 0.3 - np.hypot(0.3, 0.3), -0.3], atol=1e-6)
+    adv, _ = compute_grpo_outcome_advantage(
+        token_level_rewards=torch.as_tensor(shaped[:, None]),
+        response_mask=torch.ones(3, 1),
+        index=np.zeros(3, np.int64),
+    )
+    assert adv[0, 0] > 0 > adv[2, 0]  # standing still is reinforced
+    sparse = group_returns(0.0)  # the default: 1 on success, nothing else
+    np.testing.assert_array_equal(sparse, [0.0, 0.0, 0.0])
+    adv, _ = compute_grpo_outcome_advantage(
+        token_level_rewards=torch.as_tensor(sparse[:, None]),
+        response_mask=torch.ones(3, 1),
+        index=np.zeros(3, np.int64),
+    )
+    np.testing.assert_array_equal(adv.numpy(), np.zeros((3, 1)))  # nothing is reinforced
+    with pytest.raises(ValueError, match="progress_reward"):
+        ReachConfig(progress_reward=-1.0)
 
 
 def test_worker_pool_matches_in_process_env():

@@ -102,7 +102,8 @@ def test_one_training_step_runs_and_logs(model_path, tmp_path, algorithm, head):
         output_dir=str(tmp_path),
     )
     before = [p.detach().clone() for p in policy.parameters()]
-    history = VLATrainer(policy, ReachEnv(4), ReachEnv(2), cfg).fit()
+    dense = ReachConfig(progress_reward=1.0)  # the sparse default can give all-zero advantages
+    history = VLATrainer(policy, ReachEnv(4, dense), ReachEnv(2, dense), cfg).fit()
     assert history[0]["step"] == 0 and "val/success_rate" in history[0]
     last = history[-1]
     assert np.isfinite(last["actor/pg_loss"]) and last["train/mean_length"] >= 1
@@ -111,3 +112,44 @@ def test_one_training_step_runs_and_logs(model_path, tmp_path, algorithm, head):
     assert (tmp_path / "frames" / "val_step0000.png").is_file()
     assert (tmp_path / "frames" / "val_step0001.gif").is_file()
     assert (tmp_path / "metrics.jsonl").is_file()
+
+
+def test_image_adapter_starts_neutral_and_a_frozen_tower_stays_fixed(model_path, tmp_path):
+    plain = _policy(model_path, "tokens")
+    torch.manual_seed(0)
+    spec = ReachEnv(1).action_spec
+    policy = VLAPolicy.from_pretrained(
+        model_path, spec, VLAPolicyConfig(image_grid=3, freeze_vision=True)
+    )
+    env = ReachEnv(4, ReachConfig(image_size=84, n_directions=4))
+    inputs = policy.process(env.reset([0, 1, 2, 3]))
+    actions = plain.act(inputs).actions
+    # zero-initialised adapter: the same log-probs as the policy without it
+    want, _, _ = plain.evaluate(inputs, actions)
+    got, _, _ = policy.evaluate(inputs, actions)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    # the adapter's input keeps where things are: the pooled cell holding the red target
+    # differs between a target left and a target right of the agent (84 px: 3x3 tokens)
+    feats = policy.model.model.get_image_features(
+        torch.cat(inputs.pixel_values), inputs.image_grid_thw
+    ).pooler_output
+    cell = {0.2: 3, 0.8: 5}  # target x -> raster index of its token (row 1)
+    left = [i for i in range(4) if np.isclose(env.target[i, 0], 0.2)]
+    other = [i for i in range(4) if not np.isclose(env.target[i, 0], 0.2)]
+    if left and other:
+        assert not torch.allclose(feats[left[0]][cell[0.2]], feats[other[0]][cell[0.2]])
+    tower = {n: p.detach().clone() for n, p in policy.model.model.visual.named_parameters()}
+    cfg = VLATrainerConfig(
+        total_steps=1, groups=2, n=2, max_steps=2, epochs=1, mini_batch_size=8,
+        val_seeds=[100, 101], val_every=1, output_dir=str(tmp_path), lr=1e-2,
+    )
+    cfg_env = ReachConfig(image_size=84, n_directions=4, progress_reward=1.0)  # dense: adv != 0
+    trainer = VLATrainer(policy, ReachEnv(4, cfg_env), ReachEnv(2, cfg_env), cfg)
+    trainer.fit()
+    for name, p in policy.model.model.visual.named_parameters():
+        assert torch.equal(p, tower[name]), name
+    assert policy.image_adapter.weight.abs().sum() > 0
+    trained = {id(p) for p in trainer.optim.param_groups[0]["params"]}
+    assert not any(id(p) in trained for p in policy.model.model.visual.parameters())
+    with pytest.raises(ValueError, match="image_grid"):
+        VLAPolicyConfig(image_grid=-1)

@@ -13,6 +13,19 @@ Two action heads:
 
 A value head (linear, on the same hidden state) serves PPO. Prompts are left-padded, so the
 prompt's last token is at position -1 of every row.
+
+``image_grid > 0`` adds an image adapter: the vision tower's image tokens (layer-normed) are
+average-pooled to an ``image_grid x image_grid`` grid (so *where* things are is kept),
+flattened and projected (zero-initialised: the policy starts as without it) onto the hidden
+state that both heads and the value head read. A small random VLM's last token carries
+almost no information about where things are in the image (its hidden state varies by ~2%
+across images, and the LM's first updates wash the tiny random tower's features out of the
+image tokens' hidden states), so without this path a policy that must find a position does
+not learn it from RL in minutes; a pretrained VLM should not need it.
+
+``freeze_vision`` keeps the vision tower fixed. With a random tower it is needed: its
+output is tiny (mean |x| ~0.02), and Adam's first updates (each weight moves by ~lr
+whatever its gradient) erase the differences between image tokens within a few steps.
 """
 
 from __future__ import annotations
@@ -40,12 +53,16 @@ class VLAPolicyConfig:
     n_bins: int = 3
     hidden_mlp: int = 64
     init_log_std: float = -0.5
+    image_grid: int = 0  # > 0: the image adapter over a pooled image_grid^2 grid (see above)
+    freeze_vision: bool = False  # keep the vision tower's weights fixed (no grad)
     # the image last: the state the heads read is the token right after the image
     prompt: str = "{instruction}:" + IMAGE_MARKUP
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
             raise ValueError(f"policy.head is {self.head!r}, expected one of {HEADS}")
+        if int(self.image_grid) < 0:
+            raise ValueError(f"policy.image_grid is {self.image_grid}, expected >= 0 (0: off)")
 
 
 @dataclass
@@ -109,6 +126,13 @@ class VLAPolicy(nn.Module):
         self.action_tokenizer = ActionTokenizer(
             action_spec.low, action_spec.high, config.n_bins, token_ids=usable[-config.n_bins :]
         )
+        self.image_adapter: nn.Linear | None = None
+        if config.image_grid:
+            self.image_adapter = nn.Linear(hidden * config.image_grid**2, hidden)
+            nn.init.zeros_(self.image_adapter.weight)
+            nn.init.zeros_(self.image_adapter.bias)
+        if config.freeze_vision:
+            model.model.visual.requires_grad_(False)
         self.value_head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
@@ -162,6 +186,22 @@ class VLAPolicy(nn.Module):
         )
         return out.last_hidden_state  # [B, L (+extra), H]
 
+    def _image_bias(self, inputs: PolicyInputs) -> torch.Tensor | float:
+        """``[B, 1, H]``: the image adapter's term added to the hidden states the heads read."""
+        if self.image_adapter is None:
+            return 0.0
+        g = self.config.image_grid
+        feats = self.model.model.get_image_features(
+            torch.cat(inputs.pixel_values), inputs.image_grid_thw
+        ).pooler_output  # per row: [t*h*w/merge^2, H], raster order
+        merge = int(self.model.config.vision_config.spatial_merge_size)
+        pooled = []
+        for f, (t, h, w) in zip(feats, inputs.image_grid_thw.tolist(), strict=True):
+            f = nn.functional.layer_norm(f.float(), f.shape[-1:])  # the tower's scale is arbitrary
+            maps = f.view(int(t), int(h) // merge, int(w) // merge, -1).mean(0).permute(2, 0, 1)
+            pooled.append(nn.functional.adaptive_avg_pool2d(maps, (g, g)).flatten())
+        return self.image_adapter(torch.stack(pooled)).unsqueeze(1)
+
     def _bin_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.lm_head(hidden)
         return logits[..., torch.as_tensor(self.action_tokenizer.token_ids)]
@@ -172,18 +212,24 @@ class VLAPolicy(nn.Module):
         L = inputs.input_ids.shape[1]
         if self.config.head == "tokens":
             hidden = self._hidden(inputs, actions[:, :-1])
-            state = hidden[:, L - 1]
-            logp_all = torch.log_softmax(self._bin_logits(hidden[:, L - 1 :]).float(), dim=-1)
+            heads_in = hidden[:, L - 1 :] + self._image_bias(inputs)
+            state = heads_in[:, 0]
+            logp_all = torch.log_softmax(self._bin_logits(heads_in).float(), dim=-1)
             bins = torch.as_tensor(self.action_tokenizer.token_to_bin(actions))
             log_probs = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         else:
-            state = self._hidden(inputs, None)[:, L - 1]
+            state = self._state(inputs)
             dist = self._gaussian(state)
             log_probs = dist.log_prob(actions.float()).sum(-1, keepdim=True)
             entropy = dist.entropy().sum(-1, keepdim=True)
         values = self.value_head(state.float()).squeeze(-1)
         return log_probs, values, entropy
+
+    def _state(self, inputs: PolicyInputs) -> torch.Tensor:
+        """``[B, H]``: the prompt's last hidden state (+ the image adapter's term)."""
+        hidden = self._hidden(inputs, None)
+        return (hidden[:, -1:] + self._image_bias(inputs))[:, 0]
 
     def _gaussian(self, state: torch.Tensor) -> torch.distributions.Normal:
         mean = self.mean_head(state.float())
@@ -192,23 +238,21 @@ class VLAPolicy(nn.Module):
     @torch.no_grad()
     def act(self, inputs: PolicyInputs, greedy: bool = False) -> PolicyOutput:
         """Sample (or take the mode of) one action per row; no grad."""
-        L = inputs.input_ids.shape[1]
         low = torch.as_tensor(self.action_spec.low)
         high = torch.as_tensor(self.action_spec.high)
         if self.config.head == "tokens":
             ids = torch.as_tensor(self.action_tokenizer.token_ids)
             chosen = torch.zeros(len(inputs.input_ids), 0, dtype=torch.long)
-            state = None
+            bias = self._image_bias(inputs)
             for _ in range(self.action_spec.action_dim):
                 hidden = self._hidden(inputs, chosen)
-                state = hidden[:, L - 1] if state is None else state
-                logits = self._bin_logits(hidden[:, -1]).float()
+                logits = self._bin_logits(hidden[:, -1:] + bias)[:, 0].float()
                 k = logits.argmax(-1) if greedy else torch.multinomial(logits.softmax(-1), 1)[:, 0]
                 chosen = torch.cat([chosen, ids[k].unsqueeze(1)], dim=1)
             log_probs, values, _ = self.evaluate(inputs, chosen)
             env_actions = self.action_tokenizer.decode(chosen)
             return PolicyOutput(env_actions, chosen, log_probs, values)
-        state = self._hidden(inputs, None)[:, L - 1]
+        state = self._state(inputs)
         dist = self._gaussian(state)
         raw = dist.mean if greedy else dist.sample()
         env_actions = torch.maximum(torch.minimum(raw, high), low).numpy().astype(np.float32)

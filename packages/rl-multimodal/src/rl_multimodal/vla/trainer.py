@@ -81,7 +81,8 @@ class VLATrainer:
                 f"{val_env.num_envs}"
             )
         self.policy, self.env, self.val_env, self.cfg = policy, env, val_env, config
-        self.optim = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=0.0)
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=0.0)
         self.loss_cfg = PolicyLossConfig(
             clip_ratio_low=config.clip_ratio, clip_ratio_high=config.clip_ratio
         )
@@ -112,13 +113,21 @@ class VLATrainer:
         return metrics
 
     def _log_images(self, step: int, paths: dict[str, Path]) -> None:
+        """The frame strip to every tracker that takes images (TensorBoard, W&B, MLflow)."""
+        from PIL import Image
+
+        strip = np.asarray(Image.open(paths["strip"]).convert("RGB"))
         for backend in self.logger.backends:
             writer = getattr(backend, "writer", None)
             if writer is not None and hasattr(writer, "add_image"):
-                from PIL import Image
-
-                strip = np.asarray(Image.open(paths["strip"]).convert("RGB"))
                 writer.add_image("val/frames", strip, step, dataformats="HWC")
+            run = getattr(backend, "run", None)
+            wandb = getattr(backend, "wandb", None)
+            if run is not None and wandb is not None:
+                run.log({"val/frames": wandb.Image(strip)}, step=step)
+            mlflow = getattr(backend, "mlflow", None)
+            if mlflow is not None:
+                mlflow.log_image(strip, f"frames/val_step{step:04d}.png")
 
     # ---------------------------------------------------------------------- one update
     def _advantages(self, ep: Episodes) -> tuple[np.ndarray, np.ndarray | None]:
@@ -194,7 +203,9 @@ class VLATrainer:
                     m.update(vm)
                 self.optim.zero_grad()
                 loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(
+                    self.optim.param_groups[0]["params"], self.cfg.grad_clip
+                )
                 self.optim.step()
                 m["actor/grad_norm"] = float(norm)
                 m["actor/entropy"] = float(entropy.mean().detach())

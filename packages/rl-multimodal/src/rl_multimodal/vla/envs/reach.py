@@ -4,9 +4,14 @@ The arena is the unit square. The agent (a blue dot) starts at the centre; the t
 red dot) is drawn at ``distance`` from it in a direction from the seed. An action is a 2-D
 move in ``[-1, 1]^2``; the agent moves by ``step_size * action`` (clipped to the arena).
 The episode succeeds (and terminates) when the agent is within ``radius`` of the target;
-it is truncated after ``max_steps`` primitive actions. The step reward is the decrease of
-the distance to the target plus 1 on success, so an episode's return is its progress
-plus its success.
+it is truncated after ``max_steps`` primitive actions. The step reward is 1 on success,
+plus ``progress_reward`` times the decrease of the distance to the target (0 by default).
+
+The default is the sparse reward on purpose: with distance shaping, an episode's return is
+``progress_reward * (d0 - d_end) + success``, and a random walk increases the distance in
+expectation, so in a group of episodes with no success the one that stands still scores
+best and group-normalised advantages teach the policy to stand still (the policy collapsed
+to one action and the greedy success rate fell to 0 with ``progress_reward=1``).
 
 Observations: a ``image_size`` RGB frame (PIL), proprioception = the agent's position,
 the instruction "reach the red dot". Pure numpy + PIL: no gymnasium needed.
@@ -33,12 +38,17 @@ class ReachConfig:
     max_steps: int = 6
     n_directions: int = 8  # target directions drawn from the seed (0: any angle)
     max_chunk: int = 4
+    progress_reward: float = 0.0  # weight of the distance decrease in the step reward
     instruction: str = "reach the red dot"
 
     def __post_init__(self) -> None:
         for name in ("distance", "radius", "step_size"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"ReachConfig.{name} is {getattr(self, name)}, expected in (0, 1)")
+        if not (np.isfinite(self.progress_reward) and self.progress_reward >= 0):
+            raise ValueError(
+                f"ReachConfig.progress_reward is {self.progress_reward}, expected a finite value >= 0"
+            )
         if self.image_size < 8 or self.max_steps < 1 or self.n_directions < 0:
             raise ValueError(
                 f"ReachConfig: image_size {self.image_size} (>= 8), max_steps "
@@ -119,7 +129,7 @@ class ReachEnv:
             after = np.linalg.norm(self.agent - self.target, axis=1)
             self.steps[active] += 1
             hit = active & (after <= c.radius)
-            reward[active] += (before - after)[active] + hit[active]
+            reward[active] += c.progress_reward * (before - after)[active] + hit[active]
             self.success |= hit
             self.terminated |= hit
             self.truncated |= active & ~hit & (self.steps >= c.max_steps)
