@@ -9,11 +9,11 @@ turns it on by default; ``--gradient-checkpointing`` measures that).
 It needs TRL, which is not a dependency of this workspace: run it with a separate
 environment outside the repository, pinned to the workspace's torch and transformers::
 
-    uv venv /work/trl-venv --python 3.11
-    uv pip install --python /work/trl-venv/bin/python trl torch==2.15.0 transformers==5.23.0
+    uv venv ../trl-venv --python 3.11
+    uv pip install --python ../trl-venv/bin/python trl torch==2.15.0 transformers==5.23.0
     uv run python -c "from rl_algos.trainer.model_source import resolve_model_path as r; \\
         print(r('smollm2-135m-instruct'))"          # converts the GGUF once, prints the dir
-    /work/trl-venv/bin/python benchmarks/trl_grpo_step.py --steps 4 [--json out.json]
+    ../trl-venv/bin/python benchmarks/trl_grpo_step.py --steps 4 [--json out.json]
 
 Prints the median step time over ``--steps`` steps after one warm-up step (the time from a
 step's start to its end, generation included), and the set-up time before step 1.
