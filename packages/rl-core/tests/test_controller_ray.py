@@ -443,7 +443,8 @@ def test_worker_that_dies_fails_the_call_within_the_timeout(ray_session):
         import ray
 
         ray.kill(group.workers[0])
-        with pytest.raises(WorkerDiedError, match="'mortal' rank 0"):
+        # both ranks are dead now; which one is named first depends on when Ray notices
+        with pytest.raises(WorkerDiedError, match=r"'mortal' rank [01] .*died during one_to_all"):
             group.one_to_all(1)
     finally:
         group.shutdown()
