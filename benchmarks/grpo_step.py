@@ -4,14 +4,15 @@ SmolLM2-135M-Instruct (``model.path=smollm2-135m-instruct``, fp32), the generate
 arithmetic task, 8 prompts x 4 samples per step, exactly 64 new tokens per sample (the
 end-of-turn token does not stop generation, so every step does the same work), training
 workers on embedded Ray (``--workers``, default 1; each gets cpus/workers intra-op
-threads), each hosting its own ``hf`` rollout engine (colocated), GRPO without a reference
+threads; ``--backend local``: one worker in the driver process, no Ray), each hosting its own ``hf`` rollout engine (colocated), GRPO without a reference
 model (as in the main job; ``--ref`` adds one), one optimizer step per RL step.
 ``--workers 1 2`` measures both counts one after the other in the same run and prints
 them side by side (the first count is what ``--json`` and the baseline record).
 
 The numbers come from the trainer's own metrics (``timing/*``, ``perf/*``,
 ``reward/seconds``): the median over ``--steps`` steps after one warm-up step, the set-up
-time before step 1 and each worker's peak memory. Printed as a markdown table; ``--json
+time before step 1 (from the first import of the trainer's modules, as a fresh process
+pays it) and each worker's peak memory. Printed as a markdown table; ``--json
 FILE`` also writes them (``median.timing/step_s`` is the step time).
 
 In the same run, unless ``--no-lower-bound``, the driver times what plain PyTorch needs for
@@ -93,6 +94,7 @@ def build_config(args: argparse.Namespace, output_dir: str) -> Any:
         "trainer": {
             "output_dir": output_dir,
             "total_steps": args.steps + 1,
+            "backend": args.backend,
             "num_workers": args.workers,
             "ray_num_cpus": max(args.workers, os.cpu_count() or 1),
             "cpus_per_worker": max(1.0, (os.cpu_count() or 1) / args.workers),
@@ -141,7 +143,7 @@ def markdown(
     ratio_head = " vs baseline |" if baseline else ""
     lines = [
         f"GRPO step, {args.model}, {args.prompts} prompts x {args.samples} samples x "
-        f"{args.new_tokens} new tokens, {args.workers} workers ({kind}); median of "
+        f"{args.new_tokens} new tokens, {args.workers} workers on {args.backend} ({kind}); median of "
         f"{args.steps} steps after 1 warm-up",
         "",
         f"| phase | seconds | share of step |{ratio_head}",
@@ -313,6 +315,13 @@ def main() -> int:
         help="training workers (each gets cpus/workers threads); several counts are "
         "measured one after another in this run and compared, e.g. --workers 1 2",
     )
+    parser.add_argument(
+        "--backend",
+        choices=["ray", "local"],
+        default="ray",
+        help="trainer.backend: workers as Ray actors (default), or one worker hosted by the "
+        "driver process itself (no Ray; --workers 1 only)",
+    )
     parser.add_argument("--max-prompt-length", type=int, default=96)
     parser.add_argument("--ref", action="store_true", help="add a reference model (KL loss)")
     parser.add_argument("--json", help="also write the medians to this file")
@@ -321,8 +330,17 @@ def main() -> int:
     parser.add_argument("--no-lower-bound", action="store_true", help="skip plain PyTorch")
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. actor.epochs=2")
     args = parser.parse_args()
+    if args.backend == "local" and args.workers != [1]:
+        parser.error(f"--backend local runs exactly one worker, got --workers {args.workers}")
 
+    start = time.perf_counter()
+    import rl_algos.trainer.loop  # noqa: F401  (torch, transformers, ...: part of set-up)
+
+    import_s = time.perf_counter() - start
     by_workers = {workers: run_once(args, workers) for workers in dict.fromkeys(args.workers)}
+    for s in by_workers.values():  # as a fresh process pays it (TRL's set-up includes it too)
+        s["setup/import_s"] = import_s
+        s["setup_s"] += import_s
     first = next(iter(by_workers))
     summary = by_workers[first]  # the first count is the one recorded as `median`
     if not args.no_lower_bound:

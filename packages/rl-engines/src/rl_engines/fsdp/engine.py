@@ -145,11 +145,16 @@ RESERVED_METRICS = (
 
 
 def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0).
+    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0), unless
+    it exists already.
 
-    Sharded checkpointing needs the state to exist; creating it here (a zero-lr step, then
-    zeroing every state tensor) keeps the first real step identical to a fresh optimizer.
+    Sharded checkpointing needs the state to exist, so `save`/`load` call this before the
+    first step has created it: a zero-lr step, then zeroing every state tensor, keeps the
+    first real step identical to a fresh optimizer. It is not done at start-up: on a 135M
+    model it costs about 4 s of CPU for a state the first step creates anyway.
     """
+    if optimizer.state:
+        return
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -238,7 +243,6 @@ class FSDPEngine(TrainEngine):
                 eps=opt.eps,
                 weight_decay=opt.weight_decay,
             )
-            _init_optimizer_state(self.optimizer)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
         self._step = 0
         self._offloaded = False
@@ -547,6 +551,7 @@ class FSDPEngine(TrainEngine):
             "tied_embeddings": self.tied_embeddings,
             "lora": None if self.lora is None else dataclasses.asdict(self.lora),
         }
+        _init_optimizer_state(self.optimizer)
         save_checkpoint(path, self.model, self.optimizer, extra, meta)
 
     @classmethod
@@ -570,6 +575,7 @@ class FSDPEngine(TrainEngine):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
+        _init_optimizer_state(self.optimizer)
         extra, meta = load_checkpoint(path, self.model, self.optimizer)
         if bool(meta.get("value_model")) != self.value_model:
             raise ValueError(
