@@ -130,6 +130,11 @@ class VLAPolicy(nn.Module):
         vocab = int(model.config.get_text_config().vocab_size)
         special = set(self.tokenizer.all_special_ids)
         usable = [i for i in range(min(vocab, len(self.tokenizer))) if i not in special]
+        if config.n_bins > len(usable):
+            raise ValueError(
+                f"policy.n_bins is {config.n_bins}, expected <= {len(usable)}: the model's "
+                "vocabulary has that many non-special tokens to use as action bins"
+            )
         self.action_tokenizer = ActionTokenizer(
             action_spec.low, action_spec.high, config.n_bins, token_ids=usable[-config.n_bins :]
         )
