@@ -140,9 +140,9 @@ class VLAPolicy(nn.Module):
         )
         self.image_adapter: nn.Linear | None = None
         # the adapter's terms: tokens, one per action dimension (module docstring); gaussian, one
-        self.bias_terms = action_spec.action_dim if config.head == "tokens" else 1
+        self._bias_terms = action_spec.action_dim if config.head == "tokens" else 1
         if config.image_grid:
-            self.image_adapter = nn.Linear(hidden * config.image_grid**2, hidden * self.bias_terms)
+            self.image_adapter = nn.Linear(hidden * config.image_grid**2, hidden * self._bias_terms)
             nn.init.zeros_(self.image_adapter.weight)
             nn.init.zeros_(self.image_adapter.bias)
         if config.freeze_vision:
@@ -219,7 +219,7 @@ class VLAPolicy(nn.Module):
             maps = f.view(int(t), int(h) // merge, int(w) // merge, -1).mean(0).permute(2, 0, 1)
             pooled.append(nn.functional.adaptive_avg_pool2d(maps, (g, g)).flatten())
         terms = self.image_adapter(torch.stack(pooled))
-        return terms.view(len(pooled), self.bias_terms, -1)
+        return terms.view(len(pooled), self._bias_terms, -1)
 
     def _bin_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.lm_head(hidden)
