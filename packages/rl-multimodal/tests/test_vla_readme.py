@@ -9,6 +9,7 @@ registration.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import re
 from pathlib import Path
 
@@ -65,6 +66,9 @@ def readme_example() -> str:
     return block.group(1)
 
 
+@pytest.mark.skipif(
+    "fork" not in mp.get_all_start_methods(), reason="spawned workers miss the registration"
+)
 def test_readme_gymnasium_example_runs(tmp_path, monkeypatch):
     code = readme_example()
     for old, new in PATCHES:
