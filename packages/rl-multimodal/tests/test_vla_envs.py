@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from rl_core.env import ActionSpec, EnvObservation, VectorEnv, check_action_chunk
 from rl_multimodal.vla.envs import (

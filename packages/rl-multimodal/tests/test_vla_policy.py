@@ -140,8 +140,16 @@ def test_image_adapter_starts_neutral_and_a_frozen_tower_stays_fixed(model_path,
         assert not torch.allclose(feats[left[0]][cell[0.2]], feats[other[0]][cell[0.2]])
     tower = {n: p.detach().clone() for n, p in policy.model.model.visual.named_parameters()}
     cfg = VLATrainerConfig(
-        total_steps=1, groups=2, n=2, max_steps=2, epochs=1, mini_batch_size=8,
-        val_seeds=[100, 101], val_every=1, output_dir=str(tmp_path), lr=1e-2,
+        total_steps=1,
+        groups=2,
+        n=2,
+        max_steps=2,
+        epochs=1,
+        mini_batch_size=8,
+        val_seeds=[100, 101],
+        val_every=1,
+        output_dir=str(tmp_path),
+        lr=1e-2,
     )
     cfg_env = ReachConfig(image_size=84, n_directions=4, progress_reward=1.0)  # dense: adv != 0
     trainer = VLATrainer(policy, ReachEnv(4, cfg_env), ReachEnv(2, cfg_env), cfg)
@@ -153,3 +161,9 @@ def test_image_adapter_starts_neutral_and_a_frozen_tower_stays_fixed(model_path,
     assert not any(id(p) in trained for p in policy.model.model.visual.parameters())
     with pytest.raises(ValueError, match="image_grid"):
         VLAPolicyConfig(image_grid=-1)
+
+
+def test_more_bins_than_usable_tokens_is_refused_naming_n_bins(model_path):
+    spec = ReachEnv(1).action_spec
+    with pytest.raises(ValueError, match=r"policy.n_bins is 256, expected <= 96"):
+        VLAPolicy.from_pretrained(model_path, spec, VLAPolicyConfig(n_bins=256))

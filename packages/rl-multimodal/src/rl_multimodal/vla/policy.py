@@ -17,7 +17,14 @@ prompt's last token is at position -1 of every row.
 ``image_grid > 0`` adds an image adapter: the vision tower's image tokens (layer-normed) are
 average-pooled to an ``image_grid x image_grid`` grid (so *where* things are is kept),
 flattened and projected (zero-initialised: the policy starts as without it) onto the hidden
-state that both heads and the value head read. A small random VLM's last token carries
+states the heads read. With the ``tokens`` head it gives one term per action dimension
+(``[B, action_dim, H]``): the hidden state at the position that predicts dimension ``d``
+gets term ``d``, and the value head reads term 0 (the prompt's last position). One term
+shared by every position cannot work: the bins of every dimension are read through the same
+``lm_head``, so a shared image term moves all dimensions' logits the same way and the policy
+cannot map "the target is up-left" to independent bins per dimension (with one term the
+reach example's val/success_rate ended where it started; the package README has the runs). The ``gaussian`` head keeps one term (its state is one vector, and the
+mean MLP maps it to every dimension). A small random VLM's last token carries
 almost no information about where things are in the image (its hidden state varies by ~2%
 across images, and the LM's first updates wash the tiny random tower's features out of the
 image tokens' hidden states), so without this path a policy that must find a position does
@@ -123,12 +130,19 @@ class VLAPolicy(nn.Module):
         vocab = int(model.config.get_text_config().vocab_size)
         special = set(self.tokenizer.all_special_ids)
         usable = [i for i in range(min(vocab, len(self.tokenizer))) if i not in special]
+        if config.n_bins > len(usable):
+            raise ValueError(
+                f"policy.n_bins is {config.n_bins}, expected <= {len(usable)}: the model's "
+                "vocabulary has that many non-special tokens to use as action bins"
+            )
         self.action_tokenizer = ActionTokenizer(
             action_spec.low, action_spec.high, config.n_bins, token_ids=usable[-config.n_bins :]
         )
         self.image_adapter: nn.Linear | None = None
+        # the adapter's terms: tokens, one per action dimension (module docstring); gaussian, one
+        self._bias_terms = action_spec.action_dim if config.head == "tokens" else 1
         if config.image_grid:
-            self.image_adapter = nn.Linear(hidden * config.image_grid**2, hidden)
+            self.image_adapter = nn.Linear(hidden * config.image_grid**2, hidden * self._bias_terms)
             nn.init.zeros_(self.image_adapter.weight)
             nn.init.zeros_(self.image_adapter.bias)
         if config.freeze_vision:
@@ -186,10 +200,14 @@ class VLAPolicy(nn.Module):
         )
         return out.last_hidden_state  # [B, L (+extra), H]
 
-    def _image_bias(self, inputs: PolicyInputs) -> torch.Tensor | float:
-        """``[B, 1, H]``: the image adapter's term added to the hidden states the heads read."""
+    def _image_bias(self, inputs: PolicyInputs) -> torch.Tensor | None:
+        """The image adapter's terms added to the hidden states the heads read (None: off).
+
+        ``[B, action_dim, H]`` for the tokens head (term ``d`` for the position predicting
+        dimension ``d``), ``[B, 1, H]`` for the gaussian head.
+        """
         if self.image_adapter is None:
-            return 0.0
+            return None
         g = self.config.image_grid
         feats = self.model.model.get_image_features(
             torch.cat(inputs.pixel_values), inputs.image_grid_thw
@@ -200,7 +218,8 @@ class VLAPolicy(nn.Module):
             f = nn.functional.layer_norm(f.float(), f.shape[-1:])  # the tower's scale is arbitrary
             maps = f.view(int(t), int(h) // merge, int(w) // merge, -1).mean(0).permute(2, 0, 1)
             pooled.append(nn.functional.adaptive_avg_pool2d(maps, (g, g)).flatten())
-        return self.image_adapter(torch.stack(pooled)).unsqueeze(1)
+        terms = self.image_adapter(torch.stack(pooled))
+        return terms.view(len(pooled), self._bias_terms, -1)
 
     def _bin_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.lm_head(hidden)
@@ -212,7 +231,10 @@ class VLAPolicy(nn.Module):
         L = inputs.input_ids.shape[1]
         if self.config.head == "tokens":
             hidden = self._hidden(inputs, actions[:, :-1])
-            heads_in = hidden[:, L - 1 :] + self._image_bias(inputs)
+            heads_in = hidden[:, L - 1 :]  # [B, D, H]: position d predicts dimension d
+            bias = self._image_bias(inputs)
+            if bias is not None:
+                heads_in = heads_in + bias
             state = heads_in[:, 0]
             logp_all = torch.log_softmax(self._bin_logits(heads_in).float(), dim=-1)
             bins = torch.as_tensor(self.action_tokenizer.token_to_bin(actions))
@@ -228,8 +250,9 @@ class VLAPolicy(nn.Module):
 
     def _state(self, inputs: PolicyInputs) -> torch.Tensor:
         """``[B, H]``: the prompt's last hidden state (+ the image adapter's term)."""
-        hidden = self._hidden(inputs, None)
-        return (hidden[:, -1:] + self._image_bias(inputs))[:, 0]
+        state = self._hidden(inputs, None)[:, -1]
+        bias = self._image_bias(inputs)
+        return state if bias is None else state + bias[:, 0]
 
     def _gaussian(self, state: torch.Tensor) -> torch.distributions.Normal:
         mean = self.mean_head(state.float())
@@ -244,9 +267,11 @@ class VLAPolicy(nn.Module):
             ids = torch.as_tensor(self.action_tokenizer.token_ids)
             chosen = torch.zeros(len(inputs.input_ids), 0, dtype=torch.long)
             bias = self._image_bias(inputs)
-            for _ in range(self.action_spec.action_dim):
-                hidden = self._hidden(inputs, chosen)
-                logits = self._bin_logits(hidden[:, -1:] + bias)[:, 0].float()
+            for d in range(self.action_spec.action_dim):
+                last = self._hidden(inputs, chosen)[:, -1:]
+                if bias is not None:
+                    last = last + bias[:, d : d + 1]
+                logits = self._bin_logits(last)[:, 0].float()
                 k = logits.argmax(-1) if greedy else torch.multinomial(logits.softmax(-1), 1)[:, 0]
                 chosen = torch.cat([chosen, ids[k].unsqueeze(1)], dim=1)
             log_probs, values, _ = self.evaluate(inputs, chosen)
