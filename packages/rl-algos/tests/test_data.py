@@ -96,6 +96,46 @@ def test_arithmetic_digits_multiplier_and_varied_phrasings():
         ArithmeticTask(max_multiplier=0)
 
 
+def test_arithmetic_few_shot_demos():
+    options = dict(digits=(1, 2), max_multiplier=9, nonnegative=True, phrasings="varied")
+    plain = make_splits(ArithmeticTask(**options), 50, 20, seed=7)
+    shots = make_splits(
+        ArithmeticTask(**options, few_shot=3, system_prompt="Calc."), 50, 20, seed=7
+    )
+    assert shots == make_splits(
+        ArithmeticTask(**options, few_shot=3, system_prompt="Calc."), 50, 20, seed=7
+    )
+    for split in ("train", "test"):
+        for row, base in zip(shots[split], plain[split], strict=True):
+            # the problems themselves are those drawn without demos
+            assert row["extra_info"] == base["extra_info"]
+            assert row["reward_model"] == base["reward_model"]
+            prompt = row["prompt"]
+            assert prompt[0] == {"role": "system", "content": "Calc."}
+            assert prompt[-1] == base["prompt"][-1]
+            demos = prompt[1:-1]
+            assert [m["role"] for m in demos] == ["user", "assistant"] * 3
+            for question, reply in zip(demos[::2], demos[1::2], strict=True):
+                a, b = (int(n) for n in re.findall(r"\d+", question["content"])[:2])
+                answer = int(re.fullmatch(r"\\boxed\{(\d+)\}", reply["content"]).group(1))
+                # the worded forms name the operands in either order; one of these is right
+                assert answer in {a + b, a - b, b - a, a * b}
+                assert question["content"] != prompt[-1]["content"]
+    # plain phrasings: each demo's reply is exactly the value of its expression
+    for fmt, reply_pattern in (("boxed", r"\\boxed\{(-?\d+)\}"), ("hash", r"#### (-?\d+)")):
+        task = ArithmeticTask(max_value=20, answer_format=fmt, few_shot=2)
+        for row in make_splits(task, 30, 0, seed=1)["train"]:
+            demos = row["prompt"][:-1]
+            assert len(demos) == 4
+            for question, reply in zip(demos[::2], demos[1::2], strict=True):
+                expression = re.match(r"What is (.+)\? ", question["content"]).group(1)
+                answer = re.fullmatch(reply_pattern, reply["content"]).group(1)
+                assert int(answer) == eval(expression)
+    for bad in (-1, 9, 1.5, True):
+        with pytest.raises(ValueError, match=rf"few_shot must be .*0\.\.8, got {bad!r}"):
+            ArithmeticTask(few_shot=bad)
+
+
 def test_generate_command_takes_the_new_arithmetic_options(tmp_path):
     out = tmp_path / "arith"
     args = ["arithmetic", "--out", str(out), "--train-size", "30", "--test-size", "5"]
