@@ -112,25 +112,37 @@ def test_arithmetic_few_shot_demos():
             assert row["reward_model"] == base["reward_model"]
             prompt = row["prompt"]
             assert prompt[0] == {"role": "system", "content": "Calc."}
-            assert prompt[-1] == base["prompt"][-1]
+            # the same question; the instruction's example answer is left to the demos
+            asked = base["prompt"][-1]["content"].replace(r", e.g. \boxed{7}.", ".")
+            assert prompt[-1] == {"role": "user", "content": asked}
+            assert asked.endswith(r"Put the final answer in \boxed{}.")
             demos = prompt[1:-1]
             assert [m["role"] for m in demos] == ["user", "assistant"] * 3
             for question, reply in zip(demos[::2], demos[1::2], strict=True):
-                a, b = (int(n) for n in re.findall(r"\d+", question["content"])[:2])
-                answer = int(re.fullmatch(r"\\boxed\{(\d+)\}", reply["content"]).group(1))
-                # the worded forms name the operands in either order; one of these is right
-                assert answer in {a + b, a - b, b - a, a * b}
+                a, op, b, answer, boxed = re.fullmatch(
+                    r"(\d+) ([-+*]) (\d+) = (\d+)\. \\boxed\{(\d+)\}", reply["content"]
+                ).groups()
+                assert (
+                    answer
+                    == boxed
+                    == str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
+                )
+                assert a in question["content"] and b in question["content"]
                 assert question["content"] != prompt[-1]["content"]
-    # plain phrasings: each demo's reply is exactly the value of its expression
-    for fmt, reply_pattern in (("boxed", r"\\boxed\{(-?\d+)\}"), ("hash", r"#### (-?\d+)")):
+    # plain phrasings and both formats: each demo's reply is the value of its question
+    for fmt, reply_pattern in (
+        ("boxed", r"(.+) = (-?\d+)\. \\boxed\{(-?\d+)\}"),
+        ("hash", r"(.+) = (-?\d+)\. #### (-?\d+)"),
+    ):
         task = ArithmeticTask(max_value=20, answer_format=fmt, few_shot=2)
         for row in make_splits(task, 30, 0, seed=1)["train"]:
             demos = row["prompt"][:-1]
             assert len(demos) == 4
             for question, reply in zip(demos[::2], demos[1::2], strict=True):
-                expression = re.match(r"What is (.+)\? ", question["content"]).group(1)
-                answer = re.fullmatch(reply_pattern, reply["content"]).group(1)
-                assert int(answer) == eval(expression)
+                asked = re.fullmatch(r"What is (.+)\? (Put|End) .*\.", question["content"])
+                shown, answer, final = re.fullmatch(reply_pattern, reply["content"]).groups()
+                assert shown == asked.group(1)
+                assert int(answer) == int(final) == eval(shown)
     for bad in (-1, 9, 1.5, True):
         with pytest.raises(ValueError, match=rf"few_shot must be .*0\.\.8, got {bad!r}"):
             ArithmeticTask(few_shot=bad)

@@ -28,8 +28,13 @@ _INSTRUCTIONS = {
     "boxed": "Put the final answer in \\boxed{}, e.g. \\boxed{7}.",
     "hash": "End your reply with the final answer after '####', e.g. #### 7.",
 }
-# A worked demo's assistant turn, by answer_format (`few_shot`).
-_DEMO_REPLIES = {"boxed": "\\boxed{{{answer}}}", "hash": "#### {answer}"}
+# A worked demo's assistant turn, by answer_format (`few_shot`): the calculation, then the
+# answer in the requested form. With demos the instruction drops its "e.g." example, which
+# a small model otherwise copies ("9 + 7 = 16. \\boxed{7}").
+_DEMO_REPLIES = {
+    "boxed": "{expression} = {answer}. \\boxed{{{answer}}}",
+    "hash": "{expression} = {answer}. #### {answer}",
+}
 
 
 # Ways to ask for a two-operand problem (`phrasings: varied`); {a} and {b} are the operands.
@@ -74,8 +79,9 @@ class ArithmeticTask:
     (worded forms such as "Subtract 4 from 9." or "If 3 boxes hold 5 apples each, ...", and
     the symbols ``*``, ``x``, ``\u00d7`` for a product; worded forms need two operands).
     `few_shot` (0-8) puts that many worked demos (a user problem, then the assistant's
-    answer in the requested format) before each problem, drawn from an RNG of their own
-    seeded by the problem, so the problems do not change."""
+    reply "12 + 7 = 19. \\boxed{19}") before each problem, drawn from an RNG of their own
+    seeded by the problem, so the problems do not change; the instruction then gives no
+    example answer of its own."""
 
     min_value: int = 0
     max_value: int = 99
@@ -147,7 +153,9 @@ class ArithmeticTask:
                 demo_expression, demo_question, demo_answer = self._draw(demo_rng)
                 if demo_expression == expression:
                     continue
-                reply = _DEMO_REPLIES[self.answer_format].format(answer=demo_answer)
+                reply = _DEMO_REPLIES[self.answer_format].format(
+                    expression=demo_expression, answer=demo_answer
+                )
                 demos += [
                     {"role": "user", "content": demo_question},
                     {"role": "assistant", "content": reply},
@@ -170,7 +178,10 @@ class ArithmeticTask:
             parts += [op, str(value)]
         expression = " ".join(parts)
         answer, _ = safe_eval(expression)
-        question = f"{self._ask(rng, expression, ops, values)} {_INSTRUCTIONS[self.answer_format]}"
+        instruction = _INSTRUCTIONS[self.answer_format]
+        if self.few_shot:
+            instruction = instruction.split(", e.g.")[0] + "."
+        question = f"{self._ask(rng, expression, ops, values)} {instruction}"
         return expression, question, str(int(answer))
 
     def _ask(self, rng: random.Random, expression: str, ops: list[str], values: list[int]) -> str:
