@@ -96,6 +96,58 @@ def test_arithmetic_digits_multiplier_and_varied_phrasings():
         ArithmeticTask(max_multiplier=0)
 
 
+def test_arithmetic_few_shot_demos():
+    options = dict(digits=(1, 2), max_multiplier=9, nonnegative=True, phrasings="varied")
+    plain = make_splits(ArithmeticTask(**options), 50, 20, seed=7)
+    shots = make_splits(
+        ArithmeticTask(**options, few_shot=3, system_prompt="Calc."), 50, 20, seed=7
+    )
+    assert shots == make_splits(
+        ArithmeticTask(**options, few_shot=3, system_prompt="Calc."), 50, 20, seed=7
+    )
+    for split in ("train", "test"):
+        for row, base in zip(shots[split], plain[split], strict=True):
+            # the problems themselves are those drawn without demos
+            assert row["extra_info"] == base["extra_info"]
+            assert row["reward_model"] == base["reward_model"]
+            prompt = row["prompt"]
+            assert prompt[0] == {"role": "system", "content": "Calc."}
+            # the same question; the instruction's example answer is left to the demos
+            asked = base["prompt"][-1]["content"].replace(r", e.g. \boxed{7}.", ".")
+            assert prompt[-1] == {"role": "user", "content": asked}
+            assert asked.endswith(r"Put the final answer in \boxed{}.")
+            demos = prompt[1:-1]
+            assert [m["role"] for m in demos] == ["user", "assistant"] * 3
+            for question, reply in zip(demos[::2], demos[1::2], strict=True):
+                a, op, b, answer, boxed = re.fullmatch(
+                    r"(\d+) ([-+*]) (\d+) = (\d+)\. \\boxed\{(\d+)\}", reply["content"]
+                ).groups()
+                assert (
+                    answer
+                    == boxed
+                    == str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
+                )
+                assert a in question["content"] and b in question["content"]
+                assert question["content"] != prompt[-1]["content"]
+    # plain phrasings and both formats: each demo's reply is the value of its question
+    for fmt, reply_pattern in (
+        ("boxed", r"(.+) = (-?\d+)\. \\boxed\{(-?\d+)\}"),
+        ("hash", r"(.+) = (-?\d+)\. #### (-?\d+)"),
+    ):
+        task = ArithmeticTask(max_value=20, answer_format=fmt, few_shot=2)
+        for row in make_splits(task, 30, 0, seed=1)["train"]:
+            demos = row["prompt"][:-1]
+            assert len(demos) == 4
+            for question, reply in zip(demos[::2], demos[1::2], strict=True):
+                asked = re.fullmatch(r"What is (.+)\? (Put|End) .*\.", question["content"])
+                shown, answer, final = re.fullmatch(reply_pattern, reply["content"]).groups()
+                assert shown == asked.group(1)
+                assert int(answer) == int(final) == eval(shown)
+    for bad in (-1, 9, 1.5, True):
+        with pytest.raises(ValueError, match=rf"few_shot must be .*0\.\.8, got {bad!r}"):
+            ArithmeticTask(few_shot=bad)
+
+
 def test_generate_command_takes_the_new_arithmetic_options(tmp_path):
     out = tmp_path / "arith"
     args = ["arithmetic", "--out", str(out), "--train-size", "30", "--test-size", "5"]

@@ -28,6 +28,13 @@ _INSTRUCTIONS = {
     "boxed": "Put the final answer in \\boxed{}, e.g. \\boxed{7}.",
     "hash": "End your reply with the final answer after '####', e.g. #### 7.",
 }
+# A worked demo's assistant turn, by answer_format (`few_shot`): the calculation, then the
+# answer in the requested form. With demos the instruction drops its "e.g." example, which
+# a small model otherwise copies ("9 + 7 = 16. \\boxed{7}").
+_DEMO_REPLIES = {
+    "boxed": "{expression} = {answer}. \\boxed{{{answer}}}",
+    "hash": "{expression} = {answer}. #### {answer}",
+}
 
 
 # Ways to ask for a two-operand problem (`phrasings: varied`); {a} and {b} are the operands.
@@ -70,7 +77,11 @@ class ArithmeticTask:
     number times a one-digit one); `nonnegative` swaps a two-operand subtraction's operands
     so the result is never negative. `phrasings`: ``plain`` ("What is 3 + 4?") or ``varied``
     (worded forms such as "Subtract 4 from 9." or "If 3 boxes hold 5 apples each, ...", and
-    the symbols ``*``, ``x``, ``\u00d7`` for a product; worded forms need two operands)."""
+    the symbols ``*``, ``x``, ``\u00d7`` for a product; worded forms need two operands).
+    `few_shot` (0-8) puts that many worked demos (a user problem, then the assistant's
+    reply "12 + 7 = 19. \\boxed{19}") before each problem, drawn from an RNG of their own
+    seeded by the problem, so the problems do not change; the instruction then gives no
+    example answer of its own."""
 
     min_value: int = 0
     max_value: int = 99
@@ -82,6 +93,7 @@ class ArithmeticTask:
     max_multiplier: int | None = None
     nonnegative: bool = False
     phrasings: str = "plain"
+    few_shot: int = 0
 
     data_source = "arithmetic"
 
@@ -114,6 +126,10 @@ class ArithmeticTask:
             raise ValueError(
                 f"arithmetic: phrasings {self.phrasings!r}; expected 'plain' or 'varied'"
             )
+        if isinstance(self.few_shot, bool) or not isinstance(self.few_shot, int):
+            raise ValueError(f"arithmetic: few_shot must be an integer 0..8, got {self.few_shot!r}")
+        if not 0 <= self.few_shot <= 8:
+            raise ValueError(f"arithmetic: few_shot must be in 0..8, got {self.few_shot}")
 
     def _operand(self, rng: random.Random, cap: int | None = None) -> int:
         if self.digits is not None:
@@ -128,6 +144,28 @@ class ArithmeticTask:
 
     def sample(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
         """(problem key, row) for one random problem."""
+        expression, question, answer = self._draw(rng)
+        row = _row(self.data_source, question, answer, self.system_prompt)
+        if self.few_shot:
+            demo_rng = random.Random(f"few_shot:{expression}")
+            demos: list[dict[str, str]] = []
+            while len(demos) < 2 * self.few_shot:
+                demo_expression, demo_question, demo_answer = self._draw(demo_rng)
+                if demo_expression == expression:
+                    continue
+                reply = _DEMO_REPLIES[self.answer_format].format(
+                    expression=demo_expression, answer=demo_answer
+                )
+                demos += [
+                    {"role": "user", "content": demo_question},
+                    {"role": "assistant", "content": reply},
+                ]
+            row["prompt"][-1:-1] = demos  # after the system prompt, before the problem
+        row["extra_info"] = {"expression": expression}
+        return expression, row
+
+    def _draw(self, rng: random.Random) -> tuple[str, str, str]:
+        """(expression, question, answer) of one random problem."""
         values = [self._operand(rng)]
         ops: list[str] = []
         for _ in range(self.num_operands - 1):
@@ -140,10 +178,11 @@ class ArithmeticTask:
             parts += [op, str(value)]
         expression = " ".join(parts)
         answer, _ = safe_eval(expression)
-        question = f"{self._ask(rng, expression, ops, values)} {_INSTRUCTIONS[self.answer_format]}"
-        row = _row(self.data_source, question, str(int(answer)), self.system_prompt)
-        row["extra_info"] = {"expression": expression}
-        return expression, row
+        instruction = _INSTRUCTIONS[self.answer_format]
+        if self.few_shot:
+            instruction = instruction.split(", e.g.")[0] + "."
+        question = f"{self._ask(rng, expression, ops, values)} {instruction}"
+        return expression, question, str(int(answer))
 
     def _ask(self, rng: random.Random, expression: str, ops: list[str], values: list[int]) -> str:
         if self.phrasings == "plain":
