@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from fractions import Fraction
 
@@ -322,3 +323,9 @@ def test_loader_state_mismatch_and_tail_batch(tokenizer):
     with pytest.raises(ValueError, match="batch_size 9 is larger than the 5 prompts"):
         PromptDataLoader(dataset, 9)
     assert isinstance(next(iter(tail)).batch["input_ids"], torch.Tensor)
+
+
+def test_arithmetic_few_shot_without_other_problems_is_a_named_error():
+    task = ArithmeticTask(min_value=3, max_value=3, ops=["+"], few_shot=1)
+    with pytest.raises(ValueError, match=r"few_shot 1 needs demo problems other than '3 \+ 3'"):
+        task.sample(random.Random(0))

@@ -33,6 +33,15 @@ def _balanced_val_seeds(per_direction: int) -> list[int]:
     return seeds
 
 
+def tiny_policy() -> VLAPolicy:
+    """The reach example's policy: tiny random Qwen2.5-VL, token head, image adapter."""
+    return VLAPolicy.from_pretrained(
+        resolve_tiny_vlm("qwen2_5_vl"),
+        ReachEnv(1, ONE_STEP).action_spec,
+        VLAPolicyConfig(head="tokens", n_bins=3, image_grid=3, freeze_vision=True),
+    )
+
+
 @pytest.fixture()
 def one_thread():
     before = torch.get_num_threads()
@@ -44,11 +53,7 @@ def one_thread():
 def test_image_adapter_terms_move_each_action_dimension_independently(one_thread):
     """Tokens head: term d of the adapter shifts only dimension d's log-probs."""
     torch.manual_seed(0)
-    policy = VLAPolicy.from_pretrained(
-        resolve_tiny_vlm("qwen2_5_vl"),
-        ReachEnv(1, ONE_STEP).action_spec,
-        VLAPolicyConfig(head="tokens", n_bins=3, image_grid=3, freeze_vision=True),
-    )
+    policy = tiny_policy()
     hidden = policy.model.config.get_text_config().hidden_size
     assert policy.image_adapter.out_features == hidden * 2  # one term per action dimension
     inputs = policy.process(ReachEnv(4, ONE_STEP).reset([0, 1, 2, 3]))
@@ -70,11 +75,7 @@ def test_grpo_learns_image_dependent_moves_on_one_step_reach(tmp_path, one_threa
     this run stops at 0.75.
     """
     torch.manual_seed(0)
-    policy = VLAPolicy.from_pretrained(
-        resolve_tiny_vlm("qwen2_5_vl"),
-        ReachEnv(1, ONE_STEP).action_spec,
-        VLAPolicyConfig(head="tokens", n_bins=3, image_grid=3, freeze_vision=True),
-    )
+    policy = tiny_policy()
     val_seeds = _balanced_val_seeds(per_direction=4)
     cfg = VLATrainerConfig(
         algorithm="grpo",

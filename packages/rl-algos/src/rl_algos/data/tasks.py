@@ -24,9 +24,10 @@ __all__ = [
     "task_factory",
 ]
 
+# (instruction, its example answer) by answer_format; with demos the example is left out
 _INSTRUCTIONS = {
-    "boxed": "Put the final answer in \\boxed{}, e.g. \\boxed{7}.",
-    "hash": "End your reply with the final answer after '####', e.g. #### 7.",
+    "boxed": ("Put the final answer in \\boxed{}", "\\boxed{7}"),
+    "hash": ("End your reply with the final answer after '####'", "#### 7"),
 }
 # A worked demo's assistant turn, by answer_format (`few_shot`): the calculation, then the
 # answer in the requested form. With demos the instruction drops its "e.g." example, which
@@ -146,23 +147,34 @@ class ArithmeticTask:
         """(problem key, row) for one random problem."""
         expression, question, answer = self._draw(rng)
         row = _row(self.data_source, question, answer, self.system_prompt)
-        if self.few_shot:
-            demo_rng = random.Random(f"few_shot:{expression}")
-            demos: list[dict[str, str]] = []
-            while len(demos) < 2 * self.few_shot:
-                demo_expression, demo_question, demo_answer = self._draw(demo_rng)
-                if demo_expression == expression:
-                    continue
-                reply = _DEMO_REPLIES[self.answer_format].format(
-                    expression=demo_expression, answer=demo_answer
-                )
-                demos += [
-                    {"role": "user", "content": demo_question},
-                    {"role": "assistant", "content": reply},
-                ]
-            row["prompt"][-1:-1] = demos  # after the system prompt, before the problem
+        if self.few_shot:  # after the system prompt, before the problem
+            row["prompt"][-1:-1] = self._demos(expression)
         row["extra_info"] = {"expression": expression}
         return expression, row
+
+    def _demos(self, expression: str) -> list[dict[str, str]]:
+        """`few_shot` worked (user, assistant) turns on problems other than `expression`,
+        from an RNG seeded by it (the problems' own RNG is not touched)."""
+        rng = random.Random(f"few_shot:{expression}")
+        demos: list[dict[str, str]] = []
+        for _ in range(100 * self.few_shot):  # bounded: a tiny problem space may repeat
+            if len(demos) == 2 * self.few_shot:
+                return demos
+            demo_expression, question, answer = self._draw(rng)
+            if demo_expression != expression:
+                reply = _DEMO_REPLIES[self.answer_format]
+                demos += [
+                    {"role": "user", "content": question},
+                    {
+                        "role": "assistant",
+                        "content": reply.format(expression=demo_expression, answer=answer),
+                    },
+                ]
+        raise ValueError(
+            f"arithmetic: few_shot {self.few_shot} needs demo problems other than "
+            f"{expression!r}, and these options allow almost no others; expected a "
+            "wider value range or more ops, or few_shot 0"
+        )
 
     def _draw(self, rng: random.Random) -> tuple[str, str, str]:
         """(expression, question, answer) of one random problem."""
@@ -178,9 +190,8 @@ class ArithmeticTask:
             parts += [op, str(value)]
         expression = " ".join(parts)
         answer, _ = safe_eval(expression)
-        instruction = _INSTRUCTIONS[self.answer_format]
-        if self.few_shot:
-            instruction = instruction.split(", e.g.")[0] + "."
+        text, example = _INSTRUCTIONS[self.answer_format]
+        instruction = f"{text}." if self.few_shot else f"{text}, e.g. {example}."
         question = f"{self._ask(rng, expression, ops, values)} {instruction}"
         return expression, question, str(int(answer))
 

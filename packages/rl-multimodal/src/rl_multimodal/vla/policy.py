@@ -23,11 +23,12 @@ gets term ``d``, and the value head reads term 0 (the prompt's last position). O
 shared by every position cannot work: the bins of every dimension are read through the same
 ``lm_head``, so a shared image term moves all dimensions' logits the same way and the policy
 cannot map "the target is up-left" to independent bins per dimension (with one term the
-reach example's val/success_rate ended where it started; the package README has the runs). The ``gaussian`` head keeps one term (its state is one vector, and the
-mean MLP maps it to every dimension). A small random VLM's last token carries
-almost no information about where things are in the image (its hidden state varies by ~2%
-across images, and the LM's first updates wash the tiny random tower's features out of the
-image tokens' hidden states), so without this path a policy that must find a position does
+reach example's val/success_rate ended where it started; the package README has the runs).
+The ``gaussian`` head keeps one term (its state is one vector, and the mean MLP maps it to
+every dimension). A small random VLM's last token carries almost no information about
+where things are in the image (its hidden state varies by ~2% across images, and the LM's
+first updates wash the tiny random tower's features out of the image tokens' hidden
+states), so without this path a policy that must find a position does
 not learn it from RL in minutes; a pretrained VLM should not need it.
 
 ``freeze_vision`` keeps the vision tower fixed. With a random tower it is needed: its
