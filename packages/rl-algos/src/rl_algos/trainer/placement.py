@@ -136,17 +136,19 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     """Whether the step needs a separate no-grad pass for the old log-probs.
 
     It cannot change the result when the batch makes exactly one optimizer step (one
-    epoch, one mini-batch) from the weights that generated it: the old log-probs then
-    equal the update's own log-probs, detached. A KL penalty in the reward needs them
-    before the update, and async training (``async.max_staleness`` > 0) trains on samples
-    of older weights; ``actor.recompute_old_log_probs`` forces either way.
+    epoch, one mini-batch): the pass would run the weights the update starts from, so the
+    old log-probs equal the update's own log-probs, detached. That holds for stale samples
+    of async training too (``async.max_staleness`` > 0): their old log-probs are those of
+    the proximal policy, the trainer's current weights (decoupled PPO), while the policy
+    that generated them enters through ``rollout_log_probs`` (the behaviour weight, or
+    TIS). A KL penalty in the reward needs them before the update;
+    ``actor.recompute_old_log_probs`` forces either way.
     """
     forced = cfg.actor.recompute_old_log_probs
     if forced is not None:
         return bool(forced)
     one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
-    stale = cfg.async_.max_staleness > 0  # samples from older weights: not on-policy
-    return not one_step or cfg.algorithm.use_kl_in_reward or stale
+    return not one_step or cfg.algorithm.use_kl_in_reward
 
 
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
