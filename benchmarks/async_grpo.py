@@ -16,9 +16,10 @@ numbers. Run it alone on the machine (it measures wall time)::
 
     uv run python benchmarks/async_grpo.py [--model smollm2-135m-instruct] [--steps 8]
 
-Measured 2026-11-23 (2-core AVX2 machine, quiet; ``--model smollm2-135m-instruct --steps 4
---val-every 2``): split sync 0.47 samples/s, split async (max_staleness=1) 0.55 (1.19x),
-colocated sync 0.94; validation accuracy identical at equal samples (0.00, 0.00, 0.06).
+Measured 2026-11-25 (2-core AVX2 machine, quiet; ``--model smollm2-135m-instruct --steps 4
+--val-every 2 --new-tokens 64``): split sync 0.32 samples/s, split async (max_staleness=1)
+0.46 (1.45x), colocated sync 0.52; validation accuracy identical at equal samples (0.00,
+0.00, 0.06). README.md has the table.
 """
 
 from __future__ import annotations
@@ -106,11 +107,20 @@ def run(args: argparse.Namespace, staleness: int, placement: str = "split") -> d
     curve = [
         (h["step"] * rows, h["val/accuracy"]) for h in history if "val/accuracy" in h
     ]  # (samples trained, accuracy)
+
+    def mean(key: str) -> float:
+        return sum(h.get(key, 0.0) for h in timed) / len(timed)
+
     return {
         "placement": placement,
         "max_staleness": staleness,
         "samples_per_s": rows * len(timed) / seconds,
         "step_s": seconds / len(timed),
+        # where a step waits: for its batch (generation, or the async buffer) and the update
+        # (async steps also carry the producer's own gen_and_reward time: not a wait)
+        "rollout_wait_s": mean("timing/wait_rollout_s" if staleness else "timing/gen_and_reward_s"),
+        "update_s": mean("timing/update_actor_s"),
+        "old_log_prob_s": mean("timing/old_log_prob_s"),
         "staleness_mean": sum(h.get("async/staleness/mean", 0.0) for h in timed) / len(timed),
         "val_curve": curve,
         "setup_s": setup_s,
@@ -134,8 +144,14 @@ def main() -> int:
     parser.add_argument("--val-size", type=int, default=16)
     parser.add_argument("--no-colocated", action="store_true", help="skip the colocated run")
     parser.add_argument("--json", help="also write the numbers to this file")
+    parser.add_argument("--plot", help="also draw samples/s and the validation curves (PNG)")
+    parser.add_argument("--from-json", help="draw --plot from an earlier --json file; no run")
     args = parser.parse_args()
 
+    if args.from_json:
+        with open(args.from_json) as f:
+            plot(json.load(f)["results"], args.plot)
+        return 0
     results = [run(args, 0), run(args, args.staleness)]
     if not args.no_colocated:
         results.append(run(args, 0, placement="colocated"))
@@ -145,14 +161,18 @@ def main() -> int:
         f"{args.new_tokens} tokens, {args.workers} training worker(s) + {args.replicas} "
         f"rollout replica(s), {args.cpus} CPUs, {args.steps} steps\n"
     )
-    print("| mode | samples/s | s/step | mean staleness | val accuracy (samples: acc) |")
-    print("|---|---:|---:|---:|---|")
+    print(
+        "| mode | samples/s | s/step | waits for its batch | old log-probs | update "
+        "| mean staleness | val accuracy (samples: acc) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         curve = ", ".join(f"{n}: {a:.2f}" for n, a in r["val_curve"])
         mode = "sync" if r["max_staleness"] == 0 else f"async (max_staleness={r['max_staleness']})"
         mode = f"{r['placement']} {mode}"
         print(
             f"| {mode} | {r['samples_per_s']:.2f} | {r['step_s']:.2f} | "
+            f"{r['rollout_wait_s']:.2f} | {r['old_log_prob_s']:.2f} | {r['update_s']:.2f} | "
             f"{r['staleness_mean']:.2f} | {curve} |"
         )
     print(f"\nasync / split sync samples/s: {fast['samples_per_s'] / sync['samples_per_s']:.2f}x")
@@ -162,7 +182,30 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
     return 0
+
+
+def plot(results: list[dict[str, Any]], path: str) -> None:
+    """Samples/s per mode (left) and validation accuracy at equal samples (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(9, 3.2))
+    names = [f"{r['placement']}\n{'sync' if r['max_staleness'] == 0 else 'async'}" for r in results]
+    bars.bar(names, [r["samples_per_s"] for r in results], color=["#888", "#2a6", "#69c"])
+    bars.set_ylabel("samples / s")
+    for r, name in zip(results, names, strict=True):
+        n, acc = zip(*r["val_curve"], strict=True)
+        curves.plot(n, acc, marker="o", label=name.replace("\n", " "))
+    curves.set_xlabel("samples trained")
+    curves.set_ylabel("val accuracy")
+    curves.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
