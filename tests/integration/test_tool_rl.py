@@ -41,6 +41,7 @@ REWARD_FILE = HERE / "product_reward.py"
 PROBLEMS = [(4831, 2977), (7219, 6453), (3907, 8161), (5573, 2389)]
 TOOL_SHARE = 0.25  # how often the warm-started policy calls the tool
 STEPS = 8
+WARM_FIDELITY = 0.95  # each branch finishes intact in >= 95% of the samples that start it
 # Renders each tool as name(parameters) in a system turn (the Qwen/Hermes templates write
 # the whole JSON schema there; this keeps the character-level prompts short).
 TOOLS_TEMPLATE = (
@@ -90,9 +91,15 @@ def _branches(tokenizer, a: int, b: int) -> tuple[list[int], list[tuple[list, li
     return prompt, [with_tool, (direct, [1] * len(direct), 1.0 - TOOL_SHARE)]
 
 
-def warm_start(src: str, dst: Path) -> dict[str, float]:
+def warm_start(src: str, dst: Path) -> dict[str, list[float] | int]:
     """Train the tiny model's two behaviours (see the module docstring); save to `dst`.
-    Returns the warm policy's probability of the tool branch per problem."""
+
+    Two terms: the first response token (which branch) by a cross-entropy weighted with the
+    branch shares, whose optimum is exactly those shares; every later policy token by a
+    plain per-token mean cross-entropy (each branch is deterministic after its first token).
+    Returns, per problem, the tool branch's share, the two branches' summed probability
+    (`mass`) and each branch's probability given its first token (`fidelity`: how often a
+    temperature-1 sample that starts the branch finishes it intact)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
@@ -106,41 +113,52 @@ def warm_start(src: str, dst: Path) -> dict[str, float]:
     width = max(len(p) + len(r) for p, r, _, _ in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     attention = torch.zeros(len(rows), width, dtype=torch.long)
-    loss_mask = torch.zeros(len(rows), width)
+    first = torch.zeros(len(rows), width)  # the first response token of each row
+    rest = torch.zeros(len(rows), width)  # the policy's later tokens (mask 1)
     for i, (prompt, response, mask, _) in enumerate(rows):
         seq = prompt + response
         ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
-        loss_mask[i, len(prompt) : len(seq)] = torch.tensor(mask, dtype=torch.float32)
+        first[i, len(prompt)] = 1
+        rest[i, len(prompt) + 1 : len(seq)] = torch.tensor(mask[1:], dtype=torch.float32)
+    first, rest = first[:, 1:], rest[:, 1:]  # aligned with the predicted tokens
     weights = torch.tensor([w for *_, w in rows])
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
 
-    def branch_log_probs() -> torch.Tensor:
-        """log p(response | prompt) of every row, over its loss-masked tokens."""
+    def token_log_probs() -> torch.Tensor:
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-        token_lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
-        return (token_lp * loss_mask[:, 1:]).sum(-1)
+        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
 
     start = time.perf_counter()
-    for step in range(400):
-        lp = branch_log_probs()
-        # summed over tokens (not averaged per row): the first token's optimum is then
-        # exactly the branch weights, whatever the branches' lengths
-        loss = -(weights * lp).sum() / loss_mask.sum()
+    for step in range(1000):
+        lp = token_log_probs()
+        branch = -(weights * (lp * first).sum(-1)).sum() / len(PROBLEMS)
+        loss = branch - (lp * rest).sum() / rest.sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if step % 10 == 9:
             with torch.no_grad():
-                p = branch_log_probs().exp().view(len(PROBLEMS), 2)
-            # each branch is (almost) deterministic after its first token, at ~1/4 : 3/4
-            share = p[:, 0] / p.sum(-1)
-            if (p.sum(-1) > 0.8).all() and ((share - TOOL_SHARE).abs() < 0.1).all():
+                lp = token_log_probs()
+            p_first = (lp * first).sum(-1).exp().view(len(PROBLEMS), 2)
+            p_branch = (lp * (first + rest)).sum(-1).exp().view(len(PROBLEMS), 2)
+            share = p_branch[:, 0] / p_branch.sum(-1)
+            fidelity = p_branch / p_first
+            if fidelity.min() > WARM_FIDELITY and ((share - TOOL_SHARE).abs() < 0.05).all():
                 break
-    print(f"warm start: {step + 1} steps in {time.perf_counter() - start:.1f} s")
+    print(
+        f"warm start: {step + 1} steps in {time.perf_counter() - start:.1f} s, tool share "
+        f"{[round(x, 3) for x in share.tolist()]}, fidelity of the tool branch "
+        f"{[round(x, 3) for x in fidelity[:, 0].tolist()]}"
+    )
     model.save_pretrained(dst)
     tokenizer.save_pretrained(dst)
-    return {"steps": step + 1, "share": share.tolist(), "mass": p.sum(-1).tolist()}
+    return {
+        "steps": step + 1,
+        "share": share.tolist(),
+        "mass": p_branch.sum(-1).tolist(),
+        "fidelity": fidelity.min(-1).values.tolist(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +194,8 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
     from rl_algos.trainer.loop import RLTrainer
 
     model_dir, warm = tool_model
-    assert all(m > 0.8 for m in warm["mass"]) and all(
-        abs(s - TOOL_SHARE) < 0.1 for s in warm["share"]
+    assert all(f > WARM_FIDELITY for f in warm["fidelity"]) and all(
+        abs(s - TOOL_SHARE) < 0.05 for s in warm["share"]
     ), warm
     train, val = problem_files
     cfg = load_config(
@@ -186,7 +204,7 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
             "data": {
                 "train_files": [train],
                 "val_files": [val],
-                "max_prompt_length": 64,
+                "max_prompt_length": 72,
                 "max_response_length": 160,
                 "train_batch_size": 4,
             },
