@@ -11,8 +11,9 @@ response, tool results included. GRPO must raise the share of tool calls. Checke
 
 - the chat template shows the tool's schema in every prompt the actor trains on;
 - tool calls written by the policy run in the sandbox through the trainer: the trained
-  batches hold the tool's output (the product) with response_mask 0, rollout log-prob 0 and
-  attention 1, after the policy's own call tokens (mask 1);
+  batches hold what the loop inserted with response_mask 0, rollout log-prob 0 and
+  attention 1; after an intact call (mask 1) that is the tool's output, the product
+  (a corrupted call still counts as a call, and scores 0);
 - each score equals the reward recomputed here from the decoded response;
 - ``rollout/tool_call_rate`` and ``critic/score/mean`` rise over the run, and greedy
   validation goes from the direct answer (accuracy 0, no tool call) to the tool (accuracy 1).
@@ -29,11 +30,24 @@ from pathlib import Path
 import pytest
 import torch
 
-# NOT YET PASSING (2026-11-23): on the shared 2-core machine the warm start ran 400 steps
-# in 5-7.5 min without reaching its target (per-row mean loss, lr 1e-2: both branches
-# memorised, mass 0.92, but the tool share fell to ~0.01; token-summed loss: neither
-# branch learned, mass < 0.01 - suspect the loss scale or the masked rows). Deselected
-# from CI's default sessions (marker `learning`) until the warm start is fixed.
+# NOT YET PASSING (2026-11-25). Measured on the shared 2-core machine (8 steps: ~75-150 s
+# with the warm start, 15-90 s of it depending on load):
+# - the warm start now works (15-90 s; share 0.24, fidelity 0.95), and the initial
+#   rollouts score what they should: step 1 tool-call rate 0.25, score 0.25;
+# - the gap between `rollout/tool_call_rate` and `critic/score/mean` is corrupted tool
+#   calls: the rate counts every call, malformed ones and calls with wrong digits too
+#   (`rollout/tool_errors/mean`), and they score 0. Not a framework bug: the agent loop,
+#   tool-result insertion, masks and the reward input were checked on the trained batches;
+# - the corruption comes from the actor updates (lr here: 3e-4), not from temperature-1 sampling: at
+#   lr 1e-9 the calls stay intact (score == rate); at lr 3e-3 or 1e-3 the first update
+#   wrecks the policy (score 0 from step 2); at 3e-4 the rate reaches 0.6-0.7 while
+#   tool errors rise to 0.3-0.4 and the score stays ~0.25 (the copied second operand
+#   breaks first, e.g. `print(3907 * 6453)` for 3907 * 8161); at 1e-4 the calls stay
+#   intact for ~12 steps but the rate only wanders 0.16-0.56 in 16 steps (greedy
+#   validation did reach accuracy 1.0). Adam's first steps move every weight by ~lr, and
+#   the character-level copy of the operands has thin margins. eps 1e-3 made it worse.
+# Next to try: a more robust warm start (fidelity 0.98+), more samples per step, or
+# several optimizer steps per batch at lr ~1e-4. Deselected from CI (marker `learning`).
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.learning, pytest.mark.timeout(3600)]
 
 HERE = Path(__file__).resolve().parent
@@ -209,7 +223,7 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
                 "train_batch_size": 4,
             },
             "algorithm": {"preset": "grpo"},
-            "actor": {"optim": {"lr": 3e-3}, "mini_batch_size": 4, "loss": {"kl_loss_coef": 0.0}},
+            "actor": {"optim": {"lr": 3e-4}, "mini_batch_size": 4, "loss": {"kl_loss_coef": 0.0}},
             "rollout": {
                 "n": 8,
                 "agent_loop": "tool",
@@ -250,7 +264,7 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
     reward = runpy.run_path(str(REWARD_FILE))["compute_score"]
     products = {question(a, b): str(a * b) for a, b in PROBLEMS}
 
-    calls_seen = 0
+    intact_calls = 0
     for batch in updates:
         t = batch.batch
         prompt_len = t["prompts"].shape[1]
@@ -269,22 +283,24 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
             inserted_text = tok.decode(ids[mask[:length] == 0], skip_special_tokens=True)
             assert product not in policy_text  # the policy never writes the product itself
             calls = int(batch.non_tensor_batch["num_tool_calls"][row])
-            if calls:
-                calls_seen += 1
-                a, b = question_of(prompt)
-                assert policy_text.startswith(tool_call(a, b))
-                # the sandbox's output, inserted by the loop: mask 0, log-prob 0, attended
-                assert f"stdout:\n{product}" in inserted_text
-                tool_positions = (mask[:length] == 0).nonzero()[:, 0]
-                assert (t["rollout_log_probs"][row, tool_positions] == 0).all()
-                assert (t["attention_mask"][row, prompt_len + tool_positions] == 1).all()
-                assert int(tool_positions.min()) == len(
-                    tok.encode(tool_call(a, b) + "</tool_call><|im_end|>")
-                )
-                assert expected == 1.0
-            else:
+            if not calls:
                 assert int(mask[:length].sum()) == length and expected == 0.0
-    assert calls_seen > 0
+                continue
+            # what the loop inserted (tool result, turn markers): mask 0, log-prob 0, attended
+            tool_positions = (mask[:length] == 0).nonzero()[:, 0]
+            assert len(tool_positions) > 0
+            assert (t["rollout_log_probs"][row, tool_positions] == 0).all()
+            assert (t["attention_mask"][row, prompt_len + tool_positions] == 1).all()
+            a, b = question_of(prompt)
+            # a sampled call can be corrupted (a wrong digit, broken JSON): it still counts
+            # in rollout/tool_call_rate, runs or is answered with an error, and scores 0
+            if policy_text.startswith(tool_call(a, b)):
+                intact_calls += 1
+                assert f"stdout:\n{product}" in inserted_text
+                call_len = len(tok.encode(tool_call(a, b) + "</tool_call><|im_end|>"))
+                assert int(tool_positions.min()) == call_len
+                assert expected == 1.0
+    assert intact_calls > 0
 
     steps = [h for h in history if h["step"] >= 1]
     rate = [h["rollout/tool_call_rate"] for h in steps]
