@@ -42,7 +42,7 @@ import torch
 #   lr 1e-9 the calls stay intact (score == rate); at lr 3e-3 or 1e-3 the first update
 #   wrecks the policy (score 0 from step 2); at 3e-4 the rate reaches 0.6-0.7 while
 #   tool errors rise to 0.3-0.4 and the score stays ~0.25, greedy validation 0.75 with
-#   every answer a tool call (this config, 2026-11-25 00:15 UTC; the copied second operand
+#   every answer a tool call (this config, 2026-11-26 00:15 UTC; the copied second operand
 #   breaks first, e.g. `print(3907 * 6453)` for 3907 * 8161); at 1e-4 the calls stay
 #   intact for ~12 steps but the rate only wanders 0.16-0.56 in 16 steps (greedy
 #   validation did reach accuracy 1.0). Adam's first steps move every weight by ~lr, and
