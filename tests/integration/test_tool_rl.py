@@ -11,8 +11,9 @@ response, tool results included. GRPO must raise the share of tool calls. Checke
 
 - the chat template shows the tool's schema in every prompt the actor trains on;
 - tool calls written by the policy run in the sandbox through the trainer: the trained
-  batches hold the tool's output (the product) with response_mask 0, rollout log-prob 0 and
-  attention 1, after the policy's own call tokens (mask 1);
+  batches hold what the loop inserted with response_mask 0, rollout log-prob 0 and
+  attention 1; after an intact call (mask 1) that is the tool's output, the product
+  (a corrupted call still counts as a call, and scores 0);
 - each score equals the reward recomputed here from the decoded response;
 - ``rollout/tool_call_rate`` and ``critic/score/mean`` rise over the run, and greedy
   validation goes from the direct answer (accuracy 0, no tool call) to the tool (accuracy 1).
@@ -29,11 +30,25 @@ from pathlib import Path
 import pytest
 import torch
 
-# NOT YET PASSING (2026-11-23): on the shared 2-core machine the warm start ran 400 steps
-# in 5-7.5 min without reaching its target (per-row mean loss, lr 1e-2: both branches
-# memorised, mass 0.92, but the tool share fell to ~0.01; token-summed loss: neither
-# branch learned, mass < 0.01 - suspect the loss scale or the masked rows). Deselected
-# from CI's default sessions (marker `learning`) until the warm start is fixed.
+# NOT YET PASSING (2026-11-25). Measured on the shared 2-core machine (8 steps: ~75-150 s
+# with the warm start, 15-90 s of it depending on load):
+# - the warm start now works (15-90 s; share 0.24, fidelity 0.95), and the initial
+#   rollouts score what they should: step 1 tool-call rate 0.25, score 0.25;
+# - the gap between `rollout/tool_call_rate` and `critic/score/mean` is corrupted tool
+#   calls: the rate counts every call, malformed ones and calls with wrong digits too
+#   (`rollout/tool_errors/mean`), and they score 0. Not a framework bug: the agent loop,
+#   tool-result insertion, masks and the reward input were checked on the trained batches;
+# - the corruption comes from the actor updates (lr here: 3e-4), not from temperature-1 sampling: at
+#   lr 1e-9 the calls stay intact (score == rate); at lr 3e-3 or 1e-3 the first update
+#   wrecks the policy (score 0 from step 2); at 3e-4 the rate reaches 0.6-0.7 while
+#   tool errors rise to 0.3-0.4 and the score stays ~0.25, greedy validation 0.75 with
+#   every answer a tool call (this config, 2026-11-26 00:15 UTC; the copied second operand
+#   breaks first, e.g. `print(3907 * 6453)` for 3907 * 8161); at 1e-4 the calls stay
+#   intact for ~12 steps but the rate only wanders 0.16-0.56 in 16 steps (greedy
+#   validation did reach accuracy 1.0). Adam's first steps move every weight by ~lr, and
+#   the character-level copy of the operands has thin margins. eps 1e-3 made it worse.
+# Next to try: a more robust warm start (fidelity 0.98+), more samples per step, or
+# several optimizer steps per batch at lr ~1e-4. Deselected from CI (marker `learning`).
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.learning, pytest.mark.timeout(3600)]
 
 HERE = Path(__file__).resolve().parent
@@ -41,6 +56,7 @@ REWARD_FILE = HERE / "product_reward.py"
 PROBLEMS = [(4831, 2977), (7219, 6453), (3907, 8161), (5573, 2389)]
 TOOL_SHARE = 0.25  # how often the warm-started policy calls the tool
 STEPS = 8
+WARM_FIDELITY = 0.95  # each branch finishes intact in >= 95% of the samples that start it
 # Renders each tool as name(parameters) in a system turn (the Qwen/Hermes templates write
 # the whole JSON schema there; this keeps the character-level prompts short).
 TOOLS_TEMPLATE = (
@@ -90,9 +106,15 @@ def _branches(tokenizer, a: int, b: int) -> tuple[list[int], list[tuple[list, li
     return prompt, [with_tool, (direct, [1] * len(direct), 1.0 - TOOL_SHARE)]
 
 
-def warm_start(src: str, dst: Path) -> dict[str, float]:
+def warm_start(src: str, dst: Path) -> dict[str, list[float] | int]:
     """Train the tiny model's two behaviours (see the module docstring); save to `dst`.
-    Returns the warm policy's probability of the tool branch per problem."""
+
+    Two terms: the first response token (which branch) by a cross-entropy weighted with the
+    branch shares, whose optimum is exactly those shares; every later policy token by a
+    plain per-token mean cross-entropy (each branch is deterministic after its first token).
+    Returns, per problem, the tool branch's share, the two branches' summed probability
+    (`mass`) and each branch's probability given its first token (`fidelity`: how often a
+    temperature-1 sample that starts the branch finishes it intact)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
@@ -106,41 +128,52 @@ def warm_start(src: str, dst: Path) -> dict[str, float]:
     width = max(len(p) + len(r) for p, r, _, _ in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     attention = torch.zeros(len(rows), width, dtype=torch.long)
-    loss_mask = torch.zeros(len(rows), width)
+    first = torch.zeros(len(rows), width)  # the first response token of each row
+    rest = torch.zeros(len(rows), width)  # the policy's later tokens (mask 1)
     for i, (prompt, response, mask, _) in enumerate(rows):
         seq = prompt + response
         ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
-        loss_mask[i, len(prompt) : len(seq)] = torch.tensor(mask, dtype=torch.float32)
+        first[i, len(prompt)] = 1
+        rest[i, len(prompt) + 1 : len(seq)] = torch.tensor(mask[1:], dtype=torch.float32)
+    first, rest = first[:, 1:], rest[:, 1:]  # aligned with the predicted tokens
     weights = torch.tensor([w for *_, w in rows])
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
 
-    def branch_log_probs() -> torch.Tensor:
-        """log p(response | prompt) of every row, over its loss-masked tokens."""
+    def token_log_probs() -> torch.Tensor:
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-        token_lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
-        return (token_lp * loss_mask[:, 1:]).sum(-1)
+        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
 
     start = time.perf_counter()
-    for step in range(400):
-        lp = branch_log_probs()
-        # summed over tokens (not averaged per row): the first token's optimum is then
-        # exactly the branch weights, whatever the branches' lengths
-        loss = -(weights * lp).sum() / loss_mask.sum()
+    for step in range(1000):
+        lp = token_log_probs()
+        branch = -(weights * (lp * first).sum(-1)).sum() / len(PROBLEMS)
+        loss = branch - (lp * rest).sum() / rest.sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if step % 10 == 9:
             with torch.no_grad():
-                p = branch_log_probs().exp().view(len(PROBLEMS), 2)
-            # each branch is (almost) deterministic after its first token, at ~1/4 : 3/4
-            share = p[:, 0] / p.sum(-1)
-            if (p.sum(-1) > 0.8).all() and ((share - TOOL_SHARE).abs() < 0.1).all():
+                lp = token_log_probs()
+            p_first = (lp * first).sum(-1).exp().view(len(PROBLEMS), 2)
+            p_branch = (lp * (first + rest)).sum(-1).exp().view(len(PROBLEMS), 2)
+            share = p_branch[:, 0] / p_branch.sum(-1)
+            fidelity = p_branch / p_first
+            if fidelity.min() > WARM_FIDELITY and ((share - TOOL_SHARE).abs() < 0.05).all():
                 break
-    print(f"warm start: {step + 1} steps in {time.perf_counter() - start:.1f} s")
+    print(
+        f"warm start: {step + 1} steps in {time.perf_counter() - start:.1f} s, tool share "
+        f"{[round(x, 3) for x in share.tolist()]}, fidelity of the tool branch "
+        f"{[round(x, 3) for x in fidelity[:, 0].tolist()]}"
+    )
     model.save_pretrained(dst)
     tokenizer.save_pretrained(dst)
-    return {"steps": step + 1, "share": share.tolist(), "mass": p.sum(-1).tolist()}
+    return {
+        "steps": step + 1,
+        "share": share.tolist(),
+        "mass": p_branch.sum(-1).tolist(),
+        "fidelity": fidelity.min(-1).values.tolist(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +209,8 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
     from rl_algos.trainer.loop import RLTrainer
 
     model_dir, warm = tool_model
-    assert all(m > 0.8 for m in warm["mass"]) and all(
-        abs(s - TOOL_SHARE) < 0.1 for s in warm["share"]
+    assert all(f > WARM_FIDELITY for f in warm["fidelity"]) and all(
+        abs(s - TOOL_SHARE) < 0.05 for s in warm["share"]
     ), warm
     train, val = problem_files
     cfg = load_config(
@@ -186,12 +219,12 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
             "data": {
                 "train_files": [train],
                 "val_files": [val],
-                "max_prompt_length": 64,
+                "max_prompt_length": 72,
                 "max_response_length": 160,
                 "train_batch_size": 4,
             },
             "algorithm": {"preset": "grpo"},
-            "actor": {"optim": {"lr": 3e-3}, "mini_batch_size": 4, "loss": {"kl_loss_coef": 0.0}},
+            "actor": {"optim": {"lr": 3e-4}, "mini_batch_size": 4, "loss": {"kl_loss_coef": 0.0}},
             "rollout": {
                 "n": 8,
                 "agent_loop": "tool",
@@ -232,7 +265,7 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
     reward = runpy.run_path(str(REWARD_FILE))["compute_score"]
     products = {question(a, b): str(a * b) for a, b in PROBLEMS}
 
-    calls_seen = 0
+    intact_calls = 0
     for batch in updates:
         t = batch.batch
         prompt_len = t["prompts"].shape[1]
@@ -251,22 +284,24 @@ def test_grpo_learns_to_call_the_python_tool(tool_model, problem_files, ray_clus
             inserted_text = tok.decode(ids[mask[:length] == 0], skip_special_tokens=True)
             assert product not in policy_text  # the policy never writes the product itself
             calls = int(batch.non_tensor_batch["num_tool_calls"][row])
-            if calls:
-                calls_seen += 1
-                a, b = question_of(prompt)
-                assert policy_text.startswith(tool_call(a, b))
-                # the sandbox's output, inserted by the loop: mask 0, log-prob 0, attended
-                assert f"stdout:\n{product}" in inserted_text
-                tool_positions = (mask[:length] == 0).nonzero()[:, 0]
-                assert (t["rollout_log_probs"][row, tool_positions] == 0).all()
-                assert (t["attention_mask"][row, prompt_len + tool_positions] == 1).all()
-                assert int(tool_positions.min()) == len(
-                    tok.encode(tool_call(a, b) + "</tool_call><|im_end|>")
-                )
-                assert expected == 1.0
-            else:
+            if not calls:
                 assert int(mask[:length].sum()) == length and expected == 0.0
-    assert calls_seen > 0
+                continue
+            # what the loop inserted (tool result, turn markers): mask 0, log-prob 0, attended
+            tool_positions = (mask[:length] == 0).nonzero()[:, 0]
+            assert len(tool_positions) > 0
+            assert (t["rollout_log_probs"][row, tool_positions] == 0).all()
+            assert (t["attention_mask"][row, prompt_len + tool_positions] == 1).all()
+            a, b = question_of(prompt)
+            # a sampled call can be corrupted (a wrong digit, broken JSON): it still counts
+            # in rollout/tool_call_rate, runs or is answered with an error, and scores 0
+            if policy_text.startswith(tool_call(a, b)):
+                intact_calls += 1
+                assert f"stdout:\n{product}" in inserted_text
+                call_len = len(tok.encode(tool_call(a, b) + "</tool_call><|im_end|>"))
+                assert int(tool_positions.min()) == call_len
+                assert expected == 1.0
+    assert intact_calls > 0
 
     steps = [h for h in history if h["step"] >= 1]
     rate = [h["rollout/tool_call_rate"] for h in steps]
