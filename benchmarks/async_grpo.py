@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, staleness: int, placement: str = "split") -> d
         "rollout_wait_s": mean("timing/wait_rollout_s" if staleness else "timing/gen_and_reward_s"),
         "update_s": mean("timing/update_actor_s"),
         "old_log_prob_s": mean("timing/old_log_prob_s"),
-        "staleness_mean": sum(h.get("async/staleness/mean", 0.0) for h in timed) / len(timed),
+        "staleness_mean": mean("async/staleness/mean"),
         "val_curve": curve,
         "setup_s": setup_s,
     }
@@ -147,7 +147,8 @@ def main() -> int:
     parser.add_argument("--plot", help="also draw samples/s and the validation curves (PNG)")
     parser.add_argument("--from-json", help="draw --plot from an earlier --json file; no run")
     args = parser.parse_args()
-
+    if args.from_json and not args.plot:
+        parser.error(f"--from-json {args.from_json} only redraws a figure: expected --plot PNG too")
     if args.from_json:
         with open(args.from_json) as f:
             plot(json.load(f)["results"], args.plot)
@@ -196,7 +197,9 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
 
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(9, 3.2))
     names = [f"{r['placement']}\n{'sync' if r['max_staleness'] == 0 else 'async'}" for r in results]
-    bars.bar(names, [r["samples_per_s"] for r in results], color=["#888", "#2a6", "#69c"])
+    bars.bar(
+        names, [r["samples_per_s"] for r in results], color=["#888", "#2a6", "#69c"][: len(results)]
+    )
     bars.set_ylabel("samples / s")
     for r, name in zip(results, names, strict=True):
         n, acc = zip(*r["val_curve"], strict=True)

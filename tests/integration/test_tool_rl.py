@@ -103,8 +103,8 @@ def warm_start(src: str, dst: Path) -> dict[str, list[float] | int]:
     Two terms: the first response token (which branch) by a cross-entropy weighted with the
     branch shares, whose optimum is exactly those shares; every later policy token by a
     plain per-token mean cross-entropy (each branch is deterministic after its first token).
-    Returns, per problem, the tool branch's share, the two branches' summed probability
-    (`mass`) and each branch's probability given its first token (`fidelity`: how often a
+    Returns the steps taken and, per problem, the tool branch's share and the lower of the
+    two branches' probability given its first token (`fidelity`: how often a
     temperature-1 sample that starts the branch finishes it intact)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -162,7 +162,6 @@ def warm_start(src: str, dst: Path) -> dict[str, list[float] | int]:
     return {
         "steps": step + 1,
         "share": share.tolist(),
-        "mass": p_branch.sum(-1).tolist(),
         "fidelity": fidelity.min(-1).values.tolist(),
     }
 
