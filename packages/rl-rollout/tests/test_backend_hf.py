@@ -54,6 +54,32 @@ def test_concurrent_requests_share_one_batch_and_match_solo_runs(engine):
         torch.testing.assert_close(batched[i][0].log_probs, solo.log_probs, atol=1e-5, rtol=0)
 
 
+def test_samples_of_a_request_are_prefilled_once_with_their_own_cache_rows(engine):
+    """n samples share one prefill row; every sample's log-probs still equal a
+    teacher-forced forward of its own prompt + tokens (a cache row copied to the wrong
+    sample, or not copied, would change them)."""
+    prompts = [[5, 6, 7, 8, 9], [3, 4]]
+    params = [SamplingParams(n=4, max_tokens=5, seed=1), SamplingParams(n=2, max_tokens=5, seed=2)]
+
+    async def together():
+        return await asyncio.gather(
+            *(engine.generate(p, sp, f"g{i}") for i, (p, sp) in enumerate(zip(prompts, params)))
+        )
+
+    with _ForwardCounter(engine) as counter:
+        results = asyncio.run(together())
+    assert counter.shapes[0] == (2, 5)  # one prefill row per distinct prompt, not 6
+    assert len({tuple(o.token_ids) for o in results[0]}) > 1  # the samples differ
+    model = engine.model
+    for prompt, outputs in zip(prompts, results):
+        for out in outputs:
+            ids = torch.tensor([prompt + list(out.token_ids)])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            want = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+            torch.testing.assert_close(torch.as_tensor(out.log_probs), want, atol=1e-4, rtol=0)
+
+
 def test_finished_rows_leave_the_batch(engine):
     async def run():
         return await asyncio.gather(
@@ -64,7 +90,8 @@ def test_finished_rows_leave_the_batch(engine):
     with _ForwardCounter(engine) as counter:
         short, long = asyncio.run(run())
     assert len(short[0].token_ids) == 2 and len(long[0].token_ids) == 8
-    assert [s[0] for s in counter.shapes] == [2, 2, 1, 1, 1, 1, 1, 1]
+    # the equal prompts share one prefill row; both decode, then the short one leaves
+    assert [s[0] for s in counter.shapes] == [1, 2, 1, 1, 1, 1, 1, 1]
 
 
 def test_sleep_aborts_in_flight_requests_and_wake_up_resumes(engine):

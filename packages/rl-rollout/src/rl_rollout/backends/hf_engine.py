@@ -8,7 +8,9 @@ ones. Requests arriving while a batch runs wait for the next batch. Sampling is 
 `torch.Generator` when the request carries a seed.
 
 Log-probs are those of the sampling distribution after temperature and before top-p/top-k
-truncation. There is no prefix cache (`reset_prefix_cache` is a no-op). `sleep` aborts
+truncation. Rows of a batch with the same context (a request's n samples) are prefilled
+once and their KV cache copied. There is no prefix cache across batches
+(`reset_prefix_cache` is a no-op). `sleep` aborts
 in-flight requests, moves the weights to CPU when they live on an accelerator and frees the
 KV cache (it only lives during a batch); on CPU it frees nothing. Weights update in place
 by Hugging Face name; an update waits for the running decode step, never interrupts it.
@@ -396,9 +398,11 @@ class HFRolloutEngine(RolloutEngine):
             if not live:
                 return None
             contexts = [s.prompt + s.tokens for s in live]  # tokens: a resumed request
+            # equal contexts (n samples of a request) are prefilled once; not with images
+            contexts, copies = (contexts, None) if self.vision else _unique_rows(contexts)
             width = max(len(c) for c in contexts)
-            ids = torch.zeros(len(live), width, dtype=torch.long)
-            mask = torch.zeros(len(live), width, dtype=torch.long)
+            ids = torch.zeros(len(contexts), width, dtype=torch.long)
+            mask = torch.zeros(len(contexts), width, dtype=torch.long)
             for row, context in enumerate(contexts):
                 ids[row, width - len(context) :] = torch.tensor(context)
                 mask[row, width - len(context) :] = 1
@@ -415,6 +419,7 @@ class HFRolloutEngine(RolloutEngine):
             )
             cache = None
         else:
+            copies = None
             live, mask, sampling, cache = (
                 state["live"],
                 state["mask"],
@@ -435,6 +440,10 @@ class HFRolloutEngine(RolloutEngine):
             **extra,
         )
         logits = out.logits[:, -1]
+        if copies is not None:  # back from the distinct contexts to every row (no images:
+            index = torch.tensor(copies, device=self.device)  # positions are [B, W])
+            logits, mask, positions = logits[index], mask[index], positions[index]
+            out.past_key_values.reorder_cache(index)
         if self._banned:
             logits[:, self._banned] = float("-inf")
         tokens, log_probs = sample_rows(logits, sampling, self._shared_generator)
@@ -473,3 +482,12 @@ class HFRolloutEngine(RolloutEngine):
             "cache": cache,
             "next": tokens,
         }
+
+
+def _unique_rows(contexts: list[list[int]]) -> tuple[list[list[int]], list[int] | None]:
+    """The distinct contexts and, per row, the index of its context (None: all distinct)."""
+    first: dict[tuple[int, ...], int] = {}
+    copies = [first.setdefault(tuple(c), len(first)) for c in contexts]
+    if len(first) == len(contexts):
+        return contexts, None
+    return [list(c) for c in first], copies
