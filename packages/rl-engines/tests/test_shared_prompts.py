@@ -163,3 +163,40 @@ def test_moe_models_do_not_share_prompts(tmp_path):
         engine.close()
     with pytest.raises(ValueError, match=r"share_prompts=True cannot run on a MoE model"):
         _engine(moe_dir, {"share_prompts": True})
+
+
+def common_prefix_batch(groups: list[int], seed: int = 5) -> dict[str, torch.Tensor]:
+    """Prompts of 18-22 real tokens whose first 17 are the same (a system prompt, fixed
+    demos), left-padded to 24; row i asks prompt groups[i]."""
+    prompt_len = 24
+    t = dict(make_rl_batch(len(groups), prompt_len, RESP_LEN, seed=seed).batch.items())
+    g = torch.Generator().manual_seed(seed)
+    common = torch.randint(1, 500, (17,), generator=g)
+    tails = {u: torch.randint(1, 500, (1 + u % 5,), generator=g) for u in set(groups)}
+    for row, u in enumerate(groups):
+        prompt = torch.cat([common, tails[u]])
+        t["input_ids"][row, :prompt_len] = 0
+        t["attention_mask"][row, :prompt_len] = 0
+        t["input_ids"][row, prompt_len - len(prompt) : prompt_len] = prompt
+        t["attention_mask"][row, prompt_len - len(prompt) : prompt_len] = 1
+    t["position_ids"] = (t["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return t
+
+
+@pytest.mark.parametrize("groups", [[0, 1, 2, 0, 4, 0, 0, 1], list(range(8))])
+def test_a_prefix_common_to_all_prompts_is_packed_once(llama_dir, groups):
+    """Distinct prompts that begin alike: the common prefix runs once, each prompt's rest
+    once; outputs and gradients still equal the padded layout's (with or without repeats)."""
+    t = common_prefix_batch(groups)
+    layout = SharedPromptLayout.build(t, "sdpa", torch.bool)
+    distinct = sorted(set(groups))
+    rest = sum(1 + u % 5 for u in distinct)
+    responses = int(t["attention_mask"][:, -RESP_LEN:].sum())
+    assert layout.input_ids.shape == (1, 17 + rest + responses)
+    model = _model(llama_dir, "sdpa")
+    want, want_grads = _run(model, t, None)
+    got, got_grads = _run(model, t, "sdpa")
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=2e-5, rtol=1e-5)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, atol=2e-5, rtol=1e-4, msg=name)
