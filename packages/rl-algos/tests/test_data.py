@@ -325,6 +325,36 @@ def test_loader_state_mismatch_and_tail_batch(tokenizer):
     assert isinstance(next(iter(tail)).batch["input_ids"], torch.Tensor)
 
 
+def test_arithmetic_fixed_few_shot_demos_are_shared_cover_the_ops_and_are_never_asked():
+    options = dict(digits=(1, 2), max_multiplier=9, nonnegative=True, phrasings="varied")
+    task = ArithmeticTask(**options, few_shot=3, few_shot_demos="fixed", system_prompt="Calc.")
+    splits = make_splits(task, 300, 100, seed=7)
+    rows = splits["train"] + splits["test"]
+    demos = rows[0]["prompt"][1:-1]
+    assert [m["role"] for m in demos] == ["user", "assistant"] * 3
+    shown = [re.match(r"(\d+) ([-+*]) (\d+) =", m["content"]).groups() for m in demos[1::2]]
+    assert [op for _, op, _ in shown] == ["+", "-", "*"]  # one op after the other
+    demo_expressions = {" ".join(parts) for parts in shown}
+    for row in rows:
+        assert row["prompt"][1:-1] == demos  # every prompt: the same demos
+        assert row["extra_info"]["expression"] not in demo_expressions
+    # rows own their messages: editing one prompt leaves the others alone
+    rows[0]["prompt"][1]["content"] = "changed"
+    assert rows[1]["prompt"][1]["content"] != "changed"
+    # per-problem demos (the default) differ between problems
+    default = make_splits(ArithmeticTask(**options, few_shot=3), 10, 0, seed=7)["train"]
+    assert len({str(r["prompt"][:-1]) for r in default}) > 1
+    with pytest.raises(ValueError, match=r"few_shot_demos 'shared'; expected 'per_problem' or"):
+        ArithmeticTask(few_shot=1, few_shot_demos="shared")
+
+
+def test_arithmetic_fixed_demos_that_leave_no_problem_is_a_named_error():
+    # four problems in all (3 + 3, 3 + 4, 4 + 3, 4 + 4), all taken as demos
+    task = ArithmeticTask(min_value=3, max_value=4, ops=["+"], few_shot=4, few_shot_demos="fixed")
+    with pytest.raises(ValueError, match=r"few_shot 4 needs demo problems, and these options"):
+        task.sample(random.Random(0))
+
+
 def test_arithmetic_few_shot_without_other_problems_is_a_named_error():
     task = ArithmeticTask(min_value=3, max_value=3, ops=["+"], few_shot=1)
     with pytest.raises(ValueError, match=r"few_shot 1 needs demo problems other than '3 \+ 3'"):

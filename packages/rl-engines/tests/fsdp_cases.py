@@ -169,3 +169,41 @@ def lora_round(model_dir: str, ckpt: str) -> dict[str, Any]:
     }
     engine.close()
     return result
+
+
+# rows 0, 3, 5, 6 ask one prompt, rows 1 and 7 another, rows 2 and 4 their own
+PROMPT_GROUPS = [0, 1, 2, 0, 4, 0, 0, 1]
+
+
+def grouped_batch(seed: int, prompt_len: int = 10, response_len: int = 8):
+    """make_rl_batch's rows with the prompts (ids and padding) of PROMPT_GROUPS copied
+    over: a GRPO-like batch where prompts repeat."""
+    batch = make_rl_batch(len(PROMPT_GROUPS), prompt_len, response_len, seed=seed)
+    t = batch.batch
+    source = torch.tensor(PROMPT_GROUPS)
+    for key in ("input_ids", "attention_mask"):
+        t[key] = torch.cat([t[key][source, :prompt_len], t[key][:, prompt_len:]], dim=1)
+    t["position_ids"] = (t["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return batch
+
+
+def shared_prompt_round(model_dir: str, share: bool) -> dict[str, Any]:
+    """Two train steps and an infer pass on grouped batches, prompts shared or not."""
+    options = {"engine_kwargs": {"share_prompts": share}, "micro_batch": {"micro_batch_size": 2}}
+    engine = build_engine("fsdp", engine_config(model_dir, options, optim=OPTIM))
+    metrics = []
+    for step in range(2):
+        batch = grouped_batch(200 + step).chunk(engine.dp_size)[engine.dp_rank]
+        metrics.append(engine.train_batch(batch, pg_loss))
+    probe = grouped_batch(300).chunk(engine.dp_size)[engine.dp_rank]
+    out = engine.infer_batch(probe, outputs=("log_probs", "entropy"))
+    weights = _weights(engine)  # collective: every rank gathers
+    result = {
+        "metrics": metrics,
+        "log_probs": out.batch["log_probs"],
+        "entropy": out.batch["entropy"],
+        "weights": weights if engine.dp_rank == 0 else None,
+        "shared": engine.shared_prompts,
+    }
+    engine.close()
+    return result

@@ -23,7 +23,7 @@ def test_defaults_and_values():
             {"attn_implementaton": "sdpa"},
             r"EngineConfig\.engine_kwargs \(fsdp engine\): unknown key\(s\) "
             r"\['attn_implementaton'\]; expected some of \['attn_implementation', "
-            r"'logprob_chunk_tokens', 'moe_aux_loss_coeff', 'use_remove_padding'\]",
+            r"'logprob_chunk_tokens', 'moe_aux_loss_coeff', 'share_prompts', 'use_remove_padding'\]",
         ),
         (
             {"attn_implementation": ""},
@@ -33,6 +33,11 @@ def test_defaults_and_values():
         (
             {"use_remove_padding": "yes"},
             r"EngineConfig\.engine_kwargs\.use_remove_padding='yes' is invalid: expected null "
+            r"\(auto\), true or false",
+        ),
+        (
+            {"share_prompts": "on"},
+            r"EngineConfig\.engine_kwargs\.share_prompts='on' is invalid: expected null "
             r"\(auto\), true or false",
         ),
         (

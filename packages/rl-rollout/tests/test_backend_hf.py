@@ -54,6 +54,62 @@ def test_concurrent_requests_share_one_batch_and_match_solo_runs(engine):
         torch.testing.assert_close(batched[i][0].log_probs, solo.log_probs, atol=1e-5, rtol=0)
 
 
+def _teacher_forced(model, prompt, tokens):
+    ids = torch.tensor([prompt + list(tokens)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+
+
+def test_samples_of_a_request_are_prefilled_once_with_their_own_cache_rows(engine):
+    """n samples share one prefill row; every sample's log-probs still equal a
+    teacher-forced forward of its own prompt + tokens (a cache row copied to the wrong
+    sample, or not copied, would change them)."""
+    prompts = [[5, 6, 7, 8, 9], [3, 4]]
+    params = [SamplingParams(n=4, max_tokens=5, seed=1), SamplingParams(n=2, max_tokens=5, seed=2)]
+
+    async def together():
+        return await asyncio.gather(
+            *(engine.generate(p, sp, f"g{i}") for i, (p, sp) in enumerate(zip(prompts, params)))
+        )
+
+    with _ForwardCounter(engine) as counter:
+        results = asyncio.run(together())
+    assert counter.shapes[0] == (2, 5)  # one prefill row per distinct prompt, not 6
+    assert len({tuple(o.token_ids) for o in results[0]}) > 1  # the samples differ
+    for prompt, outputs in zip(prompts, results):
+        for out in outputs:
+            want = _teacher_forced(engine.model, prompt, out.token_ids)
+            torch.testing.assert_close(torch.as_tensor(out.log_probs), want, atol=1e-4, rtol=0)
+
+
+def test_a_prefix_common_to_all_prompts_runs_once(engine):
+    """Prompts that share 20 tokens (a system prompt, fixed demos): the prefix runs once at
+    batch size 1, the rest left-padded after it; greedy tokens equal solo runs and sampled
+    log-probs equal teacher-forced forwards."""
+    shared = [(7 * i) % 50 + 3 for i in range(20)]
+    prompts = [[*shared, 9, 10, 11], [*shared, 12], [*shared, 13, 14]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    sampled = SamplingParams(n=2, max_tokens=4, seed=5)
+
+    async def together(params):
+        return await asyncio.gather(
+            *(engine.generate(p, params, f"p{i}") for i, p in enumerate(prompts))
+        )
+
+    with _ForwardCounter(engine) as counter:
+        batched = asyncio.run(together(greedy))
+    assert counter.shapes[:2] == [(1, 20), (3, 3)]  # the prefix, then each prompt's rest
+    for i, prompt in enumerate(prompts):
+        (solo,) = asyncio.run(engine.generate(prompt, greedy, f"s{i}"))
+        assert batched[i][0].token_ids == solo.token_ids
+        torch.testing.assert_close(batched[i][0].log_probs, solo.log_probs, atol=1e-5, rtol=0)
+    for prompt, outputs in zip(prompts, asyncio.run(together(sampled))):
+        for out in outputs:
+            want = _teacher_forced(engine.model, prompt, out.token_ids)
+            torch.testing.assert_close(torch.as_tensor(out.log_probs), want, atol=1e-4, rtol=0)
+
+
 def test_finished_rows_leave_the_batch(engine):
     async def run():
         return await asyncio.gather(
@@ -64,7 +120,8 @@ def test_finished_rows_leave_the_batch(engine):
     with _ForwardCounter(engine) as counter:
         short, long = asyncio.run(run())
     assert len(short[0].token_ids) == 2 and len(long[0].token_ids) == 8
-    assert [s[0] for s in counter.shapes] == [2, 2, 1, 1, 1, 1, 1, 1]
+    # the equal prompts share one prefill row; both decode, then the short one leaves
+    assert [s[0] for s in counter.shapes] == [1, 2, 1, 1, 1, 1, 1, 1]
 
 
 def test_sleep_aborts_in_flight_requests_and_wake_up_resumes(engine):

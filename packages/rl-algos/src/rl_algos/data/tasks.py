@@ -82,7 +82,10 @@ class ArithmeticTask:
     `few_shot` (0-8) puts that many worked demos (a user problem, then the assistant's
     reply "12 + 7 = 19. \\boxed{19}") before each problem, drawn from an RNG of their own
     seeded by the problem, so the problems do not change; the instruction then gives no
-    example answer of its own."""
+    example answer of its own. `few_shot_demos: fixed` puts the same demos before every
+    problem instead (covering the ops in turn; no problem equals a demo), the classic
+    few-shot prompt: all prompts then share a long prefix, which the hf rollout engine
+    prefills once per batch."""
 
     min_value: int = 0
     max_value: int = 99
@@ -95,6 +98,7 @@ class ArithmeticTask:
     nonnegative: bool = False
     phrasings: str = "plain"
     few_shot: int = 0
+    few_shot_demos: str = "per_problem"
 
     data_source = "arithmetic"
 
@@ -131,6 +135,12 @@ class ArithmeticTask:
             raise ValueError(f"arithmetic: few_shot must be an integer 0..8, got {self.few_shot!r}")
         if not 0 <= self.few_shot <= 8:
             raise ValueError(f"arithmetic: few_shot must be in 0..8, got {self.few_shot}")
+        if self.few_shot_demos not in ("per_problem", "fixed"):
+            raise ValueError(
+                f"arithmetic: few_shot_demos {self.few_shot_demos!r}; expected 'per_problem' "
+                "or 'fixed'"
+            )
+        self._fixed: tuple[set[str], list[dict[str, str]]] | None = None
 
     def _operand(self, rng: random.Random, cap: int | None = None) -> int:
         if self.digits is not None:
@@ -146,15 +156,61 @@ class ArithmeticTask:
     def sample(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
         """(problem key, row) for one random problem."""
         expression, question, answer = self._draw(rng)
+        if self.few_shot and self.few_shot_demos == "fixed":
+            for _ in range(1000):  # a demo is never a problem
+                if expression not in self._fixed_demos()[0]:
+                    break
+                expression, question, answer = self._draw(rng)
+            else:
+                raise self._too_few_demos("")
         row = _row(self.data_source, question, answer, self.system_prompt)
         if self.few_shot:  # after the system prompt, before the problem
             row["prompt"][-1:-1] = self._demos(expression)
         row["extra_info"] = {"expression": expression}
         return expression, row
 
+    def _fixed_demos(self) -> tuple[set[str], list[dict[str, str]]]:
+        """(expressions, turns) of the demos every problem shares (`few_shot_demos: fixed`):
+        one op after the other, from an RNG of their own."""
+        if self._fixed is None:
+            rng = random.Random("few_shot:fixed")
+            chosen: dict[str, tuple[str, str]] = {}
+            for _ in range(100 * self.few_shot):
+                if len(chosen) == self.few_shot:
+                    break
+                expression, question, answer = self._draw(rng)
+                wanted_op = self.ops[len(chosen) % len(self.ops)]
+                if expression not in chosen and (
+                    wanted_op in expression.split() or self.num_operands > 2
+                ):
+                    chosen[expression] = (question, answer)
+            turns = [t for e, (q, a) in chosen.items() for t in self._demo_turns(e, q, a)]
+            self._fixed = (set(chosen), turns)
+        if len(self._fixed[0]) < self.few_shot:
+            raise self._too_few_demos("")
+        return self._fixed
+
+    def _demo_turns(self, expression: str, question: str, answer: str) -> list[dict[str, str]]:
+        reply = _DEMO_REPLIES[self.answer_format]
+        return [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": reply.format(expression=expression, answer=answer)},
+        ]
+
+    def _too_few_demos(self, expression: str) -> ValueError:
+        other = f" other than {expression!r}" if expression else ""
+        return ValueError(
+            f"arithmetic: few_shot {self.few_shot} needs demo problems{other}, and these "
+            "options allow almost no others; expected a wider value range or more ops, or "
+            "few_shot 0"
+        )
+
     def _demos(self, expression: str) -> list[dict[str, str]]:
-        """`few_shot` worked (user, assistant) turns on problems other than `expression`,
-        from an RNG seeded by it (the problems' own RNG is not touched)."""
+        """`few_shot` worked (user, assistant) turns on problems other than `expression`:
+        the shared ones (`few_shot_demos: fixed`) or ones drawn from an RNG seeded by the
+        problem (the problems' own RNG is not touched)."""
+        if self.few_shot_demos == "fixed":
+            return [dict(turn) for turn in self._fixed_demos()[1]]
         rng = random.Random(f"few_shot:{expression}")
         demos: list[dict[str, str]] = []
         for _ in range(100 * self.few_shot):  # bounded: a tiny problem space may repeat
@@ -162,19 +218,8 @@ class ArithmeticTask:
                 return demos
             demo_expression, question, answer = self._draw(rng)
             if demo_expression != expression:
-                reply = _DEMO_REPLIES[self.answer_format]
-                demos += [
-                    {"role": "user", "content": question},
-                    {
-                        "role": "assistant",
-                        "content": reply.format(expression=demo_expression, answer=answer),
-                    },
-                ]
-        raise ValueError(
-            f"arithmetic: few_shot {self.few_shot} needs demo problems other than "
-            f"{expression!r}, and these options allow almost no others; expected a "
-            "wider value range or more ops, or few_shot 0"
-        )
+                demos += self._demo_turns(demo_expression, question, answer)
+        raise self._too_few_demos(expression)
 
     def _draw(self, rng: random.Random) -> tuple[str, str, str]:
         """(expression, question, answer) of one random problem."""

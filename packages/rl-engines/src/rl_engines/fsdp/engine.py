@@ -80,6 +80,7 @@ from rl_engines.fsdp.model import (
     shard_model,
 )
 from rl_engines.fsdp.multimodal import multimodal_kwargs
+from rl_engines.fsdp.shared_prompts import DENSE_MASK_ATTENTION, group_rows_by_prompt
 from rl_engines.lora import adapter_tensors, apply_lora, merge_lora_weights
 from rl_engines.moe import HFRouterProbe
 
@@ -93,7 +94,10 @@ class FSDPOptions:
     ``attn_implementation``: the Hugging Face attention kernel ("sdpa", "eager",
     "flash_attention_2", ...; "auto": the platform's preference). ``use_remove_padding``:
     pack the real tokens of a micro-batch into one row (None: only when the attention
-    kernel is a varlen one). ``logprob_chunk_tokens``: tokens per chunk of the LM head when
+    kernel is a varlen one). ``share_prompts``: run each distinct prompt of a micro-batch
+    once (`rl_engines.fsdp.shared_prompts`: GRPO's n samples of a prompt share its forward
+    and backward; None: whenever the attention kernel takes a dense mask, "sdpa" or
+    "eager", and the model has no MoE router). ``logprob_chunk_tokens``: tokens per chunk of the LM head when
     computing log-probs and entropy (a micro-batch with more tokens is split, and each chunk
     is recomputed in backward); 0 computes full logits at once.
     ``moe_aux_loss_coeff``: weight of the MoE load-balancing loss added to the training loss
@@ -106,6 +110,7 @@ class FSDPOptions:
     use_remove_padding: bool | None = None
     logprob_chunk_tokens: int = 4096
     moe_aux_loss_coeff: float | None = None
+    share_prompts: bool | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> FSDPOptions:
@@ -125,6 +130,8 @@ class FSDPOptions:
             )
         if self.use_remove_padding not in (None, True, False):
             raise self._bad("use_remove_padding", "null (auto), true or false")
+        if self.share_prompts not in (None, True, False):
+            raise self._bad("share_prompts", "null (auto), true or false")
         if not is_int(self.logprob_chunk_tokens) or self.logprob_chunk_tokens < 0:
             raise self._bad("logprob_chunk_tokens", "an integer >= 0 (0: no chunking)")
         coeff = self.moe_aux_loss_coeff
@@ -199,6 +206,12 @@ class FSDPEngine(TrainEngine):
                 "(parameters already live in host memory)"
             )
         attention = resolve_attn_implementation(self.options.attn_implementation)
+        if self.options.share_prompts and attention not in DENSE_MASK_ATTENTION:
+            raise ValueError(
+                f"EngineConfig.engine_kwargs.share_prompts=True needs an attention kernel "
+                f"that takes a dense mask {DENSE_MASK_ATTENTION}, got attn_implementation "
+                f"{attention!r}: set share_prompts to null or false"
+            )
         self.packed = (
             self.options.use_remove_padding
             if self.options.use_remove_padding is not None
@@ -228,6 +241,7 @@ class FSDPEngine(TrainEngine):
             else ChunkedLMHead.install(self.model, self.options.logprob_chunk_tokens)
         )
         self.router_probe = HFRouterProbe.install(self.model)
+        self.shared_prompts = self._resolve_share_prompts(attention)
         coeff = self.options.moe_aux_loss_coeff
         if coeff is None:
             coeff = getattr(self.hf_config.get_text_config(), "router_aux_loss_coef", 0.0)
@@ -247,6 +261,31 @@ class FSDPEngine(TrainEngine):
         self._step = 0
         self._offloaded = False
         torch.manual_seed(config.seed + self.rank)
+
+    def _resolve_share_prompts(self, attention: str) -> str | None:
+        """The attention kernel to build shared-prompt masks for, or None (off)."""
+        wanted = self.options.share_prompts
+        if wanted is False or attention not in DENSE_MASK_ATTENTION:
+            return None  # share_prompts=True with such a kernel was refused before loading
+        if self.router_probe is None:
+            return attention
+        if wanted:
+            raise ValueError(
+                "EngineConfig.engine_kwargs.share_prompts=True cannot run on a MoE model "
+                "(its routing statistics and load-balancing loss count every prompt copy): "
+                "set it to null or false"
+            )
+        return None
+
+    def _grouped(self, batch: DataProto) -> tuple[DataProto, Tensor | None]:
+        """``batch`` with equal prompts on adjacent rows (so micro-batches keep a prompt's
+        samples together) and the permutation applied; unchanged when prompts are not
+        shared."""
+        if self.shared_prompts is None or len(batch) < 2:
+            return batch, None
+        keys = ("input_ids", "attention_mask", "responses")
+        order = group_rows_by_prompt({k: batch.batch[k] for k in keys})
+        return batch[order], order
 
     # ---- layout -------------------------------------------------------------------
     @property
@@ -319,6 +358,7 @@ class FSDPEngine(TrainEngine):
         all_reduce(counts, dist.ReduceOp.SUM, "the global token/sequence counts")
         num_tokens, num_seqs = int(counts[0].item()), int(counts[1].item())
         num_micro = self._num_micro_batches(batch, train=True)
+        batch, _ = self._grouped(batch)  # the loss sums over rows: their order is free
         micro_batches = split_micro_batches(batch, self.config.micro_batch, num_micro)
 
         self.model.train()
@@ -343,6 +383,7 @@ class FSDPEngine(TrainEngine):
                     extra=multimodal_kwargs(
                         self.model, micro_batch, tensors, self.device, self.compute_dtype
                     ),
+                    shared_prompts=self.shared_prompts,
                 )
             loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
             if aux_loss and self.moe_aux_loss_coeff:  # mean over micro-batches and DP ranks
@@ -461,6 +502,7 @@ class FSDPEngine(TrainEngine):
         self.model.eval()
         pieces: dict[str, list[Tensor]] = {k: [] for k in outputs}
         order: list[int] = []
+        batch, grouping = self._grouped(batch)
         for micro_batch, indices in split_micro_batches(batch, cfg, num_micro):
             tensors = self._tensors(micro_batch)
             out = forward_micro_batch(
@@ -474,10 +516,11 @@ class FSDPEngine(TrainEngine):
                 extra=multimodal_kwargs(
                     self.model, micro_batch, tensors, self.device, self.compute_dtype
                 ),
+                shared_prompts=self.shared_prompts,
             )
             for key in outputs:
                 pieces[key].append(out[key].cpu())
-            order.extend(indices)
+            order.extend(grouping[indices].tolist() if grouping is not None else indices)
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         tensors = {k: torch.cat(v)[inverse] for k, v in pieces.items()}

@@ -15,6 +15,10 @@ Outputs are [b, R] (float32); positions whose response token is padding hold 0.
 With a `ChunkedLMHead` installed on the model, the LM head computes log-probs and entropy
 from the hidden states a chunk of tokens at a time (`linear_log_probs_and_entropy`): the
 [tokens, vocab] logits never exist in full, in forward or backward.
+
+A third layout, shared prompts (`rl_engines.fsdp.shared_prompts`), runs each distinct
+prompt of the micro-batch once; `forward_micro_batch` takes it when asked to and a prompt
+repeats, and falls back to the padded or packed layout otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from rl_core.engine import linear_log_probs_and_entropy, token_log_probs_and_entropy
+from rl_engines.fsdp.shared_prompts import SharedPromptLayout
 
 __all__ = ["ChunkedLMHead", "forward_micro_batch", "varlen_attention_available"]
 
@@ -110,12 +115,19 @@ def forward_micro_batch(
     value_model: bool,
     head: ChunkedLMHead | None = None,
     extra: dict[str, Tensor] | None = None,
+    shared_prompts: str | None = None,
 ) -> dict[str, Tensor]:
     """Run ``model`` on one micro-batch; return the requested [b, R] outputs.
 
     ``extra`` holds further model keyword arguments (a VLM's ``pixel_values``,
     ``image_grid_thw`` and multimodal ``position_ids``, see `rl_engines.fsdp.multimodal`);
-    they need the padded layout."""
+    they need the padded layout. ``shared_prompts`` (the model's attention kernel, "sdpa"
+    or "eager"; None: off) runs each distinct prompt once when a prompt repeats."""
+    if shared_prompts is not None and not extra:
+        dtype = next(model.parameters()).dtype if shared_prompts == "eager" else torch.bool
+        layout = SharedPromptLayout.build(tensors, shared_prompts, dtype)
+        if layout is not None:
+            return _forward_shared(model, layout, outputs, temperature, value_model, head)
     if packed:
         if extra:
             raise ValueError(
@@ -224,4 +236,34 @@ def _forward_packed(
         result["log_probs"] = zeros.masked_scatter(valid, log_probs)
     if entropy is not None:
         result["entropy"] = zeros.masked_scatter(valid, entropy)
+    return result
+
+
+def _forward_shared(
+    model: nn.Module,
+    layout: SharedPromptLayout,
+    outputs: Sequence[str],
+    temperature: float,
+    value_model: bool,
+    head: ChunkedLMHead | None,
+) -> dict[str, Tensor]:
+    kwargs = {
+        "input_ids": layout.input_ids,
+        "position_ids": layout.position_ids,
+        "attention_mask": layout.attention_mask,
+        "use_cache": False,
+    }
+    valid = layout.valid
+    zeros = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+    if value_model:
+        scores = model(**kwargs).logits[0, :, 0]  # [T]
+        return {"values": zeros.masked_scatter(valid, scores[layout.keep].float())}
+    log_probs, entropy = _log_probs_and_entropy(
+        model, kwargs, layout.keep, layout.labels, temperature, "entropy" in outputs, head
+    )
+    result: dict[str, Tensor] = {}
+    if "log_probs" in outputs:
+        result["log_probs"] = zeros.masked_scatter(valid, log_probs[0])
+    if entropy is not None:
+        result["entropy"] = zeros.masked_scatter(valid, entropy[0])
     return result

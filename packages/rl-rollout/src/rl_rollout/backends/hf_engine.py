@@ -8,7 +8,10 @@ ones. Requests arriving while a batch runs wait for the next batch. Sampling is 
 `torch.Generator` when the request carries a seed.
 
 Log-probs are those of the sampling distribution after temperature and before top-p/top-k
-truncation. There is no prefix cache (`reset_prefix_cache` is a no-op). `sleep` aborts
+truncation. A text batch's prefill runs equal contexts (a request's n samples) and the
+prefix common to all rows (a shared system prompt, fixed demos) once and copies their KV
+cache (`rl_rollout.backends.hf_prefill`). There is no prefix cache across batches
+(`reset_prefix_cache` is a no-op). `sleep` aborts
 in-flight requests, moves the weights to CPU when they live on an accelerator and frees the
 KV cache (it only lives during a batch); on CPU it frees nothing. Weights update in place
 by Hugging Face name; an update waits for the running decode step, never interrupts it.
@@ -43,6 +46,7 @@ from rl_core.platform import get_platform
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_rollout.backends.hf_prefill import prefill_text
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
 __all__ = ["HFRolloutEngine"]
@@ -437,6 +441,30 @@ class HFRolloutEngine(RolloutEngine):
         )
         return extra
 
+    def _prefill_with_images(
+        self, live: list[_Sequence], contexts: list[list[int]]
+    ) -> tuple[Tensor, Any, Tensor, Tensor]:
+        """Prefill of a batch with images: every row on its own (logits, cache, mask,
+        multimodal positions [3, B, W])."""
+        width = max(len(c) for c in contexts)
+        ids = torch.zeros(len(contexts), width, dtype=torch.long)
+        mask = torch.zeros(len(contexts), width, dtype=torch.long)
+        for row, context in enumerate(contexts):
+            ids[row, width - len(context) :] = torch.tensor(context)
+            mask[row, width - len(context) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        extra = self._prefill_vision(live, ids, mask)
+        positions = extra.pop("position_ids")
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
+        return out.logits[:, -1], out.past_key_values, mask, positions
+
     @torch.no_grad()
     def _step(self, seqs: list[_Sequence], state: dict | None) -> dict | None:
         """Prefill (state None) or decode one token for the live rows; None when all done."""
@@ -445,24 +473,17 @@ class HFRolloutEngine(RolloutEngine):
             if not live:
                 return None
             contexts = [s.prompt + s.tokens for s in live]  # tokens: a resumed request
-            width = max(len(c) for c in contexts)
-            ids = torch.zeros(len(live), width, dtype=torch.long)
-            mask = torch.zeros(len(live), width, dtype=torch.long)
-            for row, context in enumerate(contexts):
-                ids[row, width - len(context) :] = torch.tensor(context)
-                mask[row, width - len(context) :] = 1
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            extra = self._prefill_vision(live, ids, mask) if self.vision else {}
-            positions = extra.pop("position_ids", None)
-            if positions is None:
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
             sampling = RowSampling(
                 temperature=torch.tensor([s.params.temperature for s in live], device=self.device),
                 top_p=torch.tensor([s.params.top_p for s in live], device=self.device),
                 top_k=torch.tensor([s.params.top_k for s in live], device=self.device),
                 generators=[s.generator for s in live],
             )
-            cache = None
+            if self.vision:
+                logits, cache, mask, positions = self._prefill_with_images(live, contexts)
+            else:  # equal contexts and a common prefix run once (`hf_prefill`)
+                done = prefill_text(self.model, contexts, self.device)
+                logits, cache, mask, positions = done.logits, done.cache, done.mask, done.positions
         else:
             live, mask, sampling, cache = (
                 state["live"],
@@ -470,20 +491,17 @@ class HFRolloutEngine(RolloutEngine):
                 state["sampling"],
                 state["cache"],
             )
-            ids = state["next"][:, None]
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             positions = state["positions"][..., None] + 1  # [B] or [3, B] (multimodal)
-            extra = {}
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
-        logits = out.logits[:, -1]
+            out = self.model(
+                input_ids=state["next"][:, None],
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits, cache = out.logits[:, -1], out.past_key_values
         if self._banned:
             logits[:, self._banned] = float("-inf")
         tokens, log_probs = sample_rows(logits, sampling, self._shared_generator)
@@ -505,7 +523,6 @@ class HFRolloutEngine(RolloutEngine):
         if not keep:
             return None
         positions = positions[..., -1]
-        cache = out.past_key_values
         if len(keep) < len(live):
             index = torch.tensor(keep, device=self.device)
             cache.batch_select_indices(index)

@@ -1,0 +1,88 @@
+"""Prefill of a text batch for the hf rollout engine, with shared work done once.
+
+* Equal contexts (the n samples of a request) run as one row; their KV cache rows are
+  copied afterwards.
+* The longest prefix common to all distinct contexts (a shared system prompt, fixed
+  few-shot demos) runs once at batch size 1 and its cache is copied to every row; the rest
+  of each context follows it, left-padded (the padding between the two is masked and the
+  positions continue from the prefix).
+
+Each row ends with the cache, attention mask and positions of its own context, so decoding
+continues as if the row had been prefilled alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["MIN_SHARED_PREFIX", "TextPrefill", "prefill_text"]
+
+# A shorter common prefix is not worth a forward pass of its own.
+MIN_SHARED_PREFIX = 16
+
+
+@dataclass
+class TextPrefill:
+    """The prefill's outputs for every row: last-position ``logits`` [B, V], the KV
+    ``cache``, the ``mask`` [B, W] and ``positions`` [B, W] decoding continues from."""
+
+    logits: Tensor
+    cache: Any
+    mask: Tensor
+    positions: Tensor
+
+
+def _common_prefix(contexts: list[list[int]]) -> int:
+    shortest = min(contexts, key=len)
+    for i, token in enumerate(shortest):
+        if any(c[i] != token for c in contexts):
+            return i
+    return len(shortest)
+
+
+def _left_padded(contexts: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max(len(c) for c in contexts)
+    ids = torch.zeros(len(contexts), width, dtype=torch.long)
+    mask = torch.zeros(len(contexts), width, dtype=torch.long)
+    for row, context in enumerate(contexts):
+        ids[row, width - len(context) :] = torch.tensor(context)
+        mask[row, width - len(context) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def prefill_text(model: Any, contexts: list[list[int]], device: torch.device) -> TextPrefill:
+    """Run ``contexts`` (token ids, one list per row) through ``model`` with a fresh cache."""
+    first: dict[tuple[int, ...], int] = {}
+    copies = [first.setdefault(tuple(c), len(first)) for c in contexts]
+    distinct = [list(c) for c in first]
+    shared = _common_prefix(distinct) if len(distinct) > 1 else 0
+    shared = min(shared, min(len(c) for c in distinct) - 1)  # every row keeps a last token
+    cache = None
+    if shared >= MIN_SHARED_PREFIX:
+        prefix = torch.tensor([distinct[0][:shared]], device=device)
+        cache = model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+        cache.reorder_cache(torch.zeros(len(distinct), dtype=torch.long, device=device))
+        ids, rest_mask = _left_padded([c[shared:] for c in distinct], device)
+        mask = torch.cat([rest_mask.new_ones(len(distinct), shared), rest_mask], dim=1)
+        positions = shared + (rest_mask.cumsum(-1) - 1).clamp(min=0)
+    else:
+        ids, mask = _left_padded(distinct, device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits, cache = out.logits[:, -1], out.past_key_values
+    if len(distinct) < len(contexts):
+        index = torch.tensor(copies, device=device)
+        logits, mask, positions = logits[index], mask[index], positions[index]
+        cache.reorder_cache(index)
+    return TextPrefill(logits=logits, cache=cache, mask=mask, positions=positions)
