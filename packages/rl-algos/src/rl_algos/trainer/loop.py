@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import random
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -69,26 +68,16 @@ class RLTrainer:
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
-        self.setup_timing: dict[str, float] = {}
-        with _user_input_errors():
-            self._check_inputs(config)  # no thread, no process, no Ray yet
-        # The data, tokenizer and reward functions load on a thread while Ray starts; the
-        # workers start only once they loaded (a mistake in them stops Ray, no worker runs).
-        loading = _Background(self._load_inputs, config)
         try:
-            self.groups: RoleGroups = start_role_groups(
-                config,
-                self.model_path,
-                timing=self.setup_timing,
-                before_workers=lambda: loading.wait(self.setup_timing, "wait_inputs"),
-            )
-        except BaseException:
-            loading.cancel()
-            if getattr(self, "reward", None) is not None:
-                self.reward.close()
-            raise
-        loading.wait(self.setup_timing, "wait_inputs")  # done already: re-raises nothing
+            self._prepare(config)  # no process, no Ray yet
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            if isinstance(exc, UserInputError):
+                raise
+            # everything here reads what the user gave: config, data, model, paths
+            raise InputError(f"{type(exc).__name__}: {exc}") from exc
+        self.groups: RoleGroups = start_role_groups(
+            config, self.model_path, timing=self.setup_timing
+        )
         with timed(self.setup_timing, "rollout_pool"):  # split/remote: the driver's generator
             self.rollout: RolloutClient = build_rollout_client(
                 config, self.groups.actor, self.tokenizer, self.model_path, None
@@ -97,55 +86,38 @@ class RLTrainer:
         self._train_iter = None
         self.buffer: AsyncRolloutBuffer | None = None
 
-    def _check_inputs(self, config: Any) -> None:
-        """The quick checks of user input (plugin names, the checkpoint to resume from, the
-        model path), before anything starts."""
-        from rl_algos.config import check_plugins
-        from rl_algos.trainer.model_source import resolve_model_path
-
-        self.config = cfg = config
-        self.output_dir = Path(cfg.trainer.output_dir)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        _seed_everything(cfg.trainer.seed)
-        check_plugins(cfg)  # engine/rollout/generator/tool names
-        self._resume_from = find_resume_checkpoint(
-            self.output_dir / "checkpoints", cfg.trainer.resume
-        )
-        with timed(self.setup_timing, "model_resolve"):
-            self.model_path = resolve_model_path(cfg.model.path)
-            if cfg.reward.model_path is not None:
-                cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
-        self.kl_ctrl = None
-        if cfg.algorithm.use_kl_in_reward:
-            kc = cfg.algorithm.kl_ctrl
-            self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
-        if cfg.async_.max_staleness > 0 and cfg.async_.correction == "none":
-            log.warning(
-                "async.max_staleness=%d with async.correction=none: stale samples are trained "
-                "without an off-policy correction",
-                cfg.async_.max_staleness,
-            )
-
-    def _load_inputs(self, config: Any) -> None:
-        """Load and check what the driver needs from the user's files: the data (generated
-        first when asked), the tokenizer, the reward functions (runs on a thread while Ray
-        starts; see `__init__`)."""
-        with _user_input_errors():
-            self._load_data(config)
-
-    def _load_data(self, cfg: Any) -> None:
+    def _prepare(self, config: Any) -> None:
+        """Check user input and load what the driver needs: the data, the tokenizer, the
+        reward functions, the checkpoint to resume from."""
         from transformers import AutoTokenizer
 
         from rl_algos.data import PromptDataLoader
         from rl_algos.data.dataset import DATASETS
         from rl_algos.rewards import RewardManager
         from rl_algos.rewards.manager import ScoreLimits
+        from rl_algos.trainer.model_source import resolve_model_path
         from rl_algos.trainer.preflight import check_data_sources, check_same_tokenizer
 
+        self.config = cfg = config
+        # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
+        self.setup_timing: dict[str, float] = {}
         setup = self.setup_timing
+        self.output_dir = Path(cfg.trainer.output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        _seed_everything(cfg.trainer.seed)
+        from rl_algos.config import check_plugins
+
+        # Everything user input can get wrong is checked here, before Ray or a worker starts.
+        check_plugins(cfg)  # engine/rollout/generator/tool names
+        self._resume_from = find_resume_checkpoint(
+            self.output_dir / "checkpoints", cfg.trainer.resume
+        )
         with timed(setup, "data_generate"):
             _materialize_generated_task(cfg, self.output_dir)
+        with timed(setup, "model_resolve"):
+            self.model_path = resolve_model_path(cfg.model.path)
+            if cfg.reward.model_path is not None:
+                cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
         with timed(setup, "tokenizer"):
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             if cfg.reward.model_path is not None:
@@ -193,6 +165,17 @@ class RLTrainer:
                     max_failure_fraction=rc.max_failure_fraction,
                     batch_timeout_s=rc.batch_timeout_s,
                 ),
+            )
+        self.kl_ctrl = None
+        if cfg.algorithm.use_kl_in_reward:
+            kc = cfg.algorithm.kl_ctrl
+            self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
+        if cfg.async_.max_staleness > 0 and cfg.async_.correction == "none":
+            log.warning(
+                "async.max_staleness=%d with async.correction=none: stale samples are trained "
+                "without an off-policy correction",
+                cfg.async_.max_staleness,
             )
 
     # ------------------------------------------------------------------ dataflow
@@ -586,47 +569,6 @@ class RLTrainer:
         self.reward.close()
         self.rollout.shutdown()
         self.groups.shutdown()
-
-
-@contextlib.contextmanager
-def _user_input_errors() -> Any:
-    """Everything the set-up reads comes from the user (config, data, model, paths): its
-    plain errors become an `InputError` (one line, exit status 2 in the CLI)."""
-    try:
-        yield
-    except (ValueError, KeyError, TypeError, OSError) as exc:
-        if isinstance(exc, UserInputError):
-            raise
-        raise InputError(f"{type(exc).__name__}: {exc}") from exc
-
-
-class _Background:
-    """``fn(*args)`` on a daemon thread; `wait` re-raises its exception in the caller."""
-
-    def __init__(self, fn: Any, *args: Any) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn(*args)
-            except BaseException as exc:  # handed to the waiting thread
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name="rl-setup-inputs", daemon=True)
-        self._thread.start()
-
-    def wait(self, timing: dict[str, float], name: str) -> None:
-        """Block until `fn` returned (the seconds waited go to ``timing[name]``)."""
-        with timed(timing, name):
-            self._thread.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def cancel(self) -> None:
-        """After a failure elsewhere: let `fn` finish and drop its outcome."""
-        self._thread.join()
-        self._error = None
 
 
 def _progress(total: int, initial: int, enabled: bool) -> Any:

@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,14 +274,11 @@ def start_role_groups(
     model_path: str,
     pad_token_id: int | None = None,
     timing: dict[str, float] | None = None,
-    before_workers: Callable[[], None] | None = None,
 ) -> RoleGroups:
     """Start the worker groups the config asks for and initialise their models; the
     seconds of each start-up phase (``ray_init``, ``workers_start``, ``models_init``) are
-    added to ``timing``. ``before_workers`` runs once Ray is up, before any worker starts
-    (the trainer finishes loading its inputs there); when it raises, Ray stops again."""
+    added to ``timing``."""
     timing = {} if timing is None else timing
-    before_workers = before_workers or (lambda: None)
     needs_critic = cfg.algorithm.adv_estimator == "gae"
     actor = ClassWithInitArgs(
         ActorRolloutWorker, actor_worker_config(cfg, model_path, pad_token_id)
@@ -304,7 +300,6 @@ def start_role_groups(
                 f"trainer.num_workers={trainer.num_workers}: the local backend runs exactly one "
                 "worker in this process; use trainer.backend=ray for more"
             )
-        before_workers()
         workers_start = time.perf_counter()
         groups = _local_groups(roles)
         timing["workers_start"] = time.perf_counter() - workers_start
@@ -321,7 +316,6 @@ def start_role_groups(
         with timed(timing, "ray_init"):
             owned_ray = ensure_ray(num_cpus)
         try:
-            before_workers()
             workers_start = time.perf_counter()
             shares_cluster = (
                 trainer.placement == "split" and needs_critic
