@@ -54,8 +54,8 @@ def test_dummy_engine_generates_exactly_like_the_loaded_one_after_one_full_updat
     asyncio.run(dummy.update_weights(iter(_exported(loaded.model)), version=0))
     (got,) = asyncio.run(dummy.generate(PROMPT, GREEDY, "dummy"))
     assert got.token_ids == expected.token_ids and len(got.token_ids) == 8
-    # the same weights bit for bit; the log-probs agree to rounding (the loaded weights are
-    # views into one buffer, not 64-byte aligned: the matmuls take other SIMD paths)
+    # the same weights bit for bit; the log-probs agree to rounding (from_pretrained's
+    # tensors are not 64-byte aligned here, torch's own are: the matmuls take other paths)
     torch.testing.assert_close(got.log_probs, expected.log_probs, atol=1e-5, rtol=0)
     state = dummy.model.state_dict()
     for name, value in loaded.model.state_dict().items():
