@@ -12,7 +12,7 @@ them side by side (the first count is what ``--json`` and the baseline record).
 The numbers come from the trainer's own metrics (``timing/*``, ``perf/*``,
 ``reward/seconds``): the median over ``--steps`` steps after one warm-up step, the set-up
 time before step 1 (from the first import of the trainer's modules, as a fresh process
-pays it) and each worker's peak memory. Printed as a markdown table; ``--json
+pays it; ``--setup-only`` times just that, with its phases) and each worker's peak memory. Printed as a markdown table; ``--json
 FILE`` also writes them (``median.timing/step_s`` is the step time).
 
 In the same run, unless ``--no-lower-bound``, the driver times what plain PyTorch needs for
@@ -57,13 +57,14 @@ PHASES = [
 
 
 def build_config(args: argparse.Namespace, output_dir: str) -> Any:
-    from transformers import AutoConfig
-
     from rl_algos.config import load_config
     from rl_algos.trainer.model_source import resolve_model_path
 
-    # a stop id the model (practically) never samples: every response is --new-tokens long
-    vocab_size = AutoConfig.from_pretrained(resolve_model_path(args.model)).vocab_size
+    # a stop id the model (practically) never samples: every response is --new-tokens long;
+    # read from config.json (importing transformers here would take ~2 s off the trainer's
+    # own set-up, which has to import it)
+    model_config = json.loads((Path(resolve_model_path(args.model)) / "config.json").read_text())
+    vocab_size = model_config.get("vocab_size") or model_config["text_config"]["vocab_size"]
     config = {
         "model": {"path": args.model},
         "data": {
@@ -271,6 +272,9 @@ def run_once(args: argparse.Namespace, workers: int) -> dict[str, float]:
         trainer = RLTrainer(config)
         setup_s = time.perf_counter() - start
         setup_phases = dict(trainer.setup_timing)
+        if args.setup_only:
+            trainer.close()
+            return {"setup_s": setup_s, **{f"setup/{k}_s": v for k, v in setup_phases.items()}}
         try:
             trainer.train_step()  # warm-up
             steps = [trainer.train_step() for _ in range(args.steps)]
@@ -283,6 +287,15 @@ def run_once(args: argparse.Namespace, workers: int) -> dict[str, float]:
     for rank, peak in enumerate(peaks):
         summary[f"memory/peak_gib_rank{rank}"] = peak["peak_bytes"] / 2**30
     return summary
+
+
+def setup_lines(summary: dict[str, float], workers: int, backend: str) -> str:
+    """The set-up time and its phases (``--setup-only``)."""
+    phases = {k[6:-2]: v for k, v in summary.items() if k.startswith("setup/")}
+    return (
+        f"set-up before step 1 ({workers} workers on {backend}): {summary['setup_s']:.1f} s\n"
+        "set-up phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
+    )
 
 
 def compare_workers(by_workers: dict[int, dict[str, float]]) -> str:
@@ -328,6 +341,11 @@ def main() -> int:
     parser.add_argument("--kind", help="machine kind for the baseline (default: detected)")
     parser.add_argument("--save-baseline", action="store_true", help="record this run")
     parser.add_argument("--no-lower-bound", action="store_true", help="skip plain PyTorch")
+    parser.add_argument(
+        "--setup-only",
+        action="store_true",
+        help="time the set-up before step 1 only (no steps, no lower bound, no baseline)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. actor.epochs=2")
     args = parser.parse_args()
     if args.backend == "local" and args.workers != [1]:
@@ -343,6 +361,12 @@ def main() -> int:
         s["setup_s"] += import_s
     first = next(iter(by_workers))
     summary = by_workers[first]  # the first count is the one recorded as `median`
+    if args.setup_only:
+        for workers, s in by_workers.items():
+            print(setup_lines(s, workers, args.backend))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "setup": by_workers}))
+        return 0
     if not args.no_lower_bound:
         prompt_len = round(summary["prompt_length/mean"])  # the trainer's real prompts
         bounds = plain_lower_bounds(args, prompt_len)

@@ -195,6 +195,10 @@ class ActorRolloutWorker(_TrainedRole):
         rollout_cfg = dict(cfg["rollout"]["rollout"])
         tokenizer = AutoTokenizer.from_pretrained(rollout_cfg["model_path"])
         rollout_cfg["seed"] = int(rollout_cfg.get("seed", 0)) + self.rank  # distinct streams
+        if rollout_cfg.get("backend", "hf") == "hf":
+            # the sync below loads every weight: the engine need not read them from disk
+            kwargs = dict(rollout_cfg.get("engine_kwargs") or {})
+            rollout_cfg["engine_kwargs"] = {"load_format": "dummy", **kwargs}
         engine = build_rollout_engine(RolloutConfig(**rollout_cfg))
         self.generator = build_sequence_generator(
             cfg["generator"], cfg["rollout"], tokenizer=tokenizer, engine=engine

@@ -17,7 +17,9 @@ KV cache (it only lives during a batch); on CPU it frees nothing. Weights update
 by Hugging Face name; an update waits for the running decode step, never interrupts it.
 Requests in flight continue with the new weights (partial rollouts): their KV cache is
 recomputed from prompt + tokens so far, and each token records the policy version it was
-sampled with (`GenerationOutput.weight_versions`).
+sampled with (`GenerationOutput.weight_versions`). ``engine_kwargs["load_format"]="dummy"``
+builds the model without reading its weights, for a caller that loads all of them with
+`update_weights` before the first `generate` (which refuses to run until then).
 
 Vision-language models (a config with a ``vision_config``: Qwen2-VL, Qwen2.5-VL) load through
 ``AutoModelForImageTextToText``; a request's ``multi_modal_data={"image": [PIL images]}`` is
@@ -52,6 +54,30 @@ __all__ = ["HFRolloutEngine"]
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # spreads the seeds of a request's n samples
+# engine_kwargs["load_format"]: "auto" reads the weights from model_path; "dummy" builds the
+# model from its config without reading or initialising weights (for a caller that loads
+# all of them with update_weights before the first generate: the hybrid worker's first sync)
+_LOAD_FORMATS = ("auto", "dummy")
+
+
+def _unloaded_model(auto: Any, hf_config: Any, dtype: torch.dtype) -> torch.nn.Module:
+    """The model of `hf_config` with uninitialised weights (buffers such as the rotary
+    frequencies are computed as usual; tied weights are tied)."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = auto.from_config(hf_config, dtype=dtype)
+    model.tie_weights()
+    return model
+
+
+def _canonical_names(model: torch.nn.Module) -> dict[str, str]:
+    """Every state-dict name -> the first name of the same tensor (tied weights share one)."""
+    first: dict[int, str] = {}
+    return {
+        name: first.setdefault(id(value), name)
+        for name, value in model.state_dict(keep_vars=True).items()
+    }
 
 
 @dataclass(eq=False)
@@ -107,17 +133,27 @@ class HFRolloutEngine(RolloutEngine):
         self.device = torch.device(device) if device else platform.process_device()
         self._batch_wait_s = float(options.pop("batch_wait_ms", 5.0)) / 1000.0
         options.pop("weight_bucket_bytes", None)  # the sender's bucket size (weight sync)
+        load_format = options.pop("load_format", "auto")
+        if load_format not in _LOAD_FORMATS:
+            raise ValueError(
+                f"RolloutConfig.engine_kwargs['load_format']={load_format!r} is invalid for the "
+                f"'hf' rollout engine: expected one of {list(_LOAD_FORMATS)}"
+            )
         if options:
             raise ValueError(
                 f"RolloutConfig.engine_kwargs has unknown keys {sorted(options)} for the 'hf' "
-                "rollout engine: expected only 'device', 'batch_wait_ms', 'weight_bucket_bytes'"
+                "rollout engine: expected only 'device', 'batch_wait_ms', 'weight_bucket_bytes', "
+                "'load_format'"
             )
         dtype = platform.auto_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
         self.config = config
         hf_config = AutoConfig.from_pretrained(config.model_path)
         self.vision = getattr(hf_config, "vision_config", None) is not None
         auto = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
-        self.model = auto.from_pretrained(config.model_path, dtype=dtype)
+        if load_format == "dummy":
+            self.model = _unloaded_model(auto, hf_config, dtype)
+        else:
+            self.model = auto.from_pretrained(config.model_path, dtype=dtype)
         self._image_processor: Any = None
         self._banned = [
             int(t)
@@ -128,6 +164,11 @@ class HFRolloutEngine(RolloutEngine):
             if self.vision and t is not None
         ]
         self.model.to(self.device).eval().requires_grad_(False)
+        # load_format="dummy": weights (by canonical name; tied ones count once) that no
+        # update_weights has written yet; generate refuses to run on them
+        self._unloaded = (
+            set(_canonical_names(self.model).values()) if load_format == "dummy" else set()
+        )
         text_config = self.model.config.get_text_config()
         self.vocab_size = int(text_config.vocab_size)
         model_len = int(getattr(text_config, "max_position_embeddings", 0) or 0)
@@ -173,6 +214,12 @@ class HFRolloutEngine(RolloutEngine):
         request_id: str,
         multi_modal_data: dict[str, Any] | None = None,
     ) -> list[GenerationOutput]:
+        if self._unloaded:
+            raise RuntimeError(
+                f"hf rollout engine (load_format='dummy'): {len(self._unloaded)} weights were "
+                f"never loaded (e.g. {sorted(self._unloaded)[0]!r}): call update_weights with "
+                "the full weights before generating"
+            )
         params = sampling_params.validate()
         prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
         vision = self._vision_inputs(prompt, multi_modal_data) if multi_modal_data else None
@@ -271,6 +318,7 @@ class HFRolloutEngine(RolloutEngine):
 
     def _load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         state = self.model.state_dict(keep_vars=True)
+        canonical = _canonical_names(self.model) if self._unloaded else {}
         with torch.no_grad():
             for name, tensor in weights:
                 target = state.get(name)
@@ -286,6 +334,7 @@ class HFRolloutEngine(RolloutEngine):
                         f"{tuple(target.shape)}"
                     )
                 target.data.copy_(tensor, non_blocking=False)
+                self._unloaded.discard(canonical.get(name))
 
     async def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):
