@@ -46,7 +46,7 @@ from rl_core.platform import get_platform
 from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
-from rl_rollout.backends.hf_prefill import prefill_text
+from rl_rollout.backends.hf_prefill import left_padded, prefill_text
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
 __all__ = ["HFRolloutEngine"]
@@ -446,13 +446,7 @@ class HFRolloutEngine(RolloutEngine):
     ) -> tuple[Tensor, Any, Tensor, Tensor]:
         """Prefill of a batch with images: every row on its own (logits, cache, mask,
         multimodal positions [3, B, W])."""
-        width = max(len(c) for c in contexts)
-        ids = torch.zeros(len(contexts), width, dtype=torch.long)
-        mask = torch.zeros(len(contexts), width, dtype=torch.long)
-        for row, context in enumerate(contexts):
-            ids[row, width - len(context) :] = torch.tensor(context)
-            mask[row, width - len(context) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask = left_padded(contexts, self.device)
         extra = self._prefill_vision(live, ids, mask)
         positions = extra.pop("position_ids")
         out = self.model(

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["MIN_SHARED_PREFIX", "TextPrefill", "prefill_text"]
+__all__ = ["MIN_SHARED_PREFIX", "TextPrefill", "left_padded", "prefill_text"]
 
 # A shorter common prefix is not worth a forward pass of its own.
 MIN_SHARED_PREFIX = 16
@@ -44,7 +44,8 @@ def _common_prefix(contexts: list[list[int]]) -> int:
     return len(shortest)
 
 
-def _left_padded(contexts: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+def left_padded(contexts: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Token ids and attention mask [B, W] of ``contexts``, left-padded with 0."""
     width = max(len(c) for c in contexts)
     ids = torch.zeros(len(contexts), width, dtype=torch.long)
     mask = torch.zeros(len(contexts), width, dtype=torch.long)
@@ -66,11 +67,11 @@ def prefill_text(model: Any, contexts: list[list[int]], device: torch.device) ->
         prefix = torch.tensor([distinct[0][:shared]], device=device)
         cache = model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
         cache.reorder_cache(torch.zeros(len(distinct), dtype=torch.long, device=device))
-        ids, rest_mask = _left_padded([c[shared:] for c in distinct], device)
+        ids, rest_mask = left_padded([c[shared:] for c in distinct], device)
         mask = torch.cat([rest_mask.new_ones(len(distinct), shared), rest_mask], dim=1)
         positions = shared + (rest_mask.cumsum(-1) - 1).clamp(min=0)
     else:
-        ids, mask = _left_padded(distinct, device)
+        ids, mask = left_padded(distinct, device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(
         input_ids=ids,
