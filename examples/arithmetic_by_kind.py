@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import re
 from pathlib import Path
 from typing import Any
+
+from rl_algos.rewards import FileRewardFunction
 
 PHRASINGS = ("symbolic", "worded")
 _SYMBOL_RE = re.compile(r"\d+\s*[-+*x\u00d7]\s*\d+")
@@ -28,8 +29,14 @@ _SYMBOL_RE = re.compile(r"\d+\s*[-+*x\u00d7]\s*\d+")
 
 def kind_of(row: dict[str, Any]) -> tuple[str, str, str]:
     """(op, digit pattern, phrasing) of a generated two-operand arithmetic row."""
-    expression = row["extra_info"]["expression"]
-    left, op, right = expression.split()
+    expression = (row.get("extra_info") or {}).get("expression")
+    parts = expression.split() if isinstance(expression, str) else []
+    if len(parts) != 3:
+        raise ValueError(
+            f"extra_info.expression={expression!r}: expected a two-operand expression like "
+            "'7 + 91' (a row of the arithmetic task with num_operands 2)"
+        )
+    left, op, right = parts
     digits = f"{_pattern(left, 'ab')} {op} {_pattern(right, 'cd')}"
     question = row["prompt"][-1]["content"]
     phrasing = "symbolic" if _SYMBOL_RE.search(question) else "worded"
@@ -41,19 +48,12 @@ def _pattern(number: str, letters: str) -> str:
     return letters[: len(number)] if len(number) <= len(letters) else f"{len(number)} digits"
 
 
-def _load_reward(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location("boxed_answer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.compute_score
-
-
 def evaluate(model_dir: str, rows: list[dict[str, Any]], batch_size: int, max_new_tokens: int):
     """One dict per row: its kind, whether the answer is right and whether it is boxed."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    score = _load_reward(Path(__file__).with_name("rewards") / "boxed_answer.py")
+    score = FileRewardFunction(Path(__file__).with_name("rewards") / "boxed_answer.py")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

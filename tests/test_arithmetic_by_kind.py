@@ -48,6 +48,14 @@ def test_kind_of(by_kind, expression, question, kind):
     assert by_kind.kind_of(_row(expression, question)) == kind
 
 
+@pytest.mark.parametrize("expression", [None, "7 + 91 - 3", 42])
+def test_a_row_that_is_not_a_two_operand_problem_is_refused(by_kind, expression):
+    row = _row("7 + 91", "Calculate 7 + 91.")
+    row["extra_info"]["expression"] = expression
+    with pytest.raises(ValueError, match=r"extra_info.expression=.*expected a two-operand"):
+        by_kind.kind_of(row)
+
+
 def test_every_generated_row_gets_a_kind(by_kind):
     task = ArithmeticTask(
         digits=[1, 2],

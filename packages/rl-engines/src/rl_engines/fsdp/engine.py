@@ -98,8 +98,8 @@ class FSDPOptions:
     once (`rl_engines.fsdp.shared_prompts`: GRPO's n samples of a prompt share its forward
     and backward; None: whenever the attention kernel takes a dense mask, "sdpa" or
     "eager", and the model has no MoE router). ``logprob_chunk_tokens``: tokens per chunk
-    of the LM head when computing log-probs and entropy (a micro-batch with more tokens is split, and each chunk
-    is recomputed in backward); 0 computes full logits at once.
+    of the LM head when computing log-probs and entropy (a micro-batch with more tokens is
+    split, and each chunk is recomputed in backward); 0 computes full logits at once.
     ``moe_aux_loss_coeff``: weight of the MoE load-balancing loss added to the training loss
     (`rl_engines.moe`; None: the Hugging Face config's ``router_aux_loss_coef``, 0 if it
     has none); the loss is the mean over micro-batches and data-parallel ranks, as in the
