@@ -25,7 +25,7 @@ import math
 import sys
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 __all__ = [
@@ -180,9 +180,9 @@ def describe(hint: Any) -> str:
         return " or ".join(describe(a) for a in args)
     if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
         return f"a list of {len(args)} items ({', '.join(describe(a) for a in args)})"
-    if origin in (list, tuple) and args:
+    if origin in (list, tuple, Sequence) and args:
         return f"a list of {describe(args[0])}"
-    if origin in (list, tuple):
+    if origin in (list, tuple, Sequence):
         return "a list"
     if origin in (dict, Mapping) or hint in (dict, Mapping):
         return "a mapping" + (f" of {describe(args[1])}" if len(args) == 2 else "")
@@ -199,9 +199,17 @@ def _convert(value: Any, hint: Any, path: str) -> Any:
     if _is_union(hint):
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        config = _config_class(hint)
+        if len(options) == 1 or (config is not None and isinstance(value, Mapping)):
+            # one candidate: its error is the one to show (a nested one keeps its path)
+            try:
+                return _convert(value, config if len(options) > 1 else options[0], path)
+            except ConfigError as exc:
+                if exc.path != path:
+                    raise
+                raise ConfigError(path, describe(hint), value=value) from None
+        for arg in options:
             try:
                 return _convert(value, arg, path)
             except ConfigError:
@@ -226,7 +234,7 @@ def _convert(value: Any, hint: Any, path: str) -> Any:
         check(value in choices and type(value) in {type(c) for c in choices}, path, value,
               f"one of {choices}", choices)  # fmt: skip
         return value
-    if origin in (list, tuple) or hint in (list, tuple):
+    if origin in (list, tuple, Sequence) or hint in (list, tuple):
         check(isinstance(value, (list, tuple)), path, value, describe(hint))
         if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
             check(len(value) == len(args), path, value, describe(hint))
@@ -235,7 +243,7 @@ def _convert(value: Any, hint: Any, path: str) -> Any:
             )
         item = args[0] if args else Any
         items = [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple or hint is tuple else items
+        return items if origin is list or hint is list else tuple(items)
     if origin in (dict, Mapping) or hint in (dict, Mapping):
         check(isinstance(value, Mapping), path, value, describe(hint))
         item = args[1] if len(args) == 2 else Any

@@ -1,8 +1,10 @@
 """Typed configs of a training engine: model, optimizer, parallelism, micro-batching.
 
-Every field is validated by ``validate()``, which raises ``ValueError`` naming the field,
-its value and what was expected. `EngineConfig.from_dict` builds the nested dataclasses
-from plain dicts (YAML/OmegaConf) and rejects unknown keys.
+They follow rl_core.config: field types come from the annotations, the rules between
+values live in each class's ``check()``, and every error is a `ConfigError` with the
+field's dotted path. `EngineConfig.from_dict` builds the nested dataclasses from plain
+dicts (YAML/OmegaConf) and rejects unknown keys; ``validate()`` re-checks an object built
+in Python and returns it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rl_core.config import dataclass_from_dict
-from rl_core.config import is_int as _is_int
-from rl_core.config import is_real as _is_real
+from rl_core.config import ConfigError, build, check
+from rl_core.config import validate as _validate
 
 __all__ = [
     "EngineConfig",
@@ -30,14 +31,16 @@ LR_SCHEDULES = ("constant", "cosine")
 ON_NAN = ("raise", "skip")
 
 
-def _bad(obj: Any, name: str, expected: str) -> ValueError:
-    return ValueError(
-        f"{type(obj).__name__}.{name}={getattr(obj, name)!r} is invalid: expected {expected}"
-    )
+class _Checked:
+    """``validate()``: check every field's type and the class's rules; errors name
+    ``<ClassName>.<field>``."""
+
+    def validate(self: Any) -> Any:
+        return _validate(self, type(self).__name__)
 
 
 @dataclass
-class LoRAConfig:
+class LoRAConfig(_Checked):
     """Low-rank adapters (LoRA, Hu et al. 2021) instead of full fine-tuning.
 
     Each targeted linear layer ``W`` becomes ``W + (alpha / rank) * B @ A`` with trainable
@@ -51,22 +54,17 @@ class LoRAConfig:
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     dropout: float = 0.0
 
-    def validate(self) -> LoRAConfig:
-        if not _is_int(self.rank) or self.rank < 1:
-            raise _bad(self, "rank", "an integer >= 1")
-        if not _is_real(self.alpha) or self.alpha <= 0:
-            raise _bad(self, "alpha", "a number > 0")
+    def check(self) -> None:
+        check(self.rank >= 1, "rank", self.rank, "an integer >= 1")
+        check(self.alpha > 0, "alpha", self.alpha, "a number > 0")
         targets = self.target_modules
-        if not (
-            isinstance(targets, list | tuple)
-            and targets
-            and all(isinstance(t, str) and t for t in targets)
-            and ("all-linear" not in targets or len(targets) == 1)
-        ):
-            raise _bad(self, "target_modules", "['all-linear'] or a non-empty list of module names")
-        if not _is_real(self.dropout) or not 0 <= self.dropout < 1:
-            raise _bad(self, "dropout", "a number in [0, 1)")
-        return self
+        check(
+            bool(targets) and all(targets) and ("all-linear" not in targets or len(targets) == 1),
+            "target_modules",
+            targets,
+            "['all-linear'] or a non-empty list of module names",
+        )
+        check(0 <= self.dropout < 1, "dropout", self.dropout, "a number in [0, 1)")
 
     @property
     def scaling(self) -> float:
@@ -74,7 +72,7 @@ class LoRAConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(_Checked):
     """Which model to train and in which precision.
 
     Exactly one of ``path`` (a Hugging Face model directory) and ``config`` (a Hugging Face
@@ -92,50 +90,32 @@ class ModelConfig:
 
     path: str | None = None
     config: dict[str, Any] | None = None
-    dtype: str = "float32"
-    compute_dtype: str = "auto"
-    reduce_dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     trust_remote_code: bool = False
     value_head: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
     freeze_vision_tower: bool = False
     lora: LoRAConfig | None = None
 
-    def validate(self) -> ModelConfig:
+    def check(self) -> None:
         if (self.path is None) == (self.config is None):
-            raise ValueError(
-                f"ModelConfig: path={self.path!r}, config={'<dict>' if self.config else None}: "
-                "expected exactly one of them (a model directory or a config dict)"
+            raise ConfigError(
+                "path",
+                "exactly one of path (a model directory) and config (a config dict)",
+                problem="conflict" if self.path is not None else "missing",
             )
-        if self.path is not None and (not isinstance(self.path, str) or not self.path):
-            raise _bad(self, "path", "a non-empty path to a Hugging Face model directory")
-        if self.config is not None and (
-            not isinstance(self.config, dict) or "model_type" not in self.config
-        ):
-            raise _bad(self, "config", "a Hugging Face config dict with a 'model_type' key")
-        if self.dtype not in DTYPES:
-            raise _bad(self, "dtype", f"one of {DTYPES}")
-        if self.compute_dtype not in (*DTYPES, "auto"):
-            raise _bad(self, "compute_dtype", f"'auto' or one of {DTYPES}")
-        if self.reduce_dtype not in DTYPES:
-            raise _bad(self, "reduce_dtype", f"one of {DTYPES}")
-        if not isinstance(self.override_config, dict):
-            raise _bad(self, "override_config", "a dict of Hugging Face config fields")
-        if not isinstance(self.freeze_vision_tower, bool):
-            raise _bad(self, "freeze_vision_tower", "True or False")
-        if isinstance(self.lora, dict):
-            self.lora = dataclass_from_dict(LoRAConfig, self.lora, "ModelConfig.lora")
-        if self.lora is not None:
-            if not isinstance(self.lora, LoRAConfig):
-                raise _bad(self, "lora", "None or a LoRAConfig (rank, alpha, target_modules, ...)")
-            if self.value_head:
-                raise _bad(self, "lora", "None for a value model (LoRA trains causal LMs here)")
-            self.lora.validate()
-        return self
+        check(self.path is None or bool(self.path), "path", self.path,
+              "a non-empty path to a Hugging Face model directory")  # fmt: skip
+        check(self.config is None or "model_type" in self.config, "config", self.config,
+              "a Hugging Face config dict with a 'model_type' key")  # fmt: skip
+        check(self.lora is None or not self.value_head, "lora", self.lora,
+              "null for a value model (LoRA trains causal LMs here)")  # fmt: skip
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(_Checked):
     """AdamW with global-norm gradient clipping and a warm-up + constant/cosine LR schedule.
 
     The learning rate of optimizer step ``s`` (0-based) is ``lr * factor(s)``: during
@@ -156,37 +136,23 @@ class OptimizerConfig:
     min_lr_ratio: float = 0.0
     total_steps: int | None = None
 
-    def validate(self) -> OptimizerConfig:
-        if not _is_real(self.lr) or self.lr < 0:
-            raise _bad(self, "lr", "a finite number >= 0")
-        if not _is_real(self.weight_decay) or self.weight_decay < 0:
-            raise _bad(self, "weight_decay", "a finite number >= 0")
-        betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else None
-        if betas is None or len(betas) != 2 or not all(_is_real(b) and 0 <= b < 1 for b in betas):
-            raise _bad(self, "betas", "two numbers in [0, 1)")
-        self.betas = (float(betas[0]), float(betas[1]))
-        if not _is_real(self.eps) or self.eps <= 0:
-            raise _bad(self, "eps", "a number > 0")
-        if self.grad_clip is not None and (not _is_real(self.grad_clip) or self.grad_clip < 0):
-            raise _bad(self, "grad_clip", "None (no clipping) or a number >= 0")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise _bad(self, "lr_schedule", f"one of {LR_SCHEDULES}")
-        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
-            raise _bad(self, "warmup_steps", "an integer >= 0")
-        if not _is_real(self.warmup_ratio) or not 0 <= self.warmup_ratio < 1:
-            raise _bad(self, "warmup_ratio", "a number in [0, 1)")
-        if not _is_real(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
-            raise _bad(self, "min_lr_ratio", "a number in [0, 1]")
-        if self.total_steps is not None and (not _is_int(self.total_steps) or self.total_steps < 1):
-            raise _bad(self, "total_steps", "None or an integer >= 1")
+    def check(self) -> None:
+        check(self.lr >= 0, "lr", self.lr, "a finite number >= 0")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a finite number >= 0")
+        check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two numbers in [0, 1)")
+        check(self.eps > 0, "eps", self.eps, "a number > 0")
+        check(self.grad_clip is None or self.grad_clip >= 0, "grad_clip", self.grad_clip,
+              "null (no clipping) or a number >= 0")  # fmt: skip
+        check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "an integer >= 0")
+        check(0 <= self.warmup_ratio < 1, "warmup_ratio", self.warmup_ratio, "a number in [0, 1)")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
+        check(self.total_steps is None or self.total_steps >= 1, "total_steps", self.total_steps,
+              "null or an integer >= 1")  # fmt: skip
         needs_total = self.lr_schedule == "cosine" or (
             self.warmup_steps == 0 and self.warmup_ratio > 0
         )
-        if needs_total and self.total_steps is None:
-            raise _bad(
-                self, "total_steps", "an integer >= 1 (required by a cosine schedule/warmup_ratio)"
-            )
-        return self
+        check(not needs_total or self.total_steps is not None, "total_steps", self.total_steps,
+              "an integer >= 1 (required by a cosine schedule/warmup_ratio)")  # fmt: skip
 
     @property
     def num_warmup_steps(self) -> int:
@@ -210,7 +176,7 @@ class OptimizerConfig:
 
 
 @dataclass
-class ParallelConfig:
+class ParallelConfig(_Checked):
     """How the world is laid out.
 
     Data parallelism covers every rank left after tensor/pipeline parallelism. Inside it,
@@ -234,18 +200,13 @@ class ParallelConfig:
     cpu_offload: bool = False
     reshard_after_forward: bool | None = None
 
-    def validate(self) -> ParallelConfig:
+    def check(self) -> None:
         for name in ("fsdp_size", "replicate_size"):
             value = getattr(self, name)
-            if not _is_int(value) or (value != -1 and value < 1):
-                raise _bad(self, name, "-1 (derived) or an integer >= 1")
+            check(value == -1 or value >= 1, name, value, "-1 (derived) or an integer >= 1")
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise _bad(self, name, "an integer >= 1")
-        if not (self.reshard_after_forward is None or isinstance(self.reshard_after_forward, bool)):
-            raise _bad(self, "reshard_after_forward", "true, false or null (engine default)")
-        return self
+            check(value >= 1, name, value, "an integer >= 1")
 
     def dp_layout(self, world_size: int) -> tuple[int, int]:
         """(replicate_size, fsdp_size) for ``world_size`` ranks; raises if they do not fit."""
@@ -253,9 +214,11 @@ class ParallelConfig:
             self.tensor_parallel_size * self.pipeline_parallel_size
         )  # expert parallel folds into data parallel ranks
         if world_size % model_parallel:
-            raise ValueError(
-                f"ParallelConfig: world size {world_size} is not divisible by "
-                f"tensor_parallel_size * pipeline_parallel_size = {model_parallel}"
+            raise ConfigError(
+                "parallel.tensor_parallel_size",
+                f"tensor_parallel_size * pipeline_parallel_size = {model_parallel} to divide "
+                f"the world size {world_size}",
+                value=self.tensor_parallel_size,
             )
         dp = world_size // model_parallel
         shard, rep = self.fsdp_size, self.replicate_size
@@ -266,16 +229,17 @@ class ParallelConfig:
         elif rep == -1:
             rep = dp // shard if dp % shard == 0 else -1
         if shard < 1 or rep < 1 or shard * rep != dp:
-            raise ValueError(
-                f"ParallelConfig: fsdp_size={self.fsdp_size}, replicate_size="
-                f"{self.replicate_size} do not fit {dp} data-parallel ranks: expected "
-                "fsdp_size * replicate_size == data-parallel size"
+            raise ConfigError(
+                "parallel.fsdp_size",
+                f"fsdp_size * replicate_size (replicate_size={self.replicate_size}) == the "
+                f"{dp} data-parallel ranks",
+                value=self.fsdp_size,
             )
         return rep, shard
 
 
 @dataclass
-class MicroBatchConfig:
+class MicroBatchConfig(_Checked):
     """How a batch is cut into micro-batches (gradients accumulate over them).
 
     Set at most one: ``micro_batch_size`` (sequences per micro-batch) or
@@ -287,22 +251,20 @@ class MicroBatchConfig:
     micro_batch_size: int | None = None
     max_tokens_per_micro_batch: int | None = None
 
-    def validate(self) -> MicroBatchConfig:
-        if self.micro_batch_size is not None and self.max_tokens_per_micro_batch is not None:
-            raise ValueError(
-                f"MicroBatchConfig: micro_batch_size={self.micro_batch_size} and "
-                f"max_tokens_per_micro_batch={self.max_tokens_per_micro_batch}: expected at "
-                "most one of them"
-            )
+    def check(self) -> None:
         for name in ("micro_batch_size", "max_tokens_per_micro_batch"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise _bad(self, name, "None or an integer >= 1")
-        return self
+            check(value is None or value >= 1, name, value, "null or an integer >= 1")
+        check(
+            self.micro_batch_size is None or self.max_tokens_per_micro_batch is None,
+            "max_tokens_per_micro_batch",
+            self.max_tokens_per_micro_batch,
+            f"null when micro_batch_size is set ({self.micro_batch_size}): at most one of them",
+        )
 
 
 @dataclass
-class EngineConfig:
+class EngineConfig(_Checked):
     """Everything a training engine is built from.
 
     ``infer_micro_batch`` (None: same as ``micro_batch``) cuts `infer_batch` inputs.
@@ -327,24 +289,9 @@ class EngineConfig:
     timeout_s: float = 600.0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def validate(self) -> EngineConfig:
-        self.model.validate()
-        self.optim.validate()
-        self.parallel.validate()
-        self.micro_batch.validate()
-        if self.infer_micro_batch is not None:
-            self.infer_micro_batch.validate()
-        if not isinstance(self.inference_only, bool):
-            raise _bad(self, "inference_only", "true or false")
-        if not _is_int(self.seed) or self.seed < 0:
-            raise _bad(self, "seed", "an integer >= 0")
-        if self.on_nan not in ON_NAN:
-            raise _bad(self, "on_nan", f"one of {ON_NAN}")
-        if not _is_real(self.timeout_s) or self.timeout_s <= 0:
-            raise _bad(self, "timeout_s", "a number of seconds > 0")
-        if not isinstance(self.engine_kwargs, dict):
-            raise _bad(self, "engine_kwargs", "a dict of backend-specific options")
-        return self
+    def check(self) -> None:
+        check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        check(self.timeout_s > 0, "timeout_s", self.timeout_s, "a number of seconds > 0")
 
     @property
     def infer_micro_batch_config(self) -> MicroBatchConfig:
@@ -353,7 +300,7 @@ class EngineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
         """Build from nested plain dicts (e.g. ``OmegaConf.to_container``); unknown keys raise."""
-        return dataclass_from_dict(cls, data, "EngineConfig")
+        return build(cls, data, "EngineConfig")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
