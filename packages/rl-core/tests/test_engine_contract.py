@@ -72,12 +72,21 @@ def test_engine_config_from_nested_dict():
         ({"model": {}}, r"^EngineConfig.model.path: missing; expected exactly one of path"),
         ({"model": {"path": "/m", "config": {"model_type": "llama"}}}, "exactly one"),
         ({"model": {"config": {"hidden_size": 8}}}, "model_type"),
-        ({"model": {"path": "/m", "dtype": "fp8"}}, r"^EngineConfig.model.dtype: invalid value 'fp8'; expected one of"),
-        ({"model": {"path": "/m"}, "optim": {"lr": -1.0}}, r"^EngineConfig.optim.lr: invalid value -1.0; expected a finite number >= 0$"),
+        (
+            {"model": {"path": "/m", "dtype": "fp8"}},
+            r"^EngineConfig.model.dtype: invalid value 'fp8'; expected one of",
+        ),
+        (
+            {"model": {"path": "/m"}, "optim": {"lr": -1.0}},
+            r"^EngineConfig.optim.lr: invalid value -1.0; expected a finite number >= 0$",
+        ),
         ({"model": {"path": "/m"}, "optim": {"betas": (0.9, 1.0)}}, "betas"),
         ({"model": {"path": "/m"}, "optim": {"lr_schedule": "cosine"}}, "total_steps"),
         ({"model": {"path": "/m"}, "optim": {"lr_schedule": "linear"}}, "lr_schedule"),
-        ({"model": {"path": "/m"}, "parallel": {"fsdp_size": 0}}, r"^EngineConfig.parallel.fsdp_size: invalid value 0"),
+        (
+            {"model": {"path": "/m"}, "parallel": {"fsdp_size": 0}},
+            r"^EngineConfig.parallel.fsdp_size: invalid value 0",
+        ),
         (
             {"model": {"path": "/m"}, "parallel": {"reshard_after_forward": 1}},
             r"^EngineConfig.parallel.reshard_after_forward: invalid value 1; expected true or false or null$",
@@ -89,8 +98,14 @@ def test_engine_config_from_nested_dict():
             },
             "at most one of them",
         ),
-        ({"model": {"path": "/m"}, "micro_batch": {"micro_batch_size": 0}}, r"^EngineConfig.micro_batch.micro_batch_size: invalid value 0"),
-        ({"model": {"path": "/m"}, "on_nan": "ignore"}, r"^EngineConfig.on_nan: invalid value 'ignore'"),
+        (
+            {"model": {"path": "/m"}, "micro_batch": {"micro_batch_size": 0}},
+            r"^EngineConfig.micro_batch.micro_batch_size: invalid value 0",
+        ),
+        (
+            {"model": {"path": "/m"}, "on_nan": "ignore"},
+            r"^EngineConfig.on_nan: invalid value 'ignore'",
+        ),
         ({"model": {"path": "/m"}, "timeout_s": 0}, "timeout_s"),
     ],
 )
@@ -115,7 +130,9 @@ def test_dp_layout(world, fsdp, rep, expected):
 
 @pytest.mark.parametrize(("world", "fsdp", "rep"), [(4, 3, -1), (4, 2, 3), (6, -1, 4)])
 def test_dp_layout_that_does_not_fit(world, fsdp, rep):
-    with pytest.raises(ValueError, match=r"^parallel.fsdp_size: invalid value .*data-parallel ranks$"):
+    with pytest.raises(
+        ValueError, match=r"^parallel.fsdp_size: invalid value .*data-parallel ranks$"
+    ):
         ParallelConfig(fsdp_size=fsdp, replicate_size=rep).dp_layout(world)
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from rl_core.config import ConfigError
 from rl_core.registry import UnknownPluginError
 from rl_core.rollout import (
     ROLLOUTS,
@@ -24,27 +25,31 @@ def test_defaults_are_valid_and_stop_ids_become_a_tuple():
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [
-        ("n", 0, "n=0 is invalid: expected an integer >= 1"),
-        ("n", True, "n=True"),
-        ("n", 2.0, "n=2.0"),
-        ("temperature", -0.1, "temperature=-0.1 is invalid"),
-        ("temperature", float("nan"), "temperature=nan"),
-        ("top_p", 0.0, "top_p=0.0 is invalid: expected a number in (0, 1]"),
-        ("top_p", 1.5, "top_p=1.5"),
-        ("top_k", 0, "top_k=0 is invalid: expected -1 (disabled) or an integer >= 1"),
-        ("top_k", -2, "top_k=-2"),
-        ("max_tokens", 0, "max_tokens=0 is invalid"),
-        ("stop_token_ids", [1, -3], "stop_token_ids=[1, -3]"),
-        ("stop_token_ids", "2", "stop_token_ids='2'"),
-        ("stop_token_ids", 2, "stop_token_ids=2"),
-        ("seed", -1, "seed=-1"),
-        ("seed", 2**64, "seed="),
+        ("n", 0, "an integer >= 1"),
+        ("n", True, "an integer"),
+        ("n", 2.0, "an integer"),
+        ("temperature", -0.1, "a finite number >= 0 (0 means greedy)"),
+        ("temperature", float("nan"), "a finite number"),
+        ("top_p", 0.0, "a number in (0, 1]"),
+        ("top_p", 1.5, "a number in (0, 1]"),
+        ("top_k", 0, "-1 (disabled) or an integer >= 1"),
+        ("top_k", -2, "-1 (disabled) or an integer >= 1"),
+        ("max_tokens", 0, "an integer >= 1"),
+        ("stop_token_ids", [1, -3], "a sequence of token ids (integers >= 0)"),
+        ("stop_token_ids", "2", "a list of an integer"),
+        ("stop_token_ids", 2, "a list of an integer"),
+        ("seed", -1, f"null or an integer in [0, {2**63 - 1}]"),
+        ("seed", 2**64, f"null or an integer in [0, {2**63 - 1}]"),
     ],
 )
 def test_out_of_range_values_name_field_value_and_range(field, value, expected):
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ConfigError) as err:
         SamplingParams(**{field: value}).validate()
-    assert f"SamplingParams.{expected}" in str(err.value)
+    assert err.value.path == f"SamplingParams.{field}"
+    assert err.value.expected == expected
+    given = tuple(value) if isinstance(value, list) else value
+    assert err.value.value == given or value != value  # NaN
+    assert isinstance(err.value, ValueError)  # what engines and older callers catch
 
 
 def test_edge_values_are_accepted():
@@ -85,7 +90,7 @@ def test_rollout_config_validation():
         ("max_num_seqs", 0),
         ("engine_kwargs", None),
     ]:
-        with pytest.raises(ValueError, match=rf"RolloutConfig\.{field}="):
+        with pytest.raises(ValueError, match=rf"^RolloutConfig\.{field}: invalid value "):
             RolloutConfig(**{"model_path": "/m", field: value}).validate()
 
 
@@ -135,7 +140,7 @@ def test_build_by_name_and_clear_errors():
             build_rollout_engine(RolloutConfig(model_path="/m", backend="not-an-engine-test"))
         with pytest.raises(TypeError, match="expects a RolloutConfig"):
             build_rollout_engine({"model_path": "/m"})  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match=r"RolloutConfig\.tensor_parallel_size=0"):
+        with pytest.raises(ValueError, match=r"RolloutConfig\.tensor_parallel_size: invalid value 0"):
             build_rollout_engine(
                 RolloutConfig(model_path="/m", backend="echo-test", tensor_parallel_size=0)
             )

@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from rl_core.config import is_int as _is_int
-from rl_core.config import is_real as _is_real
+from rl_core.config import check
+from rl_core.config import validate as _validate
 from rl_core.registry import Registry
 
 __all__ = [
@@ -71,35 +71,23 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     seed: int | None = None
 
+    def check(self) -> None:
+        check(self.n >= 1, "n", self.n, "an integer >= 1")
+        check(self.temperature >= 0, "temperature", self.temperature,
+              "a finite number >= 0 (0 means greedy)")  # fmt: skip
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "a number in (0, 1]")
+        check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k,
+              "-1 (disabled) or an integer >= 1")  # fmt: skip
+        check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
+        check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids,
+              "a sequence of token ids (integers >= 0)")  # fmt: skip
+        check(self.seed is None or 0 <= self.seed <= _MAX_SEED, "seed", self.seed,
+              f"null or an integer in [0, {_MAX_SEED}]")  # fmt: skip
+
     def validate(self) -> SamplingParams:
-        """Raise ValueError naming the field, its value and the allowed range; return self."""
-
-        def bad(name: str, expected: str) -> ValueError:
-            return ValueError(
-                f"SamplingParams.{name}={getattr(self, name)!r} is invalid: expected {expected}"
-            )
-
-        if not _is_int(self.n) or self.n < 1:
-            raise bad("n", "an integer >= 1")
-        if not _is_real(self.temperature) or self.temperature < 0:
-            raise bad("temperature", "a finite number >= 0 (0 means greedy)")
-        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
-            raise bad("top_p", "a number in (0, 1]")
-        if not _is_int(self.top_k) or (self.top_k != -1 and self.top_k < 1):
-            raise bad("top_k", "-1 (disabled) or an integer >= 1")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise bad("max_tokens", "an integer >= 1")
-        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(
-            self.stop_token_ids, Iterable
-        ):
-            raise bad("stop_token_ids", "a sequence of token ids (integers >= 0)")
-        stop = tuple(self.stop_token_ids)
-        if not all(_is_int(t) and t >= 0 for t in stop):
-            raise bad("stop_token_ids", "a sequence of token ids (integers >= 0)")
-        self.stop_token_ids = stop
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED):
-            raise bad("seed", f"None or an integer in [0, {_MAX_SEED}]")
-        return self
+        """Raise `ConfigError` naming the field, its value and the allowed range; return
+        self (``stop_token_ids`` as a tuple)."""
+        return _validate(self, "SamplingParams")
 
 
 @dataclass
@@ -148,40 +136,28 @@ class RolloutConfig:
 
     model_path: str
     backend: str = "hf"
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     tensor_parallel_size: int = 1
     max_model_len: int | None = None
     seed: int = 0
     max_num_seqs: int = 256
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def check(self) -> None:
+        check(bool(self.model_path), "model_path", self.model_path,
+              "a non-empty path to a Hugging Face model directory")  # fmt: skip
+        check(bool(self.backend), "backend", self.backend,
+              f"a rollout engine name, one of {ROLLOUTS.names()}")  # fmt: skip
+        check(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size,
+              "an integer >= 1")  # fmt: skip
+        check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
+              self.max_model_len, "null or an integer >= 2")  # fmt: skip
+        check(0 <= self.seed <= _MAX_SEED, "seed", self.seed, f"an integer in [0, {_MAX_SEED}]")
+        check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "an integer >= 1")
+
     def validate(self) -> RolloutConfig:
-        """Raise ValueError naming the field, its value and what was expected; return self."""
-
-        def bad(name: str, expected: str) -> ValueError:
-            return ValueError(
-                f"RolloutConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
-            )
-
-        if not isinstance(self.model_path, str) or not self.model_path:
-            raise bad("model_path", "a non-empty path to a Hugging Face model directory")
-        if not isinstance(self.backend, str) or not self.backend:
-            raise bad("backend", f"a rollout engine name, one of {ROLLOUTS.names()}")
-        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
-            raise bad("dtype", "one of 'float32', 'bfloat16', 'float16', 'auto'")
-        if not _is_int(self.tensor_parallel_size) or self.tensor_parallel_size < 1:
-            raise bad("tensor_parallel_size", "an integer >= 1")
-        if self.max_model_len is not None and (
-            not _is_int(self.max_model_len) or self.max_model_len < 2
-        ):
-            raise bad("max_model_len", "None or an integer >= 2")
-        if not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED:
-            raise bad("seed", f"an integer in [0, {_MAX_SEED}]")
-        if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
-            raise bad("max_num_seqs", "an integer >= 1")
-        if not isinstance(self.engine_kwargs, dict):
-            raise bad("engine_kwargs", "a dict of backend-specific options")
-        return self
+        """Raise `ConfigError` naming the field, its value and what was expected; return self."""
+        return _validate(self, "RolloutConfig")
 
 
 def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int) -> list[int]:
