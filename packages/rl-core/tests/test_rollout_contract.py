@@ -140,7 +140,9 @@ def test_build_by_name_and_clear_errors():
             build_rollout_engine(RolloutConfig(model_path="/m", backend="not-an-engine-test"))
         with pytest.raises(TypeError, match="expects a RolloutConfig"):
             build_rollout_engine({"model_path": "/m"})  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match=r"RolloutConfig\.tensor_parallel_size: invalid value 0"):
+        with pytest.raises(
+            ValueError, match=r"RolloutConfig\.tensor_parallel_size: invalid value 0"
+        ):
             build_rollout_engine(
                 RolloutConfig(model_path="/m", backend="echo-test", tensor_parallel_size=0)
             )

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from rl_engines.fsdp.engine import FSDPOptions
+from rl_core.config import ConfigError
+from rl_core.engine import EngineConfig
+from rl_engines.fsdp.engine import FSDPEngine, FSDPOptions
+
+
+def _options(kwargs):
+    return FSDPEngine.parse_options(EngineConfig.from_dict({"model": {"path": "/m"},
+                                                            "engine_kwargs": kwargs}))  # fmt: skip
 
 
 def test_defaults_and_values():
-    assert FSDPOptions.from_kwargs({}) == FSDPOptions("auto", None, 4096)
-    options = FSDPOptions.from_kwargs(
+    assert _options({}) == FSDPOptions("auto", None, 4096)
+    options = _options(
         {"attn_implementation": "eager", "use_remove_padding": True, "logprob_chunk_tokens": 0}
     )
     assert (options.attn_implementation, options.use_remove_padding) == ("eager", True)
@@ -17,40 +24,27 @@ def test_defaults_and_values():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "path", "expected"),
     [
-        (
-            {"attn_implementaton": "sdpa"},
-            r"EngineConfig\.engine_kwargs \(fsdp engine\): unknown key\(s\) "
-            r"\['attn_implementaton'\]; expected some of \['attn_implementation', "
-            r"'logprob_chunk_tokens', 'moe_aux_loss_coeff', 'share_prompts', 'use_remove_padding'\]",
-        ),
-        (
-            {"attn_implementation": ""},
-            r"EngineConfig\.engine_kwargs\.attn_implementation='' is invalid: expected 'auto' "
-            r"or a Hugging Face kernel name",
-        ),
-        (
-            {"use_remove_padding": "yes"},
-            r"EngineConfig\.engine_kwargs\.use_remove_padding='yes' is invalid: expected null "
-            r"\(auto\), true or false",
-        ),
-        (
-            {"share_prompts": "on"},
-            r"EngineConfig\.engine_kwargs\.share_prompts='on' is invalid: expected null "
-            r"\(auto\), true or false",
-        ),
-        (
-            {"logprob_chunk_tokens": -1},
-            r"EngineConfig\.engine_kwargs\.logprob_chunk_tokens=-1 is invalid: expected an "
-            r"integer >= 0",
-        ),
-        (
-            {"logprob_chunk_tokens": True},
-            r"EngineConfig\.engine_kwargs\.logprob_chunk_tokens=True is invalid",
-        ),
+        ({"attn_implementation": ""}, "engine_kwargs.attn_implementation",
+         "'auto' or a Hugging Face kernel name, e.g. 'sdpa'"),
+        ({"use_remove_padding": "yes"}, "engine_kwargs.use_remove_padding", "true or false or null"),
+        ({"share_prompts": "on"}, "engine_kwargs.share_prompts", "true or false or null"),
+        ({"logprob_chunk_tokens": -1}, "engine_kwargs.logprob_chunk_tokens",
+         "an integer >= 0 (0: no chunking)"),
+        ({"logprob_chunk_tokens": True}, "engine_kwargs.logprob_chunk_tokens", "an integer"),
+        ({"moe_aux_loss_coeff": -0.1}, "engine_kwargs.moe_aux_loss_coeff", "null or a number >= 0"),
     ],
-)
-def test_bad_options_name_the_key_the_value_and_the_expectation(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        FSDPOptions.from_kwargs(kwargs)
+)  # fmt: skip
+def test_bad_options_name_the_key_the_value_and_the_expectation(kwargs, path, expected):
+    with pytest.raises(ConfigError) as info:
+        _options(kwargs)
+    assert (info.value.path, info.value.expected) == (path, expected)
+    assert info.value.value == next(iter(kwargs.values()))
+
+
+def test_unknown_option_suggests_the_closest():
+    with pytest.raises(ConfigError) as info:
+        _options({"attn_implementaton": "sdpa"})
+    assert info.value.path == "engine_kwargs.attn_implementaton"
+    assert info.value.suggestion == "attn_implementation"

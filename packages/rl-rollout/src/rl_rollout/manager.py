@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rl_core.config import check, validate
 from rl_core.protocol import DataProto
 from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
 from rl_rollout.agent_loop.base import (
@@ -110,36 +111,20 @@ class RolloutManagerConfig:
     max_sessions: int = 100_000
     pad_token_id: int | None = None
 
-    def validate(self) -> RolloutManagerConfig:
-        def bad(name: str, expected: str) -> ValueError:
-            return ValueError(
-                f"RolloutManagerConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
-            )
-
-        if not isinstance(self.rollout, RolloutConfig):
-            raise bad("rollout", "a rl_core.rollout.RolloutConfig")
-        if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
-            raise bad("num_replicas", "an integer >= 1")
-        if self.mode not in ("ray", "local", "remote"):
-            raise bad("mode", "'ray', 'local' or 'remote'")
-        if self.mode == "remote" and (
-            not self.remote_urls or not all(isinstance(u, str) for u in self.remote_urls)
-        ):
-            raise bad("remote_urls", "a non-empty list of server URLs with mode 'remote'")
+    def check(self) -> None:
+        check(self.num_replicas >= 1, "num_replicas", self.num_replicas, "an integer >= 1")
+        check(self.mode != "remote" or bool(self.remote_urls), "remote_urls", self.remote_urls,
+              "a non-empty list of server URLs with mode 'remote'")  # fmt: skip
         if self.mode == "remote":
             self.num_replicas = len(self.remote_urls)
         for name in ("request_timeout_s", "batch_timeout_s", "start_timeout_s"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise bad(name, "a number of seconds > 0")
-        if not isinstance(self.tools, Mapping) or not all(
-            isinstance(v, Mapping) for v in self.tools.values()
-        ):
-            raise bad("tools", "a dict of tool name -> constructor kwargs")
-        self.rollout.validate()
-        self.loop.validate()
-        self.sampling.validate()
-        return self
+            check(value > 0, name, value, "a number of seconds > 0")
+
+    def validate(self) -> RolloutManagerConfig:
+        """Check every field and section (`rl_core.config`); errors name
+        ``RolloutManagerConfig.<path>``."""
+        return validate(self, "RolloutManagerConfig")
 
 
 def default_stop_token_ids(tokenizer: Any, model_path: str | None) -> tuple[int, ...]:

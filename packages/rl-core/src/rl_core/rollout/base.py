@@ -27,11 +27,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from torch import Tensor
 
-from rl_core.config import check
+from rl_core.config import build, check
 from rl_core.config import validate as _validate
 from rl_core.registry import Registry
 
@@ -206,6 +206,21 @@ class RolloutEngine(ABC):
     constructor loads the model and starts the engine. All methods are coroutines and are
     safe to call concurrently from one event loop.
     """
+
+    #: The dataclass of this backend's own options (``RolloutConfig.engine_kwargs``),
+    #: built by `parse_options`; None: the backend takes no options of its own.
+    options_class: ClassVar[type | None] = None
+
+    @classmethod
+    def parse_options(cls, config: RolloutConfig) -> Any:
+        """This backend's typed options from ``config.engine_kwargs`` (errors name
+        ``engine_kwargs.<key>``); a trainer calls it before any worker starts, the engine in
+        ``__init__``. Backends that pass unknown keys on to a library override it."""
+        if cls.options_class is None:
+            check(not config.engine_kwargs, "engine_kwargs", config.engine_kwargs,
+                  f"no options: the {cls.__name__} backend takes none")  # fmt: skip
+            return None
+        return build(cls.options_class, config.engine_kwargs, "engine_kwargs")
 
     @property
     @abstractmethod

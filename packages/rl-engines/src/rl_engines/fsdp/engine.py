@@ -37,7 +37,7 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from rl_core.config import dataclass_from_dict, is_int, is_real
+from rl_core.config import check
 from rl_core.engine import (
     INFER_KEYS,
     TRAIN_KEYS,
@@ -112,32 +112,13 @@ class FSDPOptions:
     moe_aux_loss_coeff: float | None = None
     share_prompts: bool | None = None
 
-    @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Any]) -> FSDPOptions:
-        options = dataclass_from_dict(cls, kwargs, "EngineConfig.engine_kwargs (fsdp engine)")
-        return options.validate()
-
-    def _bad(self, name: str, expected: str) -> ValueError:
-        return ValueError(
-            f"EngineConfig.engine_kwargs.{name}={getattr(self, name)!r} is invalid: "
-            f"expected {expected}"
-        )
-
-    def validate(self) -> FSDPOptions:
-        if not isinstance(self.attn_implementation, str) or not self.attn_implementation:
-            raise self._bad(
-                "attn_implementation", "'auto' or a Hugging Face kernel name, e.g. 'sdpa'"
-            )
-        if self.use_remove_padding not in (None, True, False):
-            raise self._bad("use_remove_padding", "null (auto), true or false")
-        if self.share_prompts not in (None, True, False):
-            raise self._bad("share_prompts", "null (auto), true or false")
-        if not is_int(self.logprob_chunk_tokens) or self.logprob_chunk_tokens < 0:
-            raise self._bad("logprob_chunk_tokens", "an integer >= 0 (0: no chunking)")
+    def check(self) -> None:
+        check(bool(self.attn_implementation), "attn_implementation", self.attn_implementation,
+              "'auto' or a Hugging Face kernel name, e.g. 'sdpa'")  # fmt: skip
+        check(self.logprob_chunk_tokens >= 0, "logprob_chunk_tokens", self.logprob_chunk_tokens,
+              "an integer >= 0 (0: no chunking)")  # fmt: skip
         coeff = self.moe_aux_loss_coeff
-        if coeff is not None and (not is_real(coeff) or not coeff >= 0):
-            raise self._bad("moe_aux_loss_coeff", "None or a number >= 0")
-        return self
+        check(coeff is None or coeff >= 0, "moe_aux_loss_coeff", coeff, "null or a number >= 0")
 
 
 RESERVED_METRICS = (
@@ -182,6 +163,7 @@ class FSDPEngine(TrainEngine):
     """FSDP2 training engine for Hugging Face causal LMs and value models."""
 
     supports_resharding: ClassVar[bool] = True  # torch.distributed.checkpoint reshards
+    options_class: ClassVar[type] = FSDPOptions
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
@@ -191,7 +173,7 @@ class FSDPEngine(TrainEngine):
                 f"ModelConfig.path={path!r} does not exist or is not a directory: expected a "
                 "local Hugging Face model directory (config.json + weights)"
             )
-        self.options = FSDPOptions.from_kwargs(config.engine_kwargs)
+        self.options: FSDPOptions = self.parse_options(config)
         self.device_type, backend = device_and_backend()
         self._device = local_device()
         ensure_process_group(backend, config.timeout_s)

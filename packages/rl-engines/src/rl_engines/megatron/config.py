@@ -3,8 +3,8 @@
 TP/PP/EP sizes come from `rl_core.engine.ParallelConfig` (``tensor_parallel_size``,
 ``pipeline_parallel_size``, ``expert_parallel_size``); the Megatron-only options come from
 ``EngineConfig.engine_kwargs`` (keys are the field names below). `from_engine_config`
-merges both and `validate` checks every field against the world size, raising
-``ValueError`` naming the field, its value and what was expected.
+merges both and checks them (`rl_core.config`); `validate` checks the layout against the
+world size. Errors are `ConfigError`s naming the field, its value and what was expected.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rl_core.config import dataclass_from_dict
-from rl_core.config import is_int as _is_int
+from rl_core.config import build, check
 from rl_core.engine import EngineConfig
 
 __all__ = ["MegatronConfig"]
@@ -50,15 +49,14 @@ class MegatronConfig:
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig) -> MegatronConfig:
+        """The sizes from ``config.parallel``, the rest from ``config.engine_kwargs``;
+        errors name ``engine_kwargs.<key>`` (or ``parallel.<key>``)."""
         kwargs = dict(config.engine_kwargs)
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size"):
-            if name in kwargs:
-                raise ValueError(
-                    f"EngineConfig.engine_kwargs[{name!r}]: set parallel.{name} instead "
-                    "(one place for each size)"
-                )
+            check(name not in kwargs, f"engine_kwargs.{name}", kwargs.get(name),
+                  f"no value here: set parallel.{name} (one place for each size)")  # fmt: skip
             kwargs[name] = getattr(config.parallel, name)
-        return dataclass_from_dict(cls, kwargs, "EngineConfig.engine_kwargs (megatron engine)")
+        return build(cls, kwargs, "engine_kwargs")
 
     @property
     def etp(self) -> int:
@@ -73,61 +71,38 @@ class MegatronConfig:
             self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size
         )
 
-    def _bad(self, name: str, expected: str) -> ValueError:
-        return ValueError(
-            f"MegatronConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
-        )
-
-    def validate(self, world_size: int, device_type: str) -> MegatronConfig:
-        for name in (
-            "tensor_parallel_size",
-            "pipeline_parallel_size",
-            "expert_parallel_size",
-            "context_parallel_size",
-            "logits_chunk_tokens",
-        ):
+    def check(self) -> None:
+        for name in ("context_parallel_size", "logits_chunk_tokens"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise self._bad(name, "an integer >= 1")
+            check(value >= 1, name, value, "an integer >= 1")
         for name in ("virtual_pipeline_size", "expert_tensor_parallel_size"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise self._bad(name, "None or an integer >= 1")
-        if self.virtual_pipeline_size not in (None, 1) and self.pipeline_parallel_size < 2:
-            raise self._bad("virtual_pipeline_size", "None unless pipeline_parallel_size > 1")
-        if not isinstance(self.sequence_parallel, bool):
-            raise self._bad("sequence_parallel", "true or false")
-        if self.sequence_parallel and self.tensor_parallel_size == 1:
-            raise self._bad("sequence_parallel", "false when tensor_parallel_size == 1")
-        if self.moe_token_dispatcher not in DISPATCHERS:
-            raise self._bad("moe_token_dispatcher", f"one of {DISPATCHERS}")
-        if self.moe_token_dispatcher == "alltoall" and device_type == "cpu":
-            raise self._bad(
-                "moe_token_dispatcher", "'allgather' on CPU (megatron-core's alltoall needs CUDA)"
-            )
-        if self.moe_aux_loss_coeff is not None and (
-            isinstance(self.moe_aux_loss_coeff, bool)
-            or not isinstance(self.moe_aux_loss_coeff, (int, float))
-            or self.moe_aux_loss_coeff < 0
-        ):
-            raise self._bad("moe_aux_loss_coeff", "None or a number >= 0")
-        if self.context_parallel_size > 1:
-            raise self._bad(
-                "context_parallel_size",
-                "1: megatron-core's context parallelism needs Transformer Engine's attention "
-                "(TEDotProductAttention), which this engine does not use",
-            )
+            check(value is None or value >= 1, name, value, "null or an integer >= 1")
+        check(self.virtual_pipeline_size in (None, 1) or self.pipeline_parallel_size > 1,
+              "virtual_pipeline_size", self.virtual_pipeline_size,
+              "null unless parallel.pipeline_parallel_size > 1")  # fmt: skip
+        check(not self.sequence_parallel or self.tensor_parallel_size > 1, "sequence_parallel",
+              self.sequence_parallel, "false when parallel.tensor_parallel_size == 1")  # fmt: skip
+        coeff = self.moe_aux_loss_coeff
+        check(coeff is None or coeff >= 0, "moe_aux_loss_coeff", coeff, "null or a number >= 0")
+        check(self.context_parallel_size == 1, "context_parallel_size",
+              self.context_parallel_size,
+              "1: megatron-core's context parallelism needs Transformer Engine's attention "
+              "(TEDotProductAttention), which this engine does not use")  # fmt: skip
+
+    def validate(self, world_size: int, device_type: str) -> MegatronConfig:
+        """Check the layout against ``world_size`` ranks on ``device_type``."""
+        check(self.moe_token_dispatcher != "alltoall" or device_type != "cpu",
+              "engine_kwargs.moe_token_dispatcher", self.moe_token_dispatcher,
+              "'allgather' on CPU (megatron-core's alltoall needs CUDA)")  # fmt: skip
         model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
-        if world_size % model_parallel:
-            raise ValueError(
-                f"MegatronConfig: world size {world_size} is not divisible by "
-                f"tensor_parallel_size * pipeline_parallel_size = {model_parallel}"
-            )
+        check(world_size % model_parallel == 0, "parallel.tensor_parallel_size",
+              self.tensor_parallel_size,
+              f"tensor_parallel_size * pipeline_parallel_size = {model_parallel} to divide the "
+              f"world size {world_size}")  # fmt: skip
         expert_parallel = self.expert_parallel_size * self.etp * self.pipeline_parallel_size
-        if world_size % expert_parallel:
-            raise ValueError(
-                f"MegatronConfig: world size {world_size} is not divisible by "
-                f"expert_parallel_size * expert_tensor_parallel_size * pipeline_parallel_size "
-                f"= {expert_parallel}"
-            )
+        check(world_size % expert_parallel == 0, "parallel.expert_parallel_size",
+              self.expert_parallel_size,
+              "expert_parallel_size * expert_tensor_parallel_size * pipeline_parallel_size = "
+              f"{expert_parallel} to divide the world size {world_size}")  # fmt: skip
         return self

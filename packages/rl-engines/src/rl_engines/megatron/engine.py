@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -92,6 +92,13 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 class MegatronEngine(TrainEngine):
     """Megatron-core training engine for Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE models."""
 
+    options_class: ClassVar[type] = MegatronConfig
+
+    @classmethod
+    def parse_options(cls, config: EngineConfig) -> MegatronConfig:
+        """`MegatronConfig` from ``config.parallel`` and ``config.engine_kwargs``."""
+        return MegatronConfig.from_engine_config(config)
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
         mcfg = config.model
@@ -112,9 +119,7 @@ class MegatronEngine(TrainEngine):
         self._device = local_device()
         ensure_process_group(backend, config.timeout_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.mcfg = MegatronConfig.from_engine_config(config).validate(
-            self.world_size, self.device_type
-        )
+        self.mcfg = self.parse_options(config).validate(self.world_size, self.device_type)
         self.parallel = ParallelState.ensure(self.mcfg, config.timeout_s, config.seed)
         self.value_model = mcfg.value_head
         self.layout = Layout(self.value_model)

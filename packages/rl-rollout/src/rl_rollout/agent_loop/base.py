@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from rl_core.config import check, validate
 from rl_core.registry import Registry
 from rl_core.rollout import GenerationOutput, RolloutEngine, SamplingParams
 from rl_rollout.tools.base import Tool
@@ -96,12 +97,7 @@ class AgentLoopConfig:
     tool_parser: str = "hermes"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def validate(self) -> AgentLoopConfig:
-        def bad(name: str, expected: str) -> ValueError:
-            return ValueError(
-                f"AgentLoopConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
-            )
-
+    def check(self) -> None:
         for name in (
             "response_length",
             "max_turns",
@@ -109,13 +105,13 @@ class AgentLoopConfig:
             "max_tool_response_tokens",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(name, "an integer >= 1")
-        if self.tool_response_truncation not in ("left", "right", "middle"):
-            raise bad("tool_response_truncation", "'left', 'right' or 'middle'")
-        if not isinstance(self.tool_timeout_s, (int, float)) or not self.tool_timeout_s > 0:
-            raise bad("tool_timeout_s", "a number of seconds > 0")
-        return self
+            check(value >= 1, name, value, "an integer >= 1")
+        check(self.tool_timeout_s > 0, "tool_timeout_s", self.tool_timeout_s,
+              "a number of seconds > 0")  # fmt: skip
+
+    def validate(self) -> AgentLoopConfig:
+        """Check every field (`rl_core.config`); errors name ``AgentLoopConfig.<field>``."""
+        return validate(self, "AgentLoopConfig")
 
 
 @dataclass

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from rl_core.config import check, validate
 
 BACKENDS = ("auto", "bubblewrap", "remote", "python-audit")
 
@@ -34,19 +37,13 @@ class SandboxConfig:
     extra_read_paths: tuple[str, ...] = ()
     python_guards: bool = True
     work_dir_parent: str | None = None  # python-audit only; bubblewrap uses its own tmpfs
-    backend: str = "auto"
+    backend: Literal["auto", "bubblewrap", "remote", "python-audit"] = "auto"
     allow_weak_isolation: bool = False
     remote_url: str | None = None
     bwrap_path: str | None = None
 
-    def validate(self) -> SandboxConfig:
-        def bad(name: str, expected: str) -> ValueError:
-            return ValueError(
-                f"SandboxConfig.{name}={getattr(self, name)!r} is invalid: expected {expected}"
-            )
-
-        if not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
-            raise bad("timeout_s", "a number of seconds > 0")
+    def check(self) -> None:
+        check(self.timeout_s > 0, "timeout_s", self.timeout_s, "a number of seconds > 0")
         for name, minimum in (
             ("cpu_time_s", 1),
             ("memory_mb", 32),
@@ -57,19 +54,15 @@ class SandboxConfig:
             ("disk_quota_mb", 1),
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise bad(name, f"an integer >= {minimum}")
-        if self.backend not in BACKENDS:
-            raise bad("backend", f"one of {', '.join(BACKENDS)}")
-        if self.backend == "remote" and not self.remote_url:
-            raise bad("remote_url", "an http(s) URL of a SandboxFusion service for backend=remote")
-        if self.remote_url is not None and not str(self.remote_url).startswith(
-            ("http://", "https://")
-        ):
-            raise bad("remote_url", "an http:// or https:// URL")
-        if isinstance(self.extra_read_paths, str):
-            raise bad("extra_read_paths", "a tuple of paths, not one string")
-        return self
+            check(value >= minimum, name, value, f"an integer >= {minimum}")
+        check(self.backend != "remote" or bool(self.remote_url), "remote_url", self.remote_url,
+              "an http(s) URL of a SandboxFusion service for backend=remote")  # fmt: skip
+        check(self.remote_url is None or self.remote_url.startswith(("http://", "https://")),
+              "remote_url", self.remote_url, "an http:// or https:// URL")  # fmt: skip
+
+    def validate(self) -> SandboxConfig:
+        """Check every field (`rl_core.config`); errors name ``SandboxConfig.<field>``."""
+        return validate(self, "SandboxConfig")
 
 
 @dataclass
