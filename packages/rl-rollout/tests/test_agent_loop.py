@@ -363,11 +363,11 @@ def test_bad_input_gives_clear_errors(tokenizer):
     with pytest.raises(UnknownPluginError, match="unknown agent loop 'multi_turn'"):
         build_agent_loop("multi_turn", client=client)
     with pytest.raises(
-        ValueError, match=r"AgentLoopConfig.max_turns=0 is invalid: expected an integer >= 1"
+        ValueError, match=r"AgentLoopConfig.max_turns: invalid value 0; expected an integer >= 1"
     ):
         AgentLoopConfig(max_turns=0).validate()
     with pytest.raises(
-        ValueError, match=r"AgentLoopConfig\.tool_response_truncation='top' is invalid"
+        ValueError, match=r"AgentLoopConfig\.tool_response_truncation: invalid value 'top'"
     ):
         AgentLoopConfig(tool_response_truncation="top").validate()
     with pytest.raises(UnknownPluginError, match="unknown tool-call parser 'xml'"):

@@ -156,7 +156,7 @@ def test_sglang_engine_kwargs_from_rollout_config():
     ("key", "value", "expected"),
     [
         ("gpu_memory_utilization", 0.0, r"a number in \(0, 1\]"),
-        ("gpu_memory_utilization", "0.5", r"a number in \(0, 1\]"),
+        ("gpu_memory_utilization", "0.5", "a finite number"),
         ("enforce_eager", "yes", "true or false"),
         ("enable_prefix_caching", 1, "true or false"),
         ("weight_bucket_bytes", 0, "bytes >= 1"),
@@ -168,9 +168,7 @@ def test_server_options_name_the_key_the_value_and_the_expectation(key, value, e
     from rl_rollout.backends.options import SGLangOptions, VLLMOptions
 
     config = RolloutConfig(model_path="/m", engine_kwargs={key: value})
-    pattern = (
-        rf"RolloutConfig\.engine_kwargs\['{key}'\]={value!r} is invalid: expected .*{expected}"
-    )
+    pattern = rf"^engine_kwargs\.{key}: invalid value .*; expected .*{expected}"
     with pytest.raises(ValueError, match=pattern):
         vllm_engine_args(config, False)
     with pytest.raises(ValueError, match=pattern):
@@ -179,7 +177,9 @@ def test_server_options_name_the_key_the_value_and_the_expectation(key, value, e
     # our own options never reach the libraries; theirs pass through untouched
     sglang = SGLangOptions.from_kwargs({"weight_transfer": "nccl", "attention_backend": "fa3"})
     assert sglang.weight_transfer == "nccl" and sglang.engine_args == {"attention_backend": "fa3"}
-    with pytest.raises(ValueError, match=r"'weight_transfer'\]='ipc' is invalid: expected one of"):
+    with pytest.raises(
+        ValueError, match=r"^engine_kwargs.weight_transfer: invalid value 'ipc'; expected one of"
+    ):
         SGLangOptions.from_kwargs({"weight_transfer": "ipc"})
 
 

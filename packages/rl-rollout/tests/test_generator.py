@@ -83,9 +83,14 @@ def test_update_weights_changes_outputs_and_restoring_restores_them(setup):
 
 def test_config_errors_name_the_key(setup):
     path, _ = setup
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['temprature'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"sampling.temprature: unknown key 'temprature'.*did you mean 'temperature'",
+    ):
         manager_config_from_dict({"rollout": {"model_path": path}, "sampling": {"temprature": 1.0}})
-    with pytest.raises(ValueError, match="missing key 'rollout'"):
+    with pytest.raises(
+        ValueError, match=r"^rollout: missing; expected a mapping of RolloutConfig fields"
+    ):
         manager_config_from_dict({"mode": "local"})
     engine = object()
     with pytest.raises(ValueError, match="exactly one local replica"):

@@ -90,5 +90,8 @@ def test_dummy_engine_reads_no_weight_file(tiny_model_path, tmp_path):
 
 
 def test_unknown_load_format_names_the_choices(tiny_model_path):
-    with pytest.raises(ValueError, match=r"\['load_format'\]='safetensors' .*\['auto', 'dummy'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"engine_kwargs.load_format: invalid value 'safetensors'; expected one of \['auto', 'dummy'\]",
+    ):
         _engine(tiny_model_path, load_format="safetensors")

@@ -342,7 +342,7 @@ def test_bad_input_gives_clear_errors():
         batch = DataProto.from_dict(
             non_tensors={"raw_prompt_ids": [[1, 2]]}, meta_info={"temperature": -1.0}
         )
-        with pytest.raises(ValueError, match=r"SamplingParams.temperature=-1.0 is invalid"):
+        with pytest.raises(ValueError, match=r"SamplingParams.temperature: invalid value -1.0"):
             manager.generate_sequences(batch)
     with pytest.raises(UnknownPluginError, match="unknown tool 'no_such_tool'"):
         local_manager(manager_config(tools={"no_such_tool": {}}))
@@ -350,7 +350,7 @@ def test_bad_input_gives_clear_errors():
         config = manager_config()
         config.rollout.backend = "no_such_engine"
         RolloutManager(config)
-    with pytest.raises(ValueError, match=r"RolloutManagerConfig.num_replicas=0 is invalid"):
+    with pytest.raises(ValueError, match=r"RolloutManagerConfig.num_replicas: invalid value 0"):
         manager_config(num_replicas=0).validate()
     with pytest.raises(ValueError, match="the 'tool' agent loop needs a tokenizer"):
         local_manager(manager_config(agent_loop="tool"))

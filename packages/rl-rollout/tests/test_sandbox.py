@@ -282,10 +282,10 @@ def test_native_code_through_ctypes_is_refused():
 
 
 def test_config_validation_names_the_field():
-    with pytest.raises(ValueError, match=r"SandboxConfig.timeout_s=0 is invalid"):
+    with pytest.raises(ValueError, match=r"SandboxConfig.timeout_s: invalid value 0"):
         run_python("pass", SandboxConfig(timeout_s=0))
     with pytest.raises(
-        ValueError, match=r"SandboxConfig.memory_mb=1 is invalid: expected an integer >= 32"
+        ValueError, match=r"SandboxConfig.memory_mb: invalid value 1; expected an integer >= 32"
     ):
         SandboxConfig(memory_mb=1).validate()
 
@@ -362,9 +362,9 @@ def test_python_audit_backend_needs_an_explicit_flag():
 
 
 def test_bad_backend_names_the_field():
-    with pytest.raises(ValueError, match=r"SandboxConfig.backend='docker' is invalid"):
+    with pytest.raises(ValueError, match=r"SandboxConfig.backend: invalid value 'docker'"):
         run_python("pass", SandboxConfig(backend="docker"))
-    with pytest.raises(ValueError, match=r"SandboxConfig.remote_url=None is invalid"):
+    with pytest.raises(ValueError, match=r"SandboxConfig.remote_url: invalid value None"):
         run_python("pass", SandboxConfig(backend="remote"))
 
 

@@ -308,6 +308,10 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
             raise _unknown_key(cls, key, names, path)
     hints = _hints(cls)
     join = (lambda k: f"{path}.{k}") if path else (lambda k: k)
+    for f in fields:
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and f.name not in data:
+            raise ConfigError(join(f.name), describe(hints.get(f.name, Any)), problem="missing")
     kwargs = {key: _convert(value, hints.get(key, Any), join(key)) for key, value in data.items()}
     try:
         obj = cls(**kwargs)

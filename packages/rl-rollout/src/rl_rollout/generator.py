@@ -16,11 +16,11 @@ that in-process engine; otherwise it starts ``num_replicas`` replicas itself.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
-from rl_core.config import dataclass_from_dict
+from rl_core.config import build
 from rl_core.engine import DEFAULT_BUCKET_BYTES, iter_layer_buckets
 from rl_core.protocol import DataProto
 from rl_core.rollout import RolloutConfig, RolloutEngine, SequenceGenerator
@@ -32,17 +32,13 @@ __all__ = ["AgentLoopGenerator", "manager_config_from_dict"]
 
 def manager_config_from_dict(data: Mapping[str, Any]) -> RolloutManagerConfig:
     """Build and validate a `RolloutManagerConfig` from nested plain mappings."""
-    data = dict(data)
-    if "rollout" not in data:
-        raise ValueError("rollout config: missing key 'rollout' (the RolloutConfig of the engines)")
-    sampling = data.get("sampling")
-    if isinstance(sampling, Mapping) and "stop_token_ids" in sampling:
-        data["sampling"] = {**sampling, "stop_token_ids": tuple(sampling["stop_token_ids"])}
-    return dataclass_from_dict(RolloutManagerConfig, data, "rollout config").validate()
+    return build(RolloutManagerConfig, data, "")
 
 
 class AgentLoopGenerator(SequenceGenerator):
     """A `RolloutManager` seen through the `SequenceGenerator` contract."""
+
+    config_class: ClassVar[type] = RolloutManagerConfig
 
     def __init__(
         self,

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
+from rl_core.config import build
 from rl_core.registry import Registry
 
 if TYPE_CHECKING:
@@ -31,6 +32,18 @@ __all__ = ["SEQUENCE_GENERATORS", "SequenceGenerator", "build_sequence_generator
 
 class SequenceGenerator(ABC):
     """Turns a batch of prompts into a batch of rollouts (see the module docstring)."""
+
+    #: The dataclass of this generator's config, built by `parse_config` (None: the
+    #: generator takes the mapping as it is).
+    config_class: ClassVar[type | None] = None
+
+    @classmethod
+    def parse_config(cls, data: Any) -> Any:
+        """The typed config from a mapping (`rl_core.config.build`; errors name the key
+        path); a trainer calls it on the driver and sends the result to its workers."""
+        if cls.config_class is None or isinstance(data, cls.config_class):
+            return data
+        return build(cls.config_class, data, "")
 
     @abstractmethod
     def generate_sequences(self, batch: DataProto) -> DataProto:
@@ -73,18 +86,23 @@ SEQUENCE_GENERATORS: Registry[SequenceGeneratorFactory] = Registry(
 
 def build_sequence_generator(
     name: str,
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | Any,
     *,
     tokenizer: Any = None,
     engine: RolloutEngine | None = None,
 ) -> SequenceGenerator:
-    """Build the generator registered as `name` from a plain config mapping.
+    """Build the generator registered as `name` from its typed config (see
+    `SequenceGenerator.parse_config`) or a plain mapping.
 
     ``engine``: an already-built `RolloutEngine` to generate with in this process (the
     colocated "hybrid engine" case); None lets the generator start its own replicas.
     """
     factory = SEQUENCE_GENERATORS.get(name)
-    generator = factory(dict(config), tokenizer=tokenizer, engine=engine)
+    if isinstance(factory, type) and issubclass(factory, SequenceGenerator):
+        config = factory.parse_config(config)
+    elif isinstance(config, Mapping):
+        config = dict(config)
+    generator = factory(config, tokenizer=tokenizer, engine=engine)
     if not isinstance(generator, SequenceGenerator):
         raise TypeError(
             f"sequence generator {name!r} built a {type(generator).__name__}, which is not a "

@@ -496,5 +496,5 @@ class RolloutEngineConformance:
     )
     def test_out_of_range_sampling_values_are_rejected(self, engine, runner, field, value):
         params = SamplingParams(max_tokens=2, **{field: value})
-        with pytest.raises(ValueError, match=f"SamplingParams.{field}="):
+        with pytest.raises(ValueError, match=rf"SamplingParams\.{field}\b"):
             self.generate(engine, runner, [5, 6], params, f"bad-{field}")

@@ -37,7 +37,7 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -47,6 +47,7 @@ from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, Samp
 from rl_core.rollout import check_prompt as _check_prompt
 from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
 from rl_rollout.backends.hf_prefill import left_padded, prefill_text
+from rl_rollout.backends.options import HFRolloutOptions
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
 __all__ = ["HFRolloutEngine"]
@@ -54,10 +55,6 @@ __all__ = ["HFRolloutEngine"]
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # spreads the seeds of a request's n samples
-# engine_kwargs["load_format"]: "auto" reads the weights from model_path; "dummy" builds the
-# model from its config without reading or initialising weights (for a caller that loads
-# all of them with update_weights before the first generate: the hybrid worker's first sync)
-_LOAD_FORMATS = ("auto", "dummy")
 
 
 def _unloaded_model(auto: Any, hf_config: Any, dtype: torch.dtype) -> torch.nn.Module:
@@ -112,6 +109,8 @@ class _Request:
 class HFRolloutEngine(RolloutEngine):
     """Batched, KV-cached generation with a transformers causal LM (see module docstring)."""
 
+    options_class: ClassVar[type] = HFRolloutOptions
+
     def __init__(self, config: RolloutConfig) -> None:
         try:
             from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
@@ -126,25 +125,12 @@ class HFRolloutEngine(RolloutEngine):
                 f"RolloutConfig.tensor_parallel_size={config.tensor_parallel_size} is invalid "
                 "for the 'hf' rollout engine: expected 1 (use 'vllm' or 'sglang' for TP)"
             )
-        options = dict(config.engine_kwargs)
+        options: HFRolloutOptions = self.parse_options(config)
         platform = get_platform()
-        device = options.pop("device", None)
         # the device the platform picks for this process (the trainer engine's, colocated)
-        self.device = torch.device(device) if device else platform.process_device()
-        self._batch_wait_s = float(options.pop("batch_wait_ms", 5.0)) / 1000.0
-        options.pop("weight_bucket_bytes", None)  # the sender's bucket size (weight sync)
-        load_format = options.pop("load_format", "auto")
-        if load_format not in _LOAD_FORMATS:
-            raise ValueError(
-                f"RolloutConfig.engine_kwargs['load_format']={load_format!r} is invalid for the "
-                f"'hf' rollout engine: expected one of {list(_LOAD_FORMATS)}"
-            )
-        if options:
-            raise ValueError(
-                f"RolloutConfig.engine_kwargs has unknown keys {sorted(options)} for the 'hf' "
-                "rollout engine: expected only 'device', 'batch_wait_ms', 'weight_bucket_bytes', "
-                "'load_format'"
-            )
+        self.device = torch.device(options.device) if options.device else platform.process_device()
+        self._batch_wait_s = options.batch_wait_ms / 1000.0
+        load_format = options.load_format
         dtype = platform.auto_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
         self.config = config
         hf_config = AutoConfig.from_pretrained(config.model_path)

@@ -1,4 +1,6 @@
-"""Typed options of the vLLM and SGLang rollout backends (``RolloutConfig.engine_kwargs``).
+"""Typed options of the rollout backends (``RolloutConfig.engine_kwargs``).
+
+`HFRolloutOptions` is the whole of the hf backend's options (an unknown key is refused).
 
 The fields below are validated here (an error names the key, its value and what was
 expected); every other key of ``engine_kwargs`` is passed unchanged to the library's own
@@ -10,16 +12,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from rl_core.config import dataclass_from_dict, is_int, is_real
+from rl_core.config import build, check
 from rl_core.engine import DEFAULT_BUCKET_BYTES
 
-__all__ = ["SGLangOptions", "VLLMOptions"]
+__all__ = ["HFRolloutOptions", "SGLangOptions", "VLLMOptions"]
 
 OptionsT = TypeVar("OptionsT", bound="_ServerOptions")
-WEIGHT_TRANSFERS = ("auto", "ipc", "nccl", "files")
-SGLANG_WEIGHT_TRANSFERS = ("auto", "nccl")
 
 
 @dataclass(frozen=True)
@@ -46,33 +46,18 @@ class _ServerOptions:
         """Split ``engine_kwargs`` into the typed fields and the library's own arguments."""
         kwargs = dict(kwargs or {})
         own = {f.name for f in dataclasses.fields(cls)} - {"engine_args"}
-        if "engine_args" in kwargs:
-            raise ValueError(
-                "RolloutConfig.engine_kwargs['engine_args'] is invalid: expected the library's "
-                "arguments directly in engine_kwargs"
-            )
+        check("engine_args" not in kwargs, "engine_kwargs.engine_args", kwargs.get("engine_args"),
+              "the library's arguments directly in engine_kwargs")  # fmt: skip
         typed = {k: kwargs.pop(k) for k in list(kwargs) if k in own}
-        options = dataclass_from_dict(cls, typed, "RolloutConfig.engine_kwargs")
-        return dataclasses.replace(options, engine_args=kwargs).validate()
+        return dataclasses.replace(build(cls, typed, "engine_kwargs"), engine_args=kwargs)
 
-    def _bad(self, name: str, expected: str) -> ValueError:
-        return ValueError(
-            f"RolloutConfig.engine_kwargs['{name}']={getattr(self, name)!r} is invalid: "
-            f"expected {expected}"
-        )
-
-    def validate(self: OptionsT) -> OptionsT:
+    def check(self) -> None:
         value = self.gpu_memory_utilization
-        if not is_real(value) or not 0 < value <= 1:
-            raise self._bad("gpu_memory_utilization", "a number in (0, 1]")
-        for name in ("enforce_eager", "enable_prefix_caching"):
-            if not isinstance(getattr(self, name), bool):
-                raise self._bad(name, "true or false")
-        if not is_int(self.weight_bucket_bytes) or self.weight_bucket_bytes < 1:
-            raise self._bad("weight_bucket_bytes", "an integer number of bytes >= 1")
-        if not is_real(self.update_timeout_s) or self.update_timeout_s <= 0:
-            raise self._bad("update_timeout_s", "a number of seconds > 0")
-        return self
+        check(0 < value <= 1, "gpu_memory_utilization", value, "a number in (0, 1]")
+        check(self.weight_bucket_bytes >= 1, "weight_bucket_bytes", self.weight_bucket_bytes,
+              "an integer number of bytes >= 1")  # fmt: skip
+        check(self.update_timeout_s > 0, "update_timeout_s", self.update_timeout_s,
+              "a number of seconds > 0")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,13 +65,7 @@ class VLLMOptions(_ServerOptions):
     """The vllm backend's options; ``weight_transfer``: ``auto`` (``ipc`` on accelerators,
     ``files`` on CPU), ``ipc`` (colocated), ``nccl`` (a split pool) or ``files``."""
 
-    weight_transfer: str = "auto"
-
-    def validate(self) -> VLLMOptions:
-        super().validate()
-        if self.weight_transfer not in WEIGHT_TRANSFERS:
-            raise self._bad("weight_transfer", f"one of {WEIGHT_TRANSFERS}")
-        return self
+    weight_transfer: Literal["auto", "ipc", "nccl", "files"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -95,10 +74,23 @@ class SGLangOptions(_ServerOptions):
     ``update_weights_from_tensor``) or ``nccl`` (a split pool receives the trainer's
     broadcasts)."""
 
-    weight_transfer: str = "auto"
+    weight_transfer: Literal["auto", "nccl"] = "auto"
 
-    def validate(self) -> SGLangOptions:
-        super().validate()
-        if self.weight_transfer not in SGLANG_WEIGHT_TRANSFERS:
-            raise self._bad("weight_transfer", f"one of {SGLANG_WEIGHT_TRANSFERS}")
-        return self
+
+@dataclass(frozen=True)
+class HFRolloutOptions:
+    """The hf backend's options. ``device``: a torch device string (null: the one the
+    platform picks for this process, the trainer's when colocated); ``batch_wait_ms``:
+    how long a request waits for others to batch with; ``weight_bucket_bytes``: the
+    sender's bucket size in a weight sync; ``load_format``: ``auto`` reads the weights,
+    ``dummy`` builds the model without them (the hybrid worker's first sync loads all)."""
+
+    device: str | None = None
+    batch_wait_ms: float = 5.0
+    weight_bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    load_format: Literal["auto", "dummy"] = "auto"
+
+    def check(self) -> None:
+        check(self.batch_wait_ms >= 0, "batch_wait_ms", self.batch_wait_ms, "a number >= 0")
+        check(self.weight_bucket_bytes >= 1, "weight_bucket_bytes", self.weight_bucket_bytes,
+              "an integer number of bytes >= 1")  # fmt: skip

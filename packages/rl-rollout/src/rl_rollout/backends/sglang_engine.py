@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -127,6 +127,13 @@ def sglang_output(result: dict[str, Any]) -> GenerationOutput:
 
 class SGLangRolloutEngine(RolloutEngine):
     """SGLang `Engine` behind the rollout-engine contract (see module docstring)."""
+
+    options_class: ClassVar[type] = SGLangOptions
+
+    @classmethod
+    def parse_options(cls, config: RolloutConfig) -> SGLangOptions:
+        """The typed options; the other keys of ``engine_kwargs`` go to the library."""
+        return SGLangOptions.from_kwargs(config.engine_kwargs)
 
     def __init__(self, config: RolloutConfig) -> None:
         try:

@@ -43,7 +43,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
@@ -184,6 +184,13 @@ async def _maybe_await(value: Any) -> Any:
 
 class VLLMRolloutEngine(RolloutEngine):
     """vLLM `AsyncLLM` behind the rollout-engine contract (see module docstring)."""
+
+    options_class: ClassVar[type] = VLLMOptions
+
+    @classmethod
+    def parse_options(cls, config: RolloutConfig) -> VLLMOptions:
+        """The typed options; the other keys of ``engine_kwargs`` go to the library."""
+        return VLLMOptions.from_kwargs(config.engine_kwargs)
 
     def __init__(self, config: RolloutConfig) -> None:
         try:
