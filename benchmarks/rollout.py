@@ -151,7 +151,7 @@ def bench_manager(model: str, prompts, max_tokens: int) -> Row:
     config = RolloutManagerConfig(
         rollout=RolloutConfig(model_path=model, backend="vllm", max_model_len=1024),
         num_replicas=1,
-        mode="local",
+        placement="colocated",
         loop=AgentLoopConfig(response_length=max_tokens),
         sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0),
         pad_token_id=0,

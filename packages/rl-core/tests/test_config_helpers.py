@@ -10,7 +10,7 @@ from typing import Any, Literal
 import pytest
 
 from rl_core.config import NOTHING, ConfigError, build, check, is_int, is_real, validate
-from rl_core.engine import EngineConfig, LoRAConfig, MicroBatchConfig, OptimizerConfig
+from rl_core.engine import EngineConfig, LoRAConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
 
 
 @dataclass
@@ -119,8 +119,10 @@ def test_validate_checks_objects_made_in_python():
     with pytest.raises(ConfigError, match=r"^OptimizerConfig\.lr: invalid value -1"):
         OptimizerConfig(lr=-1).validate()
     with pytest.raises(ConfigError) as info:
-        OptimizerConfig(lr_schedule="cosine").validate()
-    assert info.value.path == "OptimizerConfig.total_steps"
+        EngineConfig(
+            model=ModelConfig(path="/m"), optim=OptimizerConfig(lr_schedule="cosine")
+        ).validate()
+    assert info.value.path == "EngineConfig.optim.total_steps"
 
 
 def test_engine_config_builds_every_nested_section():

@@ -21,7 +21,7 @@ def setup(tmp_path_factory):
     engine = build_rollout_engine(RolloutConfig(model_path=path, backend="hf"))
     config = {
         "rollout": {"model_path": path, "backend": "hf"},
-        "mode": "local",
+        "placement": "colocated",
         "sampling": {"temperature": 0.0, "max_tokens": 6, "stop_token_ids": [2]},
         "pad_token_id": 0,
     }
@@ -91,7 +91,7 @@ def test_config_errors_name_the_key(setup):
     with pytest.raises(
         ValueError, match=r"^rollout: missing; expected a mapping of RolloutConfig fields"
     ):
-        manager_config_from_dict({"mode": "local"})
+        manager_config_from_dict({"placement": "colocated"})
     engine = object()
     with pytest.raises(ValueError, match="exactly one local replica"):
         build_sequence_generator(

@@ -1,4 +1,4 @@
-"""The rollout manager in-process (``mode="local"``): the exact batch layout of
+"""The rollout manager in-process (``placement="colocated"``): the exact batch layout of
 `generate_sequences` (hand-built, position by position), agent loops per row, load
 balancing and conversation affinity measured per replica, time-outs, failures, bad input."""
 
@@ -42,7 +42,7 @@ def manager_config(
     return RolloutManagerConfig(
         rollout=rollout,
         num_replicas=num_replicas,
-        mode="local",
+        placement="colocated",
         loop=AgentLoopConfig(response_length=response_length),
         sampling=SamplingParams(max_tokens=64, stop_token_ids=(IM_END,)),
         **kw,

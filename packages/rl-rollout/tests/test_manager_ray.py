@@ -49,7 +49,7 @@ def prompt(tok, text: str) -> list[int]:
     )
 
 
-def manager_config(mode: str, tok) -> RolloutManagerConfig:
+def manager_config(placement: str, tok) -> RolloutManagerConfig:
     """One config for the module: keyed tool-calling scripts for prompts "q0".."q7", the
     HashPolicy for every other prompt; tool rows pick the ``tool`` loop via ``agent_name``."""
     call = tok.encode(
@@ -67,7 +67,7 @@ def manager_config(mode: str, tok) -> RolloutManagerConfig:
     return RolloutManagerConfig(
         rollout=rollout,
         num_replicas=2,
-        mode=mode,
+        placement=placement,
         num_cpus_per_replica=0.5,
         tools={"python": {}},
         loop=AgentLoopConfig(response_length=96),
@@ -78,7 +78,7 @@ def manager_config(mode: str, tok) -> RolloutManagerConfig:
 
 @pytest.fixture(scope="module")
 def ray_manager(tokenizer):
-    manager = RolloutManager(manager_config("ray", tokenizer), tokenizer, ScriptedRolloutEngine)
+    manager = RolloutManager(manager_config("split", tokenizer), tokenizer, ScriptedRolloutEngine)
     yield manager
     manager.shutdown()
 
@@ -91,7 +91,7 @@ def test_ray_replicas_give_the_in_process_layout(ray_manager, tokenizer):
         }
     )
     with RolloutManager(
-        manager_config("local", tokenizer), tokenizer, ScriptedRolloutEngine
+        manager_config("colocated", tokenizer), tokenizer, ScriptedRolloutEngine
     ) as local:
         expected = local.generate_sequences(batch)
     assert all(r.info["pid"] != os.getpid() for r in ray_manager.replicas)  # really in actors
@@ -136,7 +136,7 @@ def test_dead_replica_fails_loudly(ray_manager):
 
 
 def test_replica_that_cannot_be_placed_fails_with_a_clear_error(tokenizer):
-    config = manager_config("ray", tokenizer)
+    config = manager_config("split", tokenizer)
     config.num_cpus_per_replica = 3.0  # more than the 2 CPUs of this Ray runtime
     config.start_timeout_s = 5
     with pytest.raises(
@@ -155,7 +155,7 @@ def test_hf_engine_behind_ray_actors(tiny_model_path):
     config = RolloutManagerConfig(
         rollout=RolloutConfig(model_path=tiny_model_path, backend="hf", max_model_len=128),
         num_replicas=2,
-        mode="ray",
+        placement="split",
         num_cpus_per_replica=0.5,  # the module's shared scripted manager holds the rest
         start_timeout_s=300,
         loop=AgentLoopConfig(response_length=12),

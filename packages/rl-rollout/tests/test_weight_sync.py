@@ -257,7 +257,7 @@ def test_manager_sync_is_one_engine_session_however_many_buckets(tiny_model_path
 
     config = RolloutManagerConfig(
         rollout=RolloutConfig(model_path=tiny_model_path, max_model_len=64),
-        mode="local",
+        placement="colocated",
         sampling=SamplingParams(temperature=0, max_tokens=4),
     )
     manager = RolloutManager(config, engine_factory=CountingEngine)

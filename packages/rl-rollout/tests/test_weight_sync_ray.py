@@ -1,5 +1,5 @@
 """Weight sync to a split rollout pool: two Ray replica actors, each with a real hf engine,
-fed by `push_weights` (the manager's ``mode="ray"`` path): one engine session per sync."""
+fed by `push_weights` (the manager's ``placement="split"`` path): one engine session per sync."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def manager(tiny_model_path):
     config = RolloutManagerConfig(
         rollout=RolloutConfig(model_path=tiny_model_path, max_model_len=64),
         num_replicas=2,
-        mode="ray",
+        placement="split",
         num_cpus_per_replica=0.5,
         sampling=SamplingParams(temperature=0, max_tokens=4),
         request_timeout_s=120,

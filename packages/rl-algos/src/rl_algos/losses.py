@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from rl_algos.aggregation import AGG_MODES, LossScale, agg_loss
-from rl_algos.errors import check_field
 from rl_algos.kl import KL_TYPES, kl_penalty
+from rl_core.config import check
 from rl_core.registry import Registry
 
 __all__ = [
@@ -101,39 +101,37 @@ class PolicyLossConfig:
     tau_neg: float = 1.05
 
     def __post_init__(self) -> None:
-        check_field(
+        check(
             self.clip_ratio_low >= 0,
             "clip_ratio_low",
             self.clip_ratio_low,
             ">= 0 (>= 1: no lower bound on the ratio, as CISPO uses)",
         )
-        check_field(self.clip_ratio_high >= 0, "clip_ratio_high", self.clip_ratio_high, ">= 0")
-        check_field(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "> 1 (dual-clip)")
-        check_field(
+        check(self.clip_ratio_high >= 0, "clip_ratio_high", self.clip_ratio_high, ">= 0")
+        check(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "> 1 (dual-clip)")
+        check(
             self.agg_mode in AGG_MODES,
             "agg_mode",
             self.agg_mode,
             f"one of {list(AGG_MODES)}",
             AGG_MODES,
         )
-        check_field(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, ">= 0")
-        check_field(
+        check(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, ">= 0")
+        check(
             self.kl_loss_type in KL_TYPES,
             "kl_loss_type",
             self.kl_loss_type,
             f"one of {list(KL_TYPES)}",
             KL_TYPES,
         )
-        check_field(
-            self.tis_cap is None or self.tis_cap > 0, "tis_cap", self.tis_cap, "> 0 or null"
-        )
-        check_field(
+        check(self.tis_cap is None or self.tis_cap > 0, "tis_cap", self.tis_cap, "> 0 or null")
+        check(
             self.behav_imp_weight_cap is None or self.behav_imp_weight_cap > 1,
             "behav_imp_weight_cap",
             self.behav_imp_weight_cap,
             "> 1 or null",
         )
-        check_field(
+        check(
             self.tis_cap is None or self.behav_imp_weight_cap is None,
             "behav_imp_weight_cap",
             self.behav_imp_weight_cap,
@@ -141,18 +139,18 @@ class PolicyLossConfig:
         )
         for name in ("clip_cov_ratio", "kl_cov_ratio"):
             value = getattr(self, name)
-            check_field(0 < value <= 1, name, value, "a share of tokens in (0, 1]")
-        check_field(
+            check(0 < value <= 1, name, value, "a share of tokens in (0, 1]")
+        check(
             self.clip_cov_lb < self.clip_cov_ub,
             "clip_cov_lb",
             self.clip_cov_lb,
             f"< clip_cov_ub={self.clip_cov_ub} (the covariance window is (lb, ub))",
         )
-        check_field(self.ppo_kl_coef >= 0, "ppo_kl_coef", self.ppo_kl_coef, ">= 0")
-        check_field(self.dro_beta > 0, "dro_beta", self.dro_beta, "> 0")
+        check(self.ppo_kl_coef >= 0, "ppo_kl_coef", self.ppo_kl_coef, ">= 0")
+        check(self.dro_beta > 0, "dro_beta", self.dro_beta, "> 0")
         for name in ("tau_pos", "tau_neg"):
             value = getattr(self, name)
-            check_field(value > 0, name, value, "> 0 (a gate temperature)")
+            check(value > 0, name, value, "> 0 (a gate temperature)")
 
 
 def _off_policy_weights(
@@ -273,8 +271,8 @@ class ValueLossConfig:
     agg_norm_constant: float | None = None
 
     def __post_init__(self) -> None:
-        check_field(self.cliprange_value > 0, "cliprange_value", self.cliprange_value, "> 0")
-        check_field(
+        check(self.cliprange_value > 0, "cliprange_value", self.cliprange_value, "> 0")
+        check(
             self.agg_mode in AGG_MODES,
             "agg_mode",
             self.agg_mode,

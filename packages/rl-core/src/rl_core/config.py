@@ -38,6 +38,7 @@ __all__ = [
     "describe",
     "is_int",
     "is_real",
+    "key_of",
     "validate",
 ]
 
@@ -301,24 +302,33 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
         return validate(data, path)
     if not isinstance(data, Mapping):
         raise ConfigError(path, describe(cls), value=data)
-    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
-    names = [f.name for f in fields]
+    fields = {key_of(f): f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    names = list(fields)
     for key in data:
-        if key not in names:
+        if key not in fields:
             raise _unknown_key(cls, key, names, path)
     hints = _hints(cls)
     join = (lambda k: f"{path}.{k}") if path else (lambda k: k)
-    for f in fields:
+    for key, f in fields.items():
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if required and f.name not in data:
-            raise ConfigError(join(f.name), describe(hints.get(f.name, Any)), problem="missing")
-    kwargs = {key: _convert(value, hints.get(key, Any), join(key)) for key, value in data.items()}
+        if required and key not in data:
+            raise ConfigError(join(key), describe(hints.get(f.name, Any)), problem="missing")
+    kwargs = {
+        fields[key].name: _convert(value, hints.get(fields[key].name, Any), join(key))
+        for key, value in data.items()
+    }
     try:
         obj = cls(**kwargs)
     except ConfigError as exc:  # a __post_init__ rule
         raise exc.under(path) from None
     _run_rules(obj, path)
     return obj
+
+
+def key_of(f: dataclasses.Field) -> str:
+    """The key of a field in config data: its name, or ``metadata["key"]`` for a name
+    that cannot be a Python identifier (e.g. the ``async`` section)."""
+    return f.metadata.get("key", f.name)
 
 
 def validate(obj: T, path: str = "") -> T:
@@ -331,9 +341,9 @@ def validate(obj: T, path: str = "") -> T:
         value = getattr(obj, f.name)
         hint = hints.get(f.name, Any)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            converted = validate(value, join(f.name))
+            converted = validate(value, join(key_of(f)))
         else:
-            converted = _convert(value, hint, join(f.name))
+            converted = _convert(value, hint, join(key_of(f)))
         if converted is not value:
             object.__setattr__(obj, f.name, converted)  # frozen configs too
     _run_rules(obj, path)

@@ -7,7 +7,7 @@ rl-rollout::
     {"rollout": {"model_path": ..., "backend": "hf", ...},   # RolloutConfig
      "agent_loop": "single_turn", "loop": {...},              # AgentLoopConfig
      "sampling": {"temperature": 1.0, "max_tokens": 64},      # SamplingParams
-     "tools": {"python": {...}}, "num_replicas": 1, "mode": "local", ...}
+     "tools": {"python": {...}}, "num_replicas": 1, "placement": "colocated", ...}
 
 With an ``engine`` argument (the colocated hybrid-engine case) the manager generates with
 that in-process engine; otherwise it starts ``num_replicas`` replicas itself.
@@ -51,10 +51,10 @@ class AgentLoopGenerator(SequenceGenerator):
             config = manager_config_from_dict(config)
         factory = None
         if engine is not None:
-            if config.num_replicas != 1 or config.mode != "local":
+            if config.num_replicas != 1 or config.placement != "colocated":
                 raise ValueError(
                     f"rollout config: an in-process engine serves exactly one local replica; "
-                    f"got num_replicas={config.num_replicas}, mode={config.mode!r}"
+                    f"got num_replicas={config.num_replicas}, placement={config.placement!r}"
                 )
 
             def factory(_: RolloutConfig) -> RolloutEngine:
@@ -74,10 +74,10 @@ class AgentLoopGenerator(SequenceGenerator):
         self.manager.update_weights(iter_layer_buckets(weights, self.bucket_bytes), version)
 
     def weight_sender(self) -> Any:
-        """Split placement (``mode="ray"``): a picklable sender to the rollout pool's
+        """Split placement (``placement="split"``): a picklable sender to the rollout pool's
         actors, for the trainer's rank 0; None otherwise (weights load in process)."""
         config = self.manager.config
-        if config.mode != "ray":
+        if config.placement != "split":
             return None
         receivers, timeout = self.manager.weight_receivers(), config.request_timeout_s
         if config.rollout.engine_kwargs.get("weight_transfer") == "nccl":  # vllm/sglang, GPU

@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Coroutine, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -83,9 +83,9 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids"
 class RolloutManagerConfig:
     """Replicas, placement, agent loops and limits of a rollout manager.
 
-    ``mode`` "ray": each replica is a Ray actor with ``num_cpus_per_replica`` /
+    ``placement`` "split": each replica is a Ray actor with ``num_cpus_per_replica`` /
     ``num_gpus_per_replica`` (set the GPUs to ``rollout.tensor_parallel_size`` for a TP
-    engine that runs in its actor; the split placement's rollout pool); "local": replicas
+    engine that runs in its actor; the rollout pool); "colocated": replicas
     run in this process (the colocated hybrid engine); "remote": one replica per URL in
     ``remote_urls``, existing OpenAI-compatible servers serving ``remote_model`` (default:
     ``rollout.model_path``) with fixed weights (evaluation, agents). Empty
@@ -95,7 +95,9 @@ class RolloutManagerConfig:
 
     rollout: RolloutConfig
     num_replicas: int = 1
-    mode: Literal["ray", "local", "remote"] = "ray"
+    RENAMED: ClassVar[dict[str, str]] = {"mode": "placement"}
+
+    placement: Literal["colocated", "split", "remote"] = "split"
     remote_urls: list[str] = field(default_factory=list)
     remote_model: str | None = None
     agent_loop: str = "single_turn"
@@ -113,9 +115,9 @@ class RolloutManagerConfig:
 
     def check(self) -> None:
         check(self.num_replicas >= 1, "num_replicas", self.num_replicas, "an integer >= 1")
-        check(self.mode != "remote" or bool(self.remote_urls), "remote_urls", self.remote_urls,
-              "a non-empty list of server URLs with mode 'remote'")  # fmt: skip
-        if self.mode == "remote":
+        check(self.placement != "remote" or bool(self.remote_urls), "remote_urls", self.remote_urls,
+              "a non-empty list of server URLs with placement 'remote'")  # fmt: skip
+        if self.placement == "remote":
             self.num_replicas = len(self.remote_urls)
         for name in ("request_timeout_s", "batch_timeout_s", "start_timeout_s"):
             value = getattr(self, name)
@@ -230,7 +232,7 @@ class RolloutManager:
         self.pad_token_id = self._pad_token_id()
         self._thread = _LoopThread()
         self.replicas: list[LocalReplica | RayReplica] = []
-        if config.mode == "ray":
+        if config.placement == "split":
             # in this (the caller's) thread: Ray's head processes die with the thread
             # that started them, and the event-loop thread ends at shutdown()
             from rl_core.single_controller.ray import ensure_ray
@@ -256,7 +258,7 @@ class RolloutManager:
 
     async def _start(self, engine_factory: EngineFactory | None) -> None:
         cfg = self.config
-        if cfg.mode == "ray":
+        if cfg.placement == "split":
             self.replicas = [
                 RayReplica(
                     i,
@@ -268,7 +270,7 @@ class RolloutManager:
                 )
                 for i in range(cfg.num_replicas)
             ]
-        elif cfg.mode == "remote":
+        elif cfg.placement == "remote":
             model_len = cfg.rollout.max_model_len or 2**31 - 1
             model = cfg.remote_model or cfg.rollout.model_path
             self.replicas = [
@@ -459,14 +461,14 @@ class RolloutManager:
         many buckets; ``version`` (default: the next one) becomes `policy_version` and is
         recorded on the tokens generated after it. Consumes ``buckets`` in this thread
         (where the trainer's gather collectives run), at most two buckets ahead."""
-        if self.config.mode == "remote":
+        if self.config.placement == "remote":
             raise ValueError(
-                "update_weights: the manager runs mode='remote'; the servers keep their own "
+                "update_weights: the manager runs placement='remote'; the servers keep their own "
                 "weights (rollout.placement=remote is for evaluation and agents)"
             )
         version = self.policy_version + 1 if version is None else int(version)
         timeout = timeout_s or self.config.request_timeout_s
-        if self.config.mode == "ray":
+        if self.config.placement == "split":
             stats = push_weights(
                 buckets, [r.actor for r in self.replicas], version=version, timeout_s=timeout
             )
@@ -507,12 +509,12 @@ class RolloutManager:
         return stats
 
     def weight_receivers(self) -> list[Any]:
-        """The Ray actors of the rollout pool (mode "ray"), for `push_weights` from a trainer
+        """The Ray actors of the rollout pool (placement "split"), for `push_weights` from a trainer
         process."""
-        if self.config.mode != "ray":
+        if self.config.placement != "split":
             raise ValueError(
-                f"weight_receivers: the manager runs mode={self.config.mode!r}; only the Ray "
-                "rollout pool (mode 'ray') receives weights from other processes"
+                f"weight_receivers: the manager runs placement={self.config.placement!r}; only the Ray "
+                "rollout pool (placement 'split') receives weights from other processes"
             )
         return [r.actor for r in self.replicas]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from rl_algos.errors import check_field
 from rl_algos.kl import KL_TYPES
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
+from rl_core.config import check
 from rl_core.engine.config import LoRAConfig, OptimizerConfig, ParallelConfig
 
 __all__ = [
@@ -26,11 +26,11 @@ __all__ = [
     "DataConfig",
     "DynamicSamplingConfig",
     "KLControlConfig",
-    "ModelConfig",
     "OverlongConfig",
+    "PolicyModelConfig",
     "RLConfig",
     "RewardConfig",
-    "RolloutConfig",
+    "RolloutSectionConfig",
     "TrainerConfig",
 ]
 
@@ -41,17 +41,17 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        check_field(value is not None and value >= 1, name, value, "an integer >= 1")
+        check(value is not None and value >= 1, name, value, "an integer >= 1")
 
 
 def _optional_positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        check_field(value is None or value >= 1, name, value, "null or an integer >= 1")
+        check(value is None or value >= 1, name, value, "null or an integer >= 1")
 
 
 @dataclass
-class ModelConfig:
+class PolicyModelConfig:
     """The policy model (actor, reference and rollout share it).
 
     path: a Hugging Face model directory, ``gguf:<file.gguf>`` / ``gguf:<package>``, or
@@ -164,9 +164,12 @@ class ActorConfig:
 @dataclass
 class CriticConfig:
     """PPO's value model (used when `algorithm.adv_estimator` is `gae`); `model_path`
-    null: the policy model with a value head."""
+    null: the policy model with a value head. placement: `colocated` (the critic shares
+    the actor's worker processes) or `split` (`num_workers` processes of its own)."""
 
     engine: str = "fsdp"
+    placement: Literal["colocated", "split"] = "colocated"
+    num_workers: int = 1
     model_path: str | None = None
     optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-5))
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -178,12 +181,12 @@ class CriticConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive(self, "epochs")
+        _positive(self, "epochs", "num_workers")
         _optional_positive(self, "micro_batch_size", "max_tokens_per_micro_batch")
 
 
 @dataclass
-class RolloutConfig:
+class RolloutSectionConfig:
     """Generation: the rollout engine (`backend`, from the `rl.rollouts` entry points),
     the sequence generator and agent loop, sampling, and the tool-loop settings.
 
@@ -210,6 +213,9 @@ class RolloutConfig:
     after generating and wakes at the next weight sync (null: on accelerators only)."""
     n: int = 4
     temperature: float = 1.0
+    """Sampling temperature of training rollouts. 0: greedy, and the trainer recomputes
+    log-probs at temperature 1 (rl-core's temperature-0 rule); refused with a group
+    estimator (its n samples would be identical)."""
     top_p: float = 1.0
     top_k: int = -1
     val_temperature: float = 0.0
@@ -238,15 +244,15 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
         _positive(self, "num_replicas")
-        check_field(self.cpus_per_replica > 0, "cpus_per_replica", self.cpus_per_replica, "> 0")
-        check_field(self.gpus_per_replica >= 0, "gpus_per_replica", self.gpus_per_replica, ">= 0")
-        check_field(
+        check(self.cpus_per_replica > 0, "cpus_per_replica", self.cpus_per_replica, "> 0")
+        check(self.gpus_per_replica >= 0, "gpus_per_replica", self.gpus_per_replica, ">= 0")
+        check(
             self.placement != "remote" or bool(self.remote_urls),
             "remote_urls",
             self.remote_urls,
             "a non-empty list of server URLs with placement 'remote'",
         )
-        check_field(
+        check(
             self.val_n == 1 or self.val_temperature > 0,
             "val_n",
             self.val_n,
@@ -254,13 +260,13 @@ class RolloutConfig:
             "rollout.val_temperature > 0 for pass@k / maj@k)",
         )
         _positive(self, "max_tool_response_tokens")
-        check_field(self.tool_timeout_s > 0, "tool_timeout_s", self.tool_timeout_s, "> 0 seconds")
+        check(self.tool_timeout_s > 0, "tool_timeout_s", self.tool_timeout_s, "> 0 seconds")
         for name in ("temperature", "val_temperature"):
             value = getattr(self, name)
-            check_field(value >= 0, name, value, ">= 0 (0: greedy)")
-        check_field(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
-        check_field(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "-1 (off) or >= 1")
-        check_field(
+            check(value >= 0, name, value, ">= 0 (0: greedy)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
+        check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "-1 (off) or >= 1")
+        check(
             self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
             "gpu_memory_utilization",
             self.gpu_memory_utilization,
@@ -301,15 +307,15 @@ class RewardConfig:
     """False: the reward model alone scores (no rule-based functions run)."""
 
     def __post_init__(self) -> None:
-        check_field(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0 (0: in-process)")
-        check_field(
+        check(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0 (0: in-process)")
+        check(
             self.rule_based or self.model_path is not None,
             "rule_based",
             self.rule_based,
             "true unless reward.model_path is set (something must score the responses)",
         )
-        check_field(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
-        check_field(
+        check(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
+        check(
             self.batch_timeout_s >= self.timeout_s,
             "batch_timeout_s",
             self.batch_timeout_s,
@@ -317,21 +323,21 @@ class RewardConfig:
         )
         for name in ("min_score", "max_score"):
             value = getattr(self, name)
-            check_field(abs(value) <= 1e30, name, value, "a finite number, |x| <= 1e30")
-        check_field(
+            check(abs(value) <= 1e30, name, value, "a finite number, |x| <= 1e30")
+        check(
             self.min_score < self.max_score,
             "max_score",
             self.max_score,
             f"> reward.min_score={self.min_score}",
         )
-        check_field(
+        check(
             self.min_score <= self.error_score <= self.max_score,
             "error_score",
             self.error_score,
             f"a finite number in [reward.min_score, reward.max_score] = "
             f"[{self.min_score}, {self.max_score}]",
         )
-        check_field(
+        check(
             0 <= self.max_failure_fraction <= 1,
             "max_failure_fraction",
             self.max_failure_fraction,
@@ -350,8 +356,8 @@ class KLControlConfig:
     horizon: int = 10000
 
     def __post_init__(self) -> None:
-        check_field(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
-        check_field(self.target_kl > 0, "target_kl", self.target_kl, "> 0")
+        check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+        check(self.target_kl > 0, "target_kl", self.target_kl, "> 0")
         _positive(self, "horizon")
 
 
@@ -368,7 +374,7 @@ class DynamicSamplingConfig:
     accept_partial: bool = False
 
     def __post_init__(self) -> None:
-        check_field(self.max_rounds >= 0, "max_rounds", self.max_rounds, ">= 0 (0: no cap)")
+        check(self.max_rounds >= 0, "max_rounds", self.max_rounds, ">= 0 (0: no cap)")
 
 
 @dataclass
@@ -383,7 +389,7 @@ class OverlongConfig:
 
     def __post_init__(self) -> None:
         _optional_positive(self, "buffer_length")
-        check_field(self.penalty_factor >= 0, "penalty_factor", self.penalty_factor, ">= 0")
+        check(self.penalty_factor >= 0, "penalty_factor", self.penalty_factor, ">= 0")
 
 
 @dataclass
@@ -405,9 +411,9 @@ class AlgorithmConfig:
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
 
     def __post_init__(self) -> None:
-        check_field(0 <= self.gamma <= 1, "gamma", self.gamma, "in [0, 1]")
-        check_field(0 <= self.lam <= 1, "lam", self.lam, "in [0, 1]")
-        check_field(
+        check(0 <= self.gamma <= 1, "gamma", self.gamma, "in [0, 1]")
+        check(0 <= self.lam <= 1, "lam", self.lam, "in [0, 1]")
+        check(
             self.kl_penalty in KL_TYPES,
             "kl_penalty",
             self.kl_penalty,
@@ -438,10 +444,8 @@ class AsyncConfig:
     on_resume: Literal["keep", "regenerate"] = "keep"
 
     def __post_init__(self) -> None:
-        check_field(
-            self.max_staleness >= 0, "max_staleness", self.max_staleness, ">= 0 (0: synchronous)"
-        )
-        check_field(self.imp_weight_cap > 1, "imp_weight_cap", self.imp_weight_cap, "> 1")
+        check(self.max_staleness >= 0, "max_staleness", self.max_staleness, ">= 0 (0: synchronous)")
+        check(self.imp_weight_cap > 1, "imp_weight_cap", self.imp_weight_cap, "> 1")
 
 
 @dataclass
@@ -450,9 +454,8 @@ class TrainerConfig:
     the workers run.
 
     backend: `ray` (worker processes) or `local` (one in-process worker, for debugging);
-    nnodes x num_workers training processes; placement `colocated` (actor, rollout,
-    reference and critic share the processes) or `split` (the critic gets
-    `critic_workers` processes of its own). resume: null, `latest` or a checkpoint
+    nnodes x num_workers training processes (the critic's placement is
+    `critic.placement`, the rollout's `rollout.placement`). resume: null, `latest` or a checkpoint
     directory. Every remote call times out after `call_timeout_s`."""
 
     project: str = "rl"
@@ -469,6 +472,11 @@ class TrainerConfig:
     resume: str | None = None
     critic_warmup: int = 0
     call_timeout_s: float = 600.0
+    RENAMED: ClassVar[dict[str, str]] = {
+        "placement": "critic.placement",
+        "critic_workers": "critic.num_workers",
+    }
+
     backend: Literal["ray", "local"] = "ray"
     nnodes: int = 1
     num_workers: int = 1
@@ -478,8 +486,6 @@ class TrainerConfig:
     cores: 1 process x 2 threads, measured faster than 2 FSDP ranks x 1 thread by
     benchmarks/grpo_step.py --workers 1 2); on accelerators, 1."""
     ray_num_cpus: int | None = None
-    placement: Literal["colocated", "split"] = "colocated"
-    critic_workers: int = 1
     platform: str | None = None
     """Workers' hardware platform (cpu, cuda, rocm, npu; null: from the cluster's
     resources, never from the driver's hardware)."""
@@ -487,27 +493,27 @@ class TrainerConfig:
     """Accelerators per worker process (null: 1 on accelerator platforms, 0 on CPU)."""
 
     def __post_init__(self) -> None:
-        _positive(self, "total_steps", "nnodes", "num_workers", "critic_workers")
+        _positive(self, "total_steps", "nnodes", "num_workers")
         _optional_positive(self, "max_checkpoints", "ray_num_cpus")
         for name in ("val_every", "save_every", "critic_warmup"):
             value = getattr(self, name)
-            check_field(value >= 0, name, value, ">= 0 (0: never)" if "every" in name else ">= 0")
-        check_field(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "> 0 seconds")
-        check_field(
+            check(value >= 0, name, value, ">= 0 (0: never)" if "every" in name else ">= 0")
+        check(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "> 0 seconds")
+        check(
             self.cpus_per_worker is None or self.cpus_per_worker > 0,
             "cpus_per_worker",
             self.cpus_per_worker,
             "null (the node's CPUs split among its workers, on CPU) or a number > 0",
         )
-        check_field(
+        check(
             self.gpus_per_worker is None or self.gpus_per_worker >= 0,
             "gpus_per_worker",
             self.gpus_per_worker,
             "null (1 on accelerator platforms) or a number >= 0",
         )
         for i, name in enumerate(self.loggers):
-            check_field(name in LOGGERS, f"loggers[{i}]", name, f"one of {list(LOGGERS)}", LOGGERS)
-        check_field(
+            check(name in LOGGERS, f"loggers[{i}]", name, f"one of {list(LOGGERS)}", LOGGERS)
+        check(
             self.backend == "ray" or self.num_workers * self.nnodes == 1,
             "num_workers",
             self.num_workers,
@@ -519,15 +525,15 @@ class TrainerConfig:
 class RLConfig:
     """The whole experiment (see rl_algos.config.load_config)."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: PolicyModelConfig = field(default_factory=PolicyModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout: RolloutSectionConfig = field(default_factory=RolloutSectionConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    async_: AsyncConfig = field(default_factory=AsyncConfig)
+    async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"key": "async"})
     """The ``async`` section (a Python keyword, hence the field name)."""
 
     @property

@@ -56,6 +56,7 @@ from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, sta
 from rl_algos.trainer.rollout_client import RolloutClient, build_rollout_client
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
 from rl_core.protocol import DataProto
+from rl_core.rollout import logprob_temperature
 
 __all__ = ["RLTrainer"]
 
@@ -194,9 +195,8 @@ class RLTrainer:
         batch = add_group_ids_and_seeds(
             prompts, cfg.rollout.n, index * 1000 + round_index, cfg.trainer.seed
         )
-        batch.meta_info.update(
-            temperature=cfg.rollout.temperature, prompt_length=cfg.data.max_prompt_length
-        )
+        # the sampling temperature is the generator's own (rollout.temperature)
+        batch.meta_info.update(prompt_length=cfg.data.max_prompt_length)
         version = self.rollout.version
         out = self.rollout.generate_sequences(batch)
         out.meta_info["rollout_version"] = version
@@ -305,7 +305,7 @@ class RLTrainer:
         timing: dict[str, float] = {}
         step_start = time.perf_counter()
         batch, metrics = self._next_batch(timing)
-        batch.meta_info["temperature"] = cfg.rollout.temperature
+        batch.meta_info["temperature"] = logprob_temperature(cfg.rollout.temperature)
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
                 batch = batch.union(groups.actor.compute_ref_log_prob(batch))

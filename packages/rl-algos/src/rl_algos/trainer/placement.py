@@ -1,10 +1,10 @@
 """Where the roles run: resource pools, colocated or split placement, worker configs.
 
-``trainer.placement``:
+``critic.placement``:
 
 * ``colocated``: actor+rollout(+reference) and the critic share every worker process
   (one Ray actor per process hosts all roles; the hybrid engine);
-* ``split``: the critic gets its own pool of ``trainer.critic_workers`` processes.
+* ``split``: the critic gets its own pool of ``critic.num_workers`` processes.
 
 ``rollout.placement`` (see `rl_algos.trainer.rollout_client`): ``colocated`` puts a rollout
 engine into every actor worker; ``split`` and ``remote`` leave the actor workers without one.
@@ -22,10 +22,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rl_algos.errors import ConfigError
 from rl_algos.trainer.batch_ops import timed
 from rl_algos.trainer.model_source import pack_model_dir
+from rl_algos.trainer.worker_config import (
+    ActorWorkerConfig,
+    CriticWorkerConfig,
+    RewardModelWorkerConfig,
+)
 from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
+from rl_core.config import build, check
+from rl_core.engine import ENGINES, EngineConfig, OptimizerConfig
 from rl_core.platform import platform_for_cluster
+from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
 from rl_core.single_controller import (
     ClassWithInitArgs,
     LocalWorkerGroup,
@@ -83,23 +92,37 @@ def _updates_per_step(cfg: Any) -> int:
     return mini_batches * cfg.actor.epochs
 
 
-def _engine_config(role: Any, model: dict[str, Any], cfg: Any, total_updates: int) -> dict:
+def _checked(key: str, parse: Any, config: Any) -> Any:
+    """``parse(config)`` (a plugin's `parse_options`), its errors under the YAML ``key``."""
+    try:
+        return parse(config)
+    except ConfigError as exc:
+        raise exc.under(key) from None
+
+
+def _engine_config(
+    key: str, role: Any, model: dict[str, Any], cfg: Any, total_updates: int
+) -> EngineConfig:
+    """The role's `EngineConfig`; the engine's own options are checked here (errors name
+    ``<key>.engine_kwargs.<option>``)."""
     optim = _as_dict(role.optim)
     optim["total_steps"] = optim.get("total_steps") or total_updates
-    micro = {
-        "micro_batch_size": role.micro_batch_size,
-        "max_tokens_per_micro_batch": role.max_tokens_per_micro_batch,
-    }
-    return {
+    data = {
         "model": model,
         "optim": optim,
         "parallel": _as_dict(role.parallel),
-        "micro_batch": micro,
+        "micro_batch": {
+            "micro_batch_size": role.micro_batch_size,
+            "max_tokens_per_micro_batch": role.max_tokens_per_micro_batch,
+        },
         "seed": cfg.trainer.seed,
         "on_nan": role.on_nan,
         "timeout_s": cfg.trainer.call_timeout_s,
         "engine_kwargs": _engine_kwargs(cfg, getattr(role, "engine_kwargs", None)),
     }
+    engine_config = build(EngineConfig, data, key)
+    _checked(key, ENGINES.get(role.engine).parse_options, engine_config)
+    return engine_config
 
 
 def _engine_kwargs(cfg: Any, role_kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -114,22 +137,17 @@ def _engine_kwargs(cfg: Any, role_kwargs: dict[str, Any] | None) -> dict[str, An
     return {**kwargs, **dict(role_kwargs or {})}
 
 
-def _lora(cfg: Any) -> dict[str, Any] | None:
-    lora = cfg.model.lora
-    return None if lora is None else _as_dict(lora)
-
-
 def _model_fields(cfg: Any, path: str, **extra: Any) -> dict[str, Any]:
     """The engine's ModelConfig from the `model` section (path and precision)."""
     model = cfg.model
     return {"path": path, "dtype": model.dtype, "compute_dtype": model.compute_dtype, **extra}
 
 
-def _inference_only(engine_config: dict[str, Any]) -> dict[str, Any]:
+def _inference_only(engine_config: EngineConfig) -> EngineConfig:
     """A never-trained model (reference policy, reward model): no optimizer state."""
-    engine_config = dict(engine_config, inference_only=True)
-    engine_config["optim"] = {"lr": 0.0}
-    return engine_config
+    return dataclasses.replace(
+        engine_config, inference_only=True, optim=OptimizerConfig(lr=0.0)
+    ).validate()
 
 
 def recomputes_old_log_probs(cfg: Any) -> bool:
@@ -151,38 +169,50 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     return not one_step or cfg.algorithm.use_kl_in_reward
 
 
-def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
-    """The plain-dict config an `ActorRolloutWorker` is built from."""
-    n = cfg.rollout.n
+def _check_lora(cfg: Any) -> None:
+    """LoRA needs an engine that trains adapters (``supports_lora``)."""
+    if cfg.model.lora is None:
+        return
+    engine = ENGINES.get(cfg.actor.engine)
+    check(getattr(engine, "supports_lora", True), "model.lora", _as_dict(cfg.model.lora),
+          f"null with actor.engine={cfg.actor.engine!r}: that engine does not train LoRA "
+          "adapters (use actor.engine=fsdp)")  # fmt: skip
+
+
+def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> ActorWorkerConfig:
+    """The typed config an `ActorRolloutWorker` is built from (checked: every engine and
+    rollout option is parsed by the class its name resolves to)."""
+    _check_lora(cfg)
     model = _model_fields(
-        cfg, model_path, freeze_vision_tower=cfg.model.freeze_vision_tower, lora=_lora(cfg)
+        cfg,
+        model_path,
+        freeze_vision_tower=cfg.model.freeze_vision_tower,
+        lora=None if cfg.model.lora is None else _as_dict(cfg.model.lora),
     )
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
-    loss = _as_dict(cfg.actor.loss)
-    uses_reference = loss.get("kl_loss_coef", 0) > 0 or cfg.algorithm.use_kl_in_reward
-    ref = None
-    if uses_reference:
-        ref = _inference_only(_engine_config(cfg.actor, model, cfg, total_updates))
-    return {
-        "engine": cfg.actor.engine,
+    engine_config = _engine_config("actor", cfg.actor, model, cfg, total_updates)
+    rollout = None
+    if cfg.rollout.placement == "colocated":
+        rollout = rollout_generator_config(cfg, model_path, pad_token_id)
+    return ActorWorkerConfig(
+        engine=cfg.actor.engine,
+        engine_config=engine_config,
+        ref=_inference_only(engine_config) if cfg.uses_reference else None,
+        generator=cfg.rollout.generator,
+        rollout=rollout,
         # a worker on another node resolves these when it cannot see model_path
-        "model_reference": cfg.model.path,
-        "model_files": pack_model_dir(model_path) if cfg.model.ship_to_workers else None,
-        "engine_config": _engine_config(cfg.actor, model, cfg, total_updates),
-        "ref": ref,
-        "generator": cfg.rollout.generator,
-        "rollout": rollout_generator_config(cfg, model_path, pad_token_id),
-        "colocated_rollout": cfg.rollout.placement == "colocated",
-        "loss": loss,
-        "mini_batch_size": cfg.actor.mini_batch_size * n,
-        "epochs": cfg.actor.epochs,
-        "offload_when_generating": cfg.actor.offload_when_generating,
+        model_reference=cfg.model.path,
+        model_files=pack_model_dir(model_path) if cfg.model.ship_to_workers else None,
+        loss=cfg.actor.loss,
+        mini_batch_size=cfg.actor.mini_batch_size * cfg.rollout.n,
+        epochs=cfg.actor.epochs,
+        offload_when_generating=cfg.actor.offload_when_generating,
         # async training generates while the update runs: the rollout never sleeps then
-        "sleep_while_training": (
+        sleep_while_training=(
             False if cfg.async_.max_staleness > 0 else cfg.rollout.sleep_while_training
         ),
-        "seed": cfg.trainer.seed,
-    }
+        seed=cfg.trainer.seed,
+    )
 
 
 def _rollout_kwargs(rollout: Any) -> dict[str, Any]:
@@ -194,9 +224,10 @@ def _rollout_kwargs(rollout: Any) -> dict[str, Any]:
     return {**kwargs, **dict(rollout.engine_kwargs)}
 
 
-def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None) -> dict[str, Any]:
-    """The sequence generator's config mapping: local (one engine inside each actor
-    worker) for the colocated placement, a Ray rollout pool for split, servers for remote."""
+def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None) -> Any:
+    """The sequence generator's typed config (the class `rollout.generator` names parses
+    it): one engine inside each actor worker for the colocated placement, a Ray rollout
+    pool for split, servers for remote. The backend's options are checked here."""
     rollout = cfg.rollout
     config: dict[str, Any] = {
         "rollout": {
@@ -208,7 +239,7 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
             "tensor_parallel_size": rollout.tensor_parallel_size,
             "engine_kwargs": _rollout_kwargs(rollout),
         },
-        "mode": "local",
+        "placement": rollout.placement,
         "agent_loop": rollout.agent_loop,
         "loop": {
             "response_length": cfg.data.max_response_length,
@@ -233,40 +264,48 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
     }
     if rollout.placement == "split":
         config.update(
-            mode="ray",
             num_replicas=rollout.num_replicas,
             num_cpus_per_replica=rollout.cpus_per_replica,
             num_gpus_per_replica=rollout.gpus_per_replica,
         )
     elif rollout.placement == "remote":
-        config.update(
-            mode="remote", remote_urls=list(rollout.remote_urls), remote_model=rollout.remote_model
-        )
-    return config
+        config.update(remote_urls=list(rollout.remote_urls), remote_model=rollout.remote_model)
+    typed = _checked("rollout", SEQUENCE_GENERATORS.get(rollout.generator).parse_config, config)
+    engine_config = getattr(typed, "rollout", None)
+    if engine_config is not None and rollout.placement != "remote":
+        _checked("rollout", ROLLOUTS.get(rollout.backend).parse_options, engine_config)
+    return typed
 
 
-def critic_worker_config(cfg: Any, model_path: str) -> dict[str, Any]:
-    """The plain-dict config a `CriticWorker` is built from."""
+def critic_worker_config(cfg: Any, model_path: str) -> CriticWorkerConfig:
+    """The typed config a `CriticWorker` is built from."""
     critic = cfg.critic
     model = _model_fields(cfg, critic.model_path or model_path, value_head=True)
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
-    return {
-        "engine": critic.engine,
-        "engine_config": _engine_config(critic, model, cfg, total_updates),
-        "loss": _as_dict(critic.loss),
-        "mini_batch_size": cfg.actor.mini_batch_size * cfg.rollout.n,
-        "epochs": critic.epochs,
-        "seed": cfg.trainer.seed,
-    }
+    return CriticWorkerConfig(
+        engine=critic.engine,
+        engine_config=_engine_config("critic", critic, model, cfg, total_updates),
+        loss=critic.loss,
+        mini_batch_size=cfg.actor.mini_batch_size * cfg.rollout.n,
+        epochs=critic.epochs,
+        seed=cfg.trainer.seed,
+    )
 
 
-def reward_model_worker_config(cfg: Any) -> dict[str, Any]:
-    """The plain-dict config a `RewardModelWorker` is built from (never trained)."""
+def reward_model_worker_config(cfg: Any) -> RewardModelWorkerConfig:
+    """The typed config a `RewardModelWorker` is built from (never trained)."""
     model = _model_fields(cfg, cfg.reward.model_path, value_head=True)
-    engine_config = {"model": model, "seed": cfg.trainer.seed}
-    engine_config["timeout_s"] = cfg.trainer.call_timeout_s
-    engine_config["engine_kwargs"] = _engine_kwargs(cfg, None)
-    return {"engine": cfg.reward.model_engine, "engine_config": _inference_only(engine_config)}
+    data = {
+        "model": model,
+        "seed": cfg.trainer.seed,
+        "timeout_s": cfg.trainer.call_timeout_s,
+        "engine_kwargs": _engine_kwargs(cfg, None),
+        "inference_only": True,
+        "optim": {"lr": 0.0},
+    }
+    engine_config = build(EngineConfig, data, "reward")
+    _checked("reward", ENGINES.get(cfg.reward.model_engine).parse_options, engine_config)
+    return RewardModelWorkerConfig(engine=cfg.reward.model_engine, engine_config=engine_config)
 
 
 def start_role_groups(
@@ -279,19 +318,18 @@ def start_role_groups(
     seconds of each start-up phase (``ray_init``, ``workers_start``, ``models_init``) are
     added to ``timing``."""
     timing = {} if timing is None else timing
-    needs_critic = cfg.algorithm.adv_estimator == "gae"
+    needs_critic = cfg.uses_critic
     actor = ClassWithInitArgs(
         ActorRolloutWorker, actor_worker_config(cfg, model_path, pad_token_id)
     )
-    critic = ClassWithInitArgs(CriticWorker, critic_worker_config(cfg, model_path))
     roles: dict[str, ClassWithInitArgs] = {"actor": actor}
     if needs_critic:
-        roles["critic"] = critic
+        roles["critic"] = ClassWithInitArgs(CriticWorker, critic_worker_config(cfg, model_path))
     if cfg.reward.model_path is not None:
         roles["reward_model"] = ClassWithInitArgs(
             RewardModelWorker, reward_model_worker_config(cfg)
         )
-    uses_reference = actor.args[0]["ref"] is not None
+    uses_reference = actor.args[0].ref is not None
     trainer = cfg.trainer
     owned_ray = False
     if trainer.backend == "local":
@@ -317,10 +355,9 @@ def start_role_groups(
             owned_ray = ensure_ray(num_cpus)
         try:
             workers_start = time.perf_counter()
-            shares_cluster = (
-                trainer.placement == "split" and needs_critic
-            ) or cfg.rollout.placement != "colocated"
-            groups = _ray_groups(trainer, roles, needs_critic, shares_cluster)
+            critic_split = needs_critic and cfg.critic.placement == "split"
+            shares_cluster = critic_split or cfg.rollout.placement != "colocated"
+            groups = _ray_groups(trainer, roles, cfg.critic, critic_split, shares_cluster)
             timing["workers_start"] = time.perf_counter() - workers_start
             _init_models(groups, timing)
         except BaseException:  # a failure or Ctrl-C while starting: stop what started
@@ -355,7 +392,11 @@ def default_cpus_per_worker(
 
 
 def _ray_groups(
-    trainer: Any, roles: dict[str, ClassWithInitArgs], needs_critic: bool, shares_cluster: bool
+    trainer: Any,
+    roles: dict[str, ClassWithInitArgs],
+    critic: Any,
+    critic_split: bool,
+    shares_cluster: bool,
 ) -> dict[str, WorkerGroup]:
     """The Ray worker groups of `roles` (colocated, or the critic apart when split).
     `shares_cluster`: other actors (a critic or rollout pool of their own) need CPUs too,
@@ -388,7 +429,7 @@ def _ray_groups(
         )
 
     kwargs = {"call_timeout_s": trainer.call_timeout_s}
-    if trainer.placement == "split":
+    if critic_split:
         # The critic gets its own pool; the reward model stays with the actor.
         colocated = {k: v for k, v in roles.items() if k != "critic"}
     else:
@@ -398,9 +439,9 @@ def _ray_groups(
         groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
     else:
         groups = {"actor": RayWorkerGroup(pool, roles["actor"], name_prefix="actor", **kwargs)}
-    if needs_critic and trainer.placement == "split":
+    if critic_split:
         groups["critic"] = RayWorkerGroup(
-            pool_of([trainer.critic_workers]), roles["critic"], name_prefix="critic", **kwargs
+            pool_of([critic.num_workers]), roles["critic"], name_prefix="critic", **kwargs
         )
     return groups
 

@@ -9,27 +9,29 @@
 * `RewardModelWorker`: a scalar-head model that scores whole responses (RLHF-style).
 
 Every engine, rollout backend and generator is found by name through rl-core's registries,
-so this module never imports a sibling package. Configs arrive as plain dicts (they cross
-process boundaries); `rl_algos.trainer.config` builds them.
+so this module never imports a sibling package. Configs arrive typed
+(`rl_algos.trainer.worker_config`), made and checked on the driver by
+`rl_algos.trainer.placement`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any
 
 import torch
 
-from rl_algos.losses import (
-    PolicyLossConfig,
-    ValueLossConfig,
-    make_actor_loss_fn,
-    make_critic_loss_fn,
+from rl_algos.losses import make_actor_loss_fn, make_critic_loss_fn
+from rl_algos.trainer.worker_config import (
+    ActorWorkerConfig,
+    CriticWorkerConfig,
+    RewardModelWorkerConfig,
 )
 from rl_core.engine import EngineConfig, TrainEngine, build_engine
 from rl_core.protocol import DataProto
-from rl_core.rollout import RolloutConfig, build_rollout_engine, build_sequence_generator
+from rl_core.rollout import build_rollout_engine, build_sequence_generator
 from rl_core.single_controller import Dispatch, Worker, register
 
 __all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker", "score_on_last_token"]
@@ -77,32 +79,40 @@ def _train_epochs(
     return out
 
 
-def _localize_model_path(cfg: dict[str, Any]) -> None:
-    """Point the actor's configs at a model directory this process can read (see
+def _with_model_path(config: EngineConfig, path: str) -> EngineConfig:
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, path=path))
+
+
+def _localize_model_path(cfg: ActorWorkerConfig) -> ActorWorkerConfig:
+    """The actor's config pointed at a model directory this process can read (see
     `rl_algos.trainer.model_source.resolve_on_worker`)."""
     from rl_algos.trainer.model_source import resolve_on_worker
 
-    driver_path = cfg["engine_config"]["model"]["path"]
-    local = resolve_on_worker(driver_path, cfg.get("model_reference"), cfg.pop("model_files", None))
+    driver_path = cfg.engine_config.model.path
+    local = resolve_on_worker(driver_path, cfg.model_reference, cfg.model_files)
+    cfg = dataclasses.replace(cfg, model_files=None)
     if local == driver_path:
-        return
-    for engine_cfg in (cfg["engine_config"], cfg.get("ref")):
-        if engine_cfg is not None:
-            engine_cfg["model"]["path"] = local
-    cfg["rollout"]["rollout"]["model_path"] = local
+        return cfg
+    ref = None if cfg.ref is None else _with_model_path(cfg.ref, local)
+    rollout = cfg.rollout
+    if rollout is not None:
+        engine = dataclasses.replace(rollout.rollout, model_path=local)
+        rollout = dataclasses.replace(rollout, rollout=engine)
+    engine_config = _with_model_path(cfg.engine_config, local)
+    return dataclasses.replace(cfg, engine_config=engine_config, ref=ref, rollout=rollout)
 
 
 class _TrainedRole(Worker):
     """A role that trains one engine: PPO-style updates and checkpoints.
 
-    The shuffle of each update is seeded with ``config["seed"]`` and the trainer's step
+    The shuffle of each update is seeded with ``config.seed`` and the trainer's step
     (``batch.meta_info["global_step"]``), so a resumed run shuffles exactly as the
     uninterrupted one did.
     """
 
     prefix = "engine"
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
         self.engine: TrainEngine | None = None
@@ -116,10 +126,10 @@ class _TrainedRole(Worker):
             self.engine,
             batch,
             loss_fn,
-            cfg["mini_batch_size"],
-            cfg["epochs"],
+            cfg.mini_batch_size,
+            cfg.epochs,
             self.prefix,
-            seed=int(cfg.get("seed", 0)) * 1_000_003 + step,
+            seed=cfg.seed * 1_000_003 + step,
             outputs=outputs,
         )
         return _metrics_proto(metrics, self.engine)
@@ -154,12 +164,8 @@ class _TrainedRole(Worker):
 class ActorRolloutWorker(_TrainedRole):
     """Actor + rollout (+ reference) colocated in one process: the hybrid engine.
 
-    ``config`` keys: ``engine`` (name), ``engine_config`` (EngineConfig dict), ``ref``
-    (EngineConfig dict or None), ``generator`` (name), ``rollout`` (the generator's config
-    mapping; its ``rollout`` entry is the RolloutConfig), ``loss`` (PolicyLossConfig dict),
-    ``mini_batch_size``, ``epochs``, ``offload_when_generating``,
-    ``sleep_while_training`` (None: on accelerators), ``weight_bucket_bytes`` and
-    ``colocated_rollout`` (False: the rollout runs elsewhere, no engine here).
+    ``config``: an `ActorWorkerConfig` (its ``rollout`` None: the rollout runs elsewhere,
+    no engine here).
 
     The hybrid cycle: generate -> the rollout sleeps (frees its KV cache and device
     weights) -> reference/old log-probs and the update run on the training engine ->
@@ -168,45 +174,49 @@ class ActorRolloutWorker(_TrainedRole):
 
     prefix = "actor"
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: ActorWorkerConfig) -> None:
         super().__init__(config)
+        self.config: ActorWorkerConfig
         self.ref: TrainEngine | None = None
         self.generator: Any = None
         self._rollout_asleep = False
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        cfg = self.config
-        _localize_model_path(cfg)
-        self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        cfg = self.config = _localize_model_path(self.config)
+        self.engine = build_engine(cfg.engine, cfg.engine_config)
         self.ref_is_base = False
-        if cfg.get("ref") is not None:
-            if cfg["engine_config"]["model"].get("lora"):
+        if cfg.ref is not None:
+            if cfg.engine_config.model.lora is not None:
                 # LoRA: the reference is the actor's own base model with adapters disabled
                 self.ref_is_base = True
             else:
-                self.ref = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["ref"]))
+                self.ref = build_engine(cfg.engine, cfg.ref)
         self._declare_dp_mesh()
-        self.loss_fn = make_actor_loss_fn(PolicyLossConfig(**cfg["loss"]))
-        if not cfg.get("colocated_rollout", True):
+        self.loss_fn = make_actor_loss_fn(cfg.loss)
+        if not cfg.colocated_rollout:
             return  # split/remote placement: the rollout lives outside this process
         from transformers import AutoTokenizer
 
-        rollout_cfg = dict(cfg["rollout"]["rollout"])
-        tokenizer = AutoTokenizer.from_pretrained(rollout_cfg["model_path"])
-        rollout_cfg["seed"] = int(rollout_cfg.get("seed", 0)) + self.rank  # distinct streams
-        if rollout_cfg.get("backend", "hf") == "hf":
+        engine_cfg = cfg.rollout.rollout
+        tokenizer = AutoTokenizer.from_pretrained(engine_cfg.model_path)
+        kwargs = dict(engine_cfg.engine_kwargs)
+        if engine_cfg.backend == "hf":
             # the sync below loads every weight: the engine need not read them from disk
-            kwargs = dict(rollout_cfg.get("engine_kwargs") or {})
-            rollout_cfg["engine_kwargs"] = {"load_format": "dummy", **kwargs}
-        engine = build_rollout_engine(RolloutConfig(**rollout_cfg))
+            kwargs = {"load_format": "dummy", **kwargs}
+        engine_cfg = dataclasses.replace(
+            engine_cfg,
+            seed=engine_cfg.seed + self.rank,
+            engine_kwargs=kwargs,  # distinct streams
+        )
+        engine = build_rollout_engine(engine_cfg)
         self.generator = build_sequence_generator(
-            cfg["generator"], cfg["rollout"], tokenizer=tokenizer, engine=engine
+            cfg.generator, cfg.rollout, tokenizer=tokenizer, engine=engine
         )
         self.sync_weights(0)  # the rollout starts from exactly the actor's weights
 
     def _sleeps_while_training(self) -> bool:
-        choice = self.config.get("sleep_while_training")
+        choice = self.config.sleep_while_training
         return self.platform.device_type != "cpu" if choice is None else bool(choice)
 
     def _wake_rollout(self) -> None:
@@ -217,12 +227,12 @@ class ActorRolloutWorker(_TrainedRole):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, batch: DataProto) -> DataProto:
         self._wake_rollout()
-        if self.config.get("offload_when_generating"):
+        if self.config.offload_when_generating:
             self.engine.offload()
         try:
             out = self.generator.generate_sequences(batch)
         finally:
-            if self.config.get("offload_when_generating"):
+            if self.config.offload_when_generating:
                 self.engine.onload()
             if self._sleeps_while_training():
                 self.generator.sleep(1)
@@ -254,15 +264,14 @@ class ActorRolloutWorker(_TrainedRole):
     def update_actor(self, batch: DataProto) -> DataProto:
         """PPO-style update. Entropy is computed in the update's forward pass when the
         loss uses it or when no separate old-log-prob pass reported it."""
-        entropy = self.config["loss"].get("entropy_coeff", 0) != 0 or batch.meta_info.get(
+        entropy = self.config.loss.entropy_coeff != 0 or batch.meta_info.get(
             "old_log_probs_from_update", False
         )
         outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
         return self._update(batch, self.loss_fn, outputs)
 
     def _buckets(self) -> Any:
-        bucket_bytes = int(self.config.get("weight_bucket_bytes", 256 * 1024 * 1024))
-        return self.engine.export_weights(bucket_bytes=bucket_bytes)
+        return self.engine.export_weights(bucket_bytes=self.config.weight_bucket_bytes)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int | None = None) -> float:
@@ -299,17 +308,17 @@ class ActorRolloutWorker(_TrainedRole):
 class CriticWorker(_TrainedRole):
     """PPO's critic: a value model trained on the returns.
 
-    ``config`` keys: ``engine``, ``engine_config`` (with ``model.value_head`` true),
-    ``loss`` (ValueLossConfig dict), ``mini_batch_size``, ``epochs``, ``seed``.
+    ``config``: a `CriticWorkerConfig` (``engine_config.model.value_head`` true).
     """
 
     prefix = "critic"
+    config: CriticWorkerConfig
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
-        self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
-        self.loss_fn = make_critic_loss_fn(ValueLossConfig(**cfg["loss"]))
+        self.engine = build_engine(cfg.engine, cfg.engine_config)
+        self.loss_fn = make_critic_loss_fn(cfg.loss)
         self._declare_dp_mesh()
 
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
@@ -325,19 +334,17 @@ class CriticWorker(_TrainedRole):
 class RewardModelWorker(Worker):
     """Scores responses with a scalar-head model: the value at the last response token.
 
-    ``config`` keys: ``engine`` and ``engine_config`` (``model.value_head`` true; the
-    optimizer is never stepped).
+    ``config``: a `RewardModelWorkerConfig` (``model.value_head`` true; never stepped).
     """
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: RewardModelWorkerConfig) -> None:
         super().__init__()
         self.config = config
         self.engine: TrainEngine | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        cfg = self.config
-        self.engine = build_engine(cfg["engine"], EngineConfig.from_dict(cfg["engine_config"]))
+        self.engine = build_engine(self.config.engine, self.config.engine_config)
         self.set_dispatch_mesh(
             DP_MESH,
             dp_rank=self.engine.dp_rank,

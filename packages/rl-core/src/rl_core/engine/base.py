@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from rl_core.config import build, check
+from rl_core.config import build
 from rl_core.engine.config import EngineConfig, MicroBatchConfig
 from rl_core.engine.functional import (
     count_token_budget_parts,
@@ -111,7 +111,7 @@ class TrainEngine(ABC):
     #: conformance suite then checks 2 -> 1 ranks; otherwise such a load must raise).
     supports_resharding: ClassVar[bool] = False
     #: The dataclass of this engine's own options (``EngineConfig.engine_kwargs``), built
-    #: by `parse_options`; None: the engine takes no options of its own.
+    #: by `parse_options`; None: the engine reads them itself (not checked ahead).
     options_class: ClassVar[type | None] = None
 
     @classmethod
@@ -120,10 +120,8 @@ class TrainEngine(ABC):
         `rl_core.config.build` checks (errors name ``engine_kwargs.<key>``). A trainer calls
         it on the driver before any worker starts; the engine calls it in ``__init__``.
         Engines whose options depend on other sections (e.g. parallel sizes) override it."""
-        if cls.options_class is None:
-            check(not config.engine_kwargs, "engine_kwargs", config.engine_kwargs,
-                  f"no options: the {cls.__name__} engine takes none")  # fmt: skip
-            return None
+        if cls.options_class is None:  # the engine reads engine_kwargs itself
+            return dict(config.engine_kwargs)
         return build(cls.options_class, config.engine_kwargs, "engine_kwargs")
 
     @property

@@ -147,12 +147,12 @@ class OptimizerConfig(_Checked):
         check(0 <= self.warmup_ratio < 1, "warmup_ratio", self.warmup_ratio, "a number in [0, 1)")
         check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
         check(self.total_steps is None or self.total_steps >= 1, "total_steps", self.total_steps,
-              "null or an integer >= 1")  # fmt: skip
-        needs_total = self.lr_schedule == "cosine" or (
-            self.warmup_steps == 0 and self.warmup_ratio > 0
-        )
-        check(not needs_total or self.total_steps is not None, "total_steps", self.total_steps,
-              "an integer >= 1 (required by a cosine schedule/warmup_ratio)")  # fmt: skip
+              "null (a trainer sets it) or an integer >= 1")  # fmt: skip
+
+    @property
+    def needs_total_steps(self) -> bool:
+        """A cosine schedule or a warm-up ratio needs ``total_steps``."""
+        return self.lr_schedule == "cosine" or (self.warmup_steps == 0 and self.warmup_ratio > 0)
 
     @property
     def num_warmup_steps(self) -> int:
@@ -290,6 +290,9 @@ class EngineConfig(_Checked):
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
+        optim = self.optim
+        check(not optim.needs_total_steps or optim.total_steps is not None, "optim.total_steps",
+              None, "an integer >= 1 (required by a cosine schedule or warmup_ratio)")  # fmt: skip
         check(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "a number of seconds > 0")
 

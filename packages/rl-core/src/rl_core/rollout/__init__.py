@@ -15,6 +15,7 @@ from rl_core.rollout.base import (
     build_rollout_engine,
     check_prompt,
     check_stop_token_ids,
+    logprob_temperature,
 )
 from rl_core.rollout.generator import (
     SEQUENCE_GENERATORS,
@@ -35,4 +36,5 @@ __all__ = [
     "build_sequence_generator",
     "check_prompt",
     "check_stop_token_ids",
+    "logprob_temperature",
 ]

@@ -45,6 +45,7 @@ __all__ = [
     "build_rollout_engine",
     "check_prompt",
     "check_stop_token_ids",
+    "logprob_temperature",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -160,6 +161,14 @@ class RolloutConfig:
         return _validate(self, "RolloutConfig")
 
 
+def logprob_temperature(temperature: float) -> float:
+    """The temperature at which a trainer recomputes the log-probs of tokens sampled at
+    ``temperature``: the same, except greedy sampling (0), whose tokens' log-probs are
+    ``log_softmax(logits)`` (temperature 1), as the contract above defines."""
+    check(temperature >= 0, "temperature", temperature, "a finite number >= 0 (0: greedy)")
+    return float(temperature) if temperature > 0 else 1.0
+
+
 def check_prompt(prompt_ids: Sequence[int], max_model_len: int, vocab_size: int) -> list[int]:
     """Validate prompt token ids for an engine; return them as a list of ints.
 
@@ -208,7 +217,7 @@ class RolloutEngine(ABC):
     """
 
     #: The dataclass of this backend's own options (``RolloutConfig.engine_kwargs``),
-    #: built by `parse_options`; None: the backend takes no options of its own.
+    #: built by `parse_options`; None: the backend reads them itself (not checked ahead).
     options_class: ClassVar[type | None] = None
 
     @classmethod
@@ -216,10 +225,8 @@ class RolloutEngine(ABC):
         """This backend's typed options from ``config.engine_kwargs`` (errors name
         ``engine_kwargs.<key>``); a trainer calls it before any worker starts, the engine in
         ``__init__``. Backends that pass unknown keys on to a library override it."""
-        if cls.options_class is None:
-            check(not config.engine_kwargs, "engine_kwargs", config.engine_kwargs,
-                  f"no options: the {cls.__name__} backend takes none")  # fmt: skip
-            return None
+        if cls.options_class is None:  # the backend reads engine_kwargs itself
+            return dict(config.engine_kwargs)
         return build(cls.options_class, config.engine_kwargs, "engine_kwargs")
 
     @property

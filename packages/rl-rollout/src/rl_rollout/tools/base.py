@@ -17,10 +17,11 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 
+from rl_core.config import build
 from rl_core.registry import Registry
 
 __all__ = [
@@ -113,6 +114,17 @@ class Tool(ABC):
     and implement `execute`; instances must be safe to call concurrently."""
 
     schema: ToolSchema
+    #: The dataclass of the constructor's keyword arguments (the tool's entry in a
+    #: trainer's ``rollout.tools``), checked by `parse_options` before any worker starts;
+    #: None: the arguments are not checked ahead.
+    options_class: ClassVar[type | None] = None
+
+    @classmethod
+    def parse_options(cls, kwargs: Mapping[str, Any]) -> Any:
+        """The typed constructor arguments (`rl_core.config.build`; errors name the key)."""
+        if cls.options_class is None:
+            return dict(kwargs)
+        return build(cls.options_class, kwargs, "")
 
     def __init__(self, schema: ToolSchema | Mapping[str, Any] | None = None) -> None:
         if schema is not None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
+from rl_core.config import check
 from rl_rollout.tools.base import Tool, ToolResult, ToolSchema
 from rl_rollout.tools.sandbox.config import SandboxConfig
 
@@ -24,6 +26,20 @@ PYTHON_TOOL_SCHEMA = ToolSchema(
 )
 
 
+@dataclass
+class PythonToolOptions:
+    """The python tool's arguments (``rollout.tools.python``): the sandbox's limits and
+    isolation (`SandboxConfig`), how many sandboxes run at once, and an optional schema."""
+
+    config: SandboxConfig = field(default_factory=SandboxConfig)
+    max_concurrency: int = 4
+    schema: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        check(self.max_concurrency >= 1, "max_concurrency", self.max_concurrency,
+              "an integer >= 1")  # fmt: skip
+
+
 class PythonSandboxTool(Tool):
     """The ``python`` tool: runs the model's code with `run_python` under `config`'s limits.
 
@@ -33,6 +49,7 @@ class PythonSandboxTool(Tool):
     """
 
     schema = PYTHON_TOOL_SCHEMA
+    options_class: ClassVar[type] = PythonToolOptions
 
     def __init__(
         self,
@@ -42,17 +59,13 @@ class PythonSandboxTool(Tool):
     ) -> None:
         from rl_rollout.tools.sandbox import select_backend
 
+        options: PythonToolOptions = self.parse_options(
+            {"config": config or {}, "max_concurrency": max_concurrency, "schema": None}
+        )
         super().__init__(schema)
-        self.config = (
-            config if isinstance(config, SandboxConfig) else SandboxConfig(**(config or {}))
-        ).validate()
-        if not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise ValueError(
-                f"PythonSandboxTool.max_concurrency={max_concurrency!r} is invalid: "
-                "expected an integer >= 1"
-            )
+        self.config = options.config
         self.backend = select_backend(self.config)
-        self.max_concurrency = max_concurrency
+        self.max_concurrency = options.max_concurrency
         self._semaphores: dict[int, asyncio.Semaphore] = {}
 
     def _semaphore(self) -> asyncio.Semaphore:
