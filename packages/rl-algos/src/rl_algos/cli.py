@@ -209,12 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
-    from rl_algos.errors import UserInputError
+    from rl_algos.errors import USER_ERRORS
     from rl_core.checkpoint import CheckpointCorruptError
     from rl_core.registry import PluginLoadError, UnknownPluginError
 
     return (
-        UserInputError,
+        *USER_ERRORS,
         FileNotFoundError,
         NotADirectoryError,
         PermissionError,

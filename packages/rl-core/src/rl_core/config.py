@@ -36,6 +36,7 @@ __all__ = [
     "closest",
     "dataclass_from_dict",
     "describe",
+    "did_you_mean",
     "is_int",
     "is_real",
     "key_of",
@@ -124,6 +125,13 @@ def closest(word: Any, candidates: Iterable[Any]) -> str | None:
     names = [str(c) for c in candidates]
     match = difflib.get_close_matches(str(word), names, n=1, cutoff=0.6)
     return match[0] if match else None
+
+
+def did_you_mean(word: Any, candidates: Iterable[Any]) -> str:
+    """ "; did you mean 'x'?" for the closest candidate, or "" (for messages that are not
+    a `ConfigError`)."""
+    match = closest(word, candidates)
+    return f"; did you mean {match!r}?" if match else ""
 
 
 def check(

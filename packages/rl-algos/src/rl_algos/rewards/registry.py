@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rl_algos.errors import ConfigError, suggest
+from rl_algos.errors import ConfigError
 from rl_algos.rewards.user_function import FileRewardFunction
+from rl_core.config import did_you_mean
 from rl_core.registry import Registry, UnknownPluginError
 
 __all__ = [
@@ -53,7 +54,7 @@ def reward_for_data_source(data_source: str) -> RewardFn:
         known = sorted(set(REWARDS.names()) | set(DATA_SOURCE_ALIASES))
         raise ValueError(
             f"no reward function for data_source {data_source!r}; known data sources: "
-            f"{', '.join(known)}{suggest(data_source, known)} (register one in the "
+            f"{', '.join(known)}{did_you_mean(data_source, known)} (register one in the "
             "'rl.rewards' entry point group or set reward.function_path)"
         ) from None
 
@@ -77,15 +78,18 @@ def load_reward_function(
     `kwargs` are bound as keyword arguments (e.g. a format weight)."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ConfigError("reward.function_path", f"invalid value {str(path)!r}: no such file")
+        raise ConfigError("reward.function_path", "an existing Python file", value=str(path))
     fn = FileRewardFunction(file, name)
     try:
         fn.resolve()
     except AttributeError as exc:
-        raise ConfigError("reward.function_name", f"invalid value {name!r}: {exc}") from None
+        raise ConfigError(
+            "reward.function_name", f"a function of that file ({exc})", value=name
+        ) from None
     except Exception as exc:
         raise ConfigError(
             "reward.function_path",
-            f"invalid value {str(path)!r}: importing it failed: {type(exc).__name__}: {exc}",
+            f"a file that imports (it raised {type(exc).__name__}: {exc})",
+            value=str(path),
         ) from None
     return functools.partial(fn, **kwargs) if kwargs else fn

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rl_algos.errors import suggest
+from rl_core.config import did_you_mean
 
 __all__ = ["FileRewardFunction"]
 
@@ -51,7 +51,7 @@ class FileRewardFunction:
             functions = [n for n, v in vars(module).items() if inspect.isfunction(v)]
             raise AttributeError(
                 f"reward file {self.path} has no function {self.name!r}"
-                f"{suggest(self.name, functions)} (functions: {', '.join(functions) or 'none'})"
+                f"{did_you_mean(self.name, functions)} (functions: {', '.join(functions) or 'none'})"
             )
         return fn
 

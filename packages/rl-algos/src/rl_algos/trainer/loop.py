@@ -35,7 +35,7 @@ import torch
 
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
-from rl_algos.errors import ConfigError, InputError, UserInputError
+from rl_algos.errors import USER_ERRORS, ConfigError, InputError
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.trainer.async_rollout import (
@@ -72,7 +72,7 @@ class RLTrainer:
         try:
             self._prepare(config)  # no process, no Ray yet
         except (ValueError, KeyError, TypeError, OSError) as exc:
-            if isinstance(exc, UserInputError):
+            if isinstance(exc, USER_ERRORS):
                 raise
             # everything here reads what the user gave: config, data, model, paths
             raise InputError(f"{type(exc).__name__}: {exc}") from exc
@@ -620,10 +620,13 @@ def _materialize_generated_task(cfg: Any, output_dir: Path) -> None:
     if not (train.exists() and test.exists() and have == wanted):
         if have is not None and cfg.trainer.resume:
             changed = sorted(k for k in wanted if have.get(k) != wanted[k])
+            key = changed[0] if changed else ""
             raise ConfigError(
-                f"data.generate.{changed[0]}" if changed else "data.generate",
-                f"differs from the data this run was trained on ({out}: {have}); expected the "
-                "same data.generate settings when resuming (or a new trainer.output_dir)",
+                f"data.generate.{key}" if key else "data.generate",
+                f"the value this run was trained on, {have.get(key, have)!r} ({out}), when "
+                "resuming (or a new trainer.output_dir)",
+                value=wanted.get(key, wanted),
+                problem="changed since the run started",
             )
         if have is not None:
             log.warning("data.generate changed (%s -> %s): regenerating %s", have, wanted, out)
@@ -631,7 +634,9 @@ def _materialize_generated_task(cfg: Any, output_dir: Path) -> None:
         try:
             write_task(gen.task, out, gen.train_size, gen.test_size, gen.seed, **options)
         except (TypeError, ValueError) as exc:
-            raise ConfigError("data.generate.options", f"invalid value {options}: {exc}") from None
+            raise ConfigError(
+                "data.generate.options", f"options of task {gen.task!r} ({exc})", value=options
+            ) from None
         tmp = record.with_suffix(".tmp")
         tmp.write_text(json.dumps(wanted, indent=1, sort_keys=True))
         os.replace(tmp, record)  # written last: files without it are regenerated
@@ -674,13 +679,18 @@ def tool_schemas(tools: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     registry: Registry[Any] = Registry("rl.tools", kind="tool")
     schemas = []
     for name, kwargs in tools.items():
+        tool_class = registry.get(name)
+        parse = getattr(tool_class, "parse_options", None)
         try:
-            tool = registry.build(name, **dict(kwargs))
-        except (TypeError, ValueError) as exc:  # bad constructor arguments
+            if parse is not None:  # the tool's typed arguments: errors name the key
+                parse(dict(kwargs))
+            tool = tool_class(**dict(kwargs))
+        except ConfigError as exc:
+            raise exc.under(f"rollout.tools.{name}") from None
+        except TypeError as exc:  # constructor arguments of a tool without options_class
             raise ConfigError(
-                f"rollout.tools.{name}",
-                f"invalid arguments {dict(kwargs)!r}: {exc}",
-            ) from exc
+                f"rollout.tools.{name}", f"the tool's constructor arguments ({exc})", value=kwargs
+            ) from None
         schemas.append(tool.schema.to_openai())
     return schemas
 

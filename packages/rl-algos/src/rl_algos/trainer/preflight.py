@@ -44,6 +44,7 @@ def check_same_tokenizer(policy: Any, reward_model: Any) -> None:
     if problem is not None:
         raise ConfigError(
             "reward.model_path",
-            f"invalid value {reward_model.name_or_path!r}: its tokenizer differs from "
-            f"model.path's ({problem}); expected a reward model trained on the policy's tokenizer",
+            f"a reward model trained on the policy's tokenizer (its tokenizer differs from "
+            f"model.path's: {problem})",
+            value=reward_model.name_or_path,
         )
