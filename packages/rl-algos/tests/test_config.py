@@ -106,7 +106,7 @@ def test_preset_semantics():
     [
         (["actor.optim.lrr=1e-6"], "actor.optim.lrr: unknown key 'lrr'; did you mean 'lr'?"),
         (["actorr.engine=fsdp"], "actorr: unknown key 'actorr'; did you mean 'actor'?"),
-        (["actor.optim.lr=abc"], "actor.optim.lr: invalid value 'abc'; expected a number"),
+        (["actor.optim.lr=abc"], "actor.optim.lr: invalid value 'abc'; expected a finite number"),
         (
             ["actor.optim.lr=-1"],
             "actor.optim.lr: invalid value -1.0; expected a finite number >= 0",
@@ -137,13 +137,19 @@ def test_preset_semantics():
             "trainer.num_workers: invalid value 2",
         ),
         (["rollout.top_p=0"], "rollout.top_p: invalid value 0.0; expected in (0, 1]"),
-        (["rollout.n=1"], "rollout.n: invalid value 1; algorithm.adv_estimator='grpo'"),
+        (["rollout.n=1"], "rollout.n: invalid value 1; expected >= 2: algorithm.adv_estimator="),
+        (["rollout.temperature=0"], "rollout.temperature: invalid value 0.0; expected > 0 with"),
+        (["trainer.placement=split"], "trainer.placement: renamed to 'critic.placement'"),
+        (["trainer.critic_workers=2"], "trainer.critic_workers: renamed to 'critic.num_workers'"),
+        (["critic.placement=apart"], "critic.placement: invalid value 'apart'; expected one of"),
+        (["async.max_stalenes=1"], "async.max_stalenes: unknown key 'max_stalenes'; did you mean"),
+        (["trainer.output_dir=${trainer.nam}"], "trainer.output_dir: unresolvable interpolation"),
         (["rollout.n=0"], "rollout.n: invalid value 0; expected an integer >= 1"),
         (["actor.mini_batch_size=3"], "expected a divisor of data.train_batch_size=8"),
         (["model.dtype=fp32"], "model.dtype: invalid value 'fp32'; expected one of"),
         (["model.dtype=null"], "model.dtype: invalid value None"),
-        (["actor=5"], "actor: expected a mapping of ActorConfig fields"),
-        (["data.train_files=[]"], "data.train_files: empty"),
+        (["actor=5"], "actor: invalid value 5; expected a mapping of ActorConfig fields"),
+        (["data.train_files=[]"], "data.train_files: missing; expected a list of"),
         (["model.path=null"], "model.path: missing"),
         (
             ["algorithm.overlong.enabled=true", "algorithm.overlong.buffer_length=1000"],
@@ -153,13 +159,26 @@ def test_preset_semantics():
             ["algorithm.adv_estimator=gae", "algorithm.dynamic_sampling.enabled=true"],
             "algorithm.dynamic_sampling.enabled",
         ),
-        (["lr"], "override 'lr': expected key=value"),
+        (["lr"], "overrides: invalid value 'lr'; expected key=value"),
     ],
 )
 def test_errors_name_the_key_value_and_what_is_allowed(overrides, message):
     with pytest.raises(ConfigError) as info:
         load(overrides)
     assert message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"{info.value.path}: ")  # the path is structured
+
+
+def test_greedy_training_rollouts_keep_the_temperature_zero_rule():
+    from rl_core.rollout import logprob_temperature
+
+    cfg = load(["algorithm.adv_estimator=reinforce_plus_plus", "rollout.n=1",
+                "rollout.temperature=0"])  # fmt: skip
+    assert cfg.rollout.temperature == 0.0
+    # greedy tokens' log-probs are log_softmax(logits): the trainer recomputes at 1
+    assert logprob_temperature(cfg.rollout.temperature) == 1.0
+    assert logprob_temperature(0.7) == 0.7
 
 
 def test_file_errors(tmp_path):

@@ -86,6 +86,8 @@ class ConfigError(ValueError):
             return f"{self.path}: renamed to {self.expected!r}"
         hint = f"; did you mean {self.suggestion!r}?" if self.suggestion else ""
         head = f"{self.path}: " if self.path else ""
+        if self.problem.startswith("unknown key"):  # expected: the keys that exist
+            return f"{head}{self.problem}{hint} ({self.expected})"
         return f"{head}{self.problem}{given}{expected}{hint}"
 
     @property
@@ -287,7 +289,7 @@ def _unknown_key(cls: type, key: Any, names: list[str], path: str) -> ConfigErro
         return ConfigError(where, renamed, problem="renamed")
     return ConfigError(
         where,
-        f"one of the keys of {path or 'the top level'} ({', '.join(names)})",
+        f"{path or 'the top level'} has: {', '.join(names)}",
         problem=f"unknown key {key!r}",
         suggestion=closest(key, names),
     )

@@ -182,10 +182,11 @@ def load_config(
     preset = OmegaConf.select(extra, "algorithm.preset", default=None)
     if preset is None:
         preset = OmegaConf.select(base, "algorithm.preset", default=None)
-    layers = [base, extra]
+    # the defaults take part so that their ${...} interpolations resolve too
+    layers = [OmegaConf.create(RLConfig().to_dict()), base, extra]
     if preset is not None:
         _one_of("algorithm.preset", preset, sorted(PRESETS))
-        layers.insert(0, OmegaConf.create(PRESETS[preset]))
+        layers.insert(1, OmegaConf.create(PRESETS[preset]))
     merged = OmegaConf.merge(*layers)
     for key in _emptied_mappings(overrides):
         OmegaConf.update(merged, key, {}, merge=False)
