@@ -10,16 +10,23 @@ import re
 import typing
 from pathlib import Path
 
-from rl_algos.config.loader import _dataclass_in
 from rl_algos.config.schema import RLConfig
+from rl_core.config import key_of
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = [f.name for f in dataclasses.fields(RLConfig)]
+SECTIONS = [key_of(f) for f in dataclasses.fields(RLConfig)]
 # a section name at a word start (not inside a module path or a file name), then .field...
 KEY = re.compile(r"(?<![\w./-])(?:" + "|".join(SECTIONS) + r")(?:\.[A-Za-z_]\w*)+")
 # calls whose string arguments are messages a user reads
-MESSAGE_CALLS = {"check_field", "warning", "error", "exception", "print"}
+MESSAGE_CALLS = {"check", "warning", "error", "exception", "print"}
 FILE_SUFFIXES = {"py", "json", "jsonl", "yaml", "yml", "parquet", "pt", "txt", "md"}
+
+
+def _dataclass_in(hint: typing.Any) -> type | None:
+    """The dataclass a field holds (also through ``X | None``), else None."""
+    args = typing.get_args(hint) if typing.get_origin(hint) is not None else (hint,)
+    found = [a for a in args if dataclasses.is_dataclass(a)]
+    return found[0] if found else None
 
 
 def key_exists(key: str) -> bool:
@@ -29,11 +36,12 @@ def key_exists(key: str) -> bool:
     parts = key.split(".")
     for i, part in enumerate(parts):
         hints = typing.get_type_hints(cls)
-        if part not in {f.name for f in dataclasses.fields(cls)}:
-            return False
-        sub = _dataclass_in(hints[part])
+        names = {key_of(f): f.name for f in dataclasses.fields(cls)}
+        if part not in names:
+            return part in getattr(cls, "RENAMED", {}) and i == len(parts) - 1
+        sub = _dataclass_in(hints[names[part]])
         if sub is None:
-            return typing.get_origin(hints[part]) is dict or i == len(parts) - 1
+            return typing.get_origin(hints[names[part]]) is dict or i == len(parts) - 1
         cls = sub
     return True
 
@@ -71,13 +79,14 @@ def test_the_walk_finds_keys_and_knows_real_ones_from_made_up_ones():
     old = 'raise FileNotFoundError(f"reward.custom_function.path: no such file {p!r}")\n'
     assert keys_in_messages(old) == [(1, "reward.custom_function.path")]
     assert not key_exists("reward.custom_function.path")
-    checked = 'check_field(ok, "x", 1, "<= data.max_response_length and actor.optim.lr")'
+    checked = 'check(ok, "x", 1, "<= data.max_response_length and actor.optim.lr")'
     assert [k for _, k in keys_in_messages(checked)] == [
         "data.max_response_length",
         "actor.optim.lr",
     ]
     assert key_exists("actor.optim.lr") and key_exists("data.generate.options.max_value")
     assert key_exists("rollout.tools") and not key_exists("actor.optim.lrr")
+    assert key_exists("async.max_staleness") and key_exists("trainer.placement")  # renamed
     # module paths and file names are not keys
     assert keys_in_messages('raise ValueError("see rl_algos.data.io and reward.py")') == []
 
