@@ -167,20 +167,19 @@ def test_precision_and_placement_fields_reach_the_workers():
     ]
     cfg = load_config(raw, overrides)
     worker = actor_worker_config(cfg, "/models/m", pad_token_id=0)
-    model = worker["engine_config"]["model"]
-    assert (model["dtype"], model["compute_dtype"]) == ("float32", "bfloat16")
-    assert "attn_implementation" not in model and "use_remove_padding" not in model
+    model = worker.engine_config.model  # typed all the way to the worker
+    assert (model.dtype, model.compute_dtype) == ("float32", "bfloat16")
     # the model section's fsdp options reach the engine's own options, beside the role's
-    assert worker["engine_config"]["engine_kwargs"] == {
+    assert worker.engine_config.engine_kwargs == {
         "attn_implementation": "eager",
         "use_remove_padding": True,
         "logprob_chunk_tokens": 512,
     }
-    assert worker["rollout"]["rollout"]["dtype"] == "bfloat16"
-    assert worker["rollout"]["rollout"]["engine_kwargs"] == {"gpu_memory_utilization": 0.4}
-    ref = worker["ref"]
-    assert ref["inference_only"] is True and ref["optim"] == {"lr": 0.0}
-    assert ref["model"]["compute_dtype"] == "bfloat16"
+    assert worker.rollout.rollout.dtype == "bfloat16"
+    assert worker.rollout.rollout.engine_kwargs == {"gpu_memory_utilization": 0.4}
+    ref = worker.ref
+    assert ref.inference_only is True and ref.optim.lr == 0.0
+    assert ref.model.compute_dtype == "bfloat16"
     assert cfg.trainer.platform == "cpu" and cfg.trainer.gpus_per_worker == 0
 
 

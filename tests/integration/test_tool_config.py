@@ -3,6 +3,7 @@ template, and every agent-loop setting reaches the rollout's validated config.""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rl_algos.config import load_config
@@ -42,8 +43,8 @@ def test_agent_loop_settings_reach_the_rollout_config(tmp_path):
 
     cfg = _config(tmp_path)
     model_path = resolve_model_path(cfg.model.path)
-    rollout = actor_worker_config(cfg, model_path, 0)["rollout"]
-    manager = manager_config_from_dict(rollout)  # what the worker builds
+    manager = actor_worker_config(cfg, model_path, 0).rollout  # what the worker gets
+    assert manager == manager_config_from_dict(dataclasses.asdict(manager))  # typed, checked
     assert manager.agent_loop == "tool"
     assert manager.tools == {"python": {"max_concurrency": 2}}
     loop = manager.loop

@@ -38,7 +38,7 @@ def test_manager_generates_with_each_rows_images(vlm_dirs):
     config = RolloutManagerConfig(
         rollout=RolloutConfig(model_path=path),
         loop=AgentLoopConfig(response_length=5),
-        mode="local",
+        placement="colocated",
     )
     with RolloutManager(config, tokenizer=tokenizer) as manager:
         out = manager.generate_sequences(batch)

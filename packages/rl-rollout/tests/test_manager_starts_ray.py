@@ -34,7 +34,7 @@ from rl_rollout.testing_utils import ScriptedRolloutEngine
 config = RolloutManagerConfig(
     rollout=RolloutConfig(model_path="scripted"),
     num_replicas=1,
-    mode="ray",
+    placement="split",
     num_cpus_per_replica=0.5,
     loop=AgentLoopConfig(response_length=16),
     sampling=SamplingParams(max_tokens=16, stop_token_ids=(2,)),

@@ -11,7 +11,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -23,7 +23,7 @@ from rl_core.checkpoint import (
     verify_manifest,
     write_manifest,
 )
-from rl_core.config import dataclass_from_dict
+from rl_core.config import check
 from rl_core.engine import (
     INFER_KEYS,
     TRAIN_KEYS,
@@ -47,31 +47,27 @@ _STATE = "state.pt"
 @dataclass(frozen=True)
 class TinyHFOptions:
     """This engine's own options (``EngineConfig.engine_kwargs``): the Hugging Face
-    attention kernel."""
+    attention kernel. Declared as the engine's ``options_class``, so a trainer checks them
+    before any worker starts."""
 
     attn_implementation: str = "sdpa"
 
-    @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Any]) -> TinyHFOptions:
-        options = dataclass_from_dict(cls, kwargs, "EngineConfig.engine_kwargs (tiny-hf)")
-        if not isinstance(options.attn_implementation, str) or not options.attn_implementation:
-            raise ValueError(
-                f"EngineConfig.engine_kwargs.attn_implementation="
-                f"{options.attn_implementation!r} is invalid: expected a Hugging Face kernel "
-                "name, e.g. 'sdpa' or 'eager'"
-            )
-        return options
+    def check(self) -> None:
+        check(bool(self.attn_implementation), "attn_implementation", self.attn_implementation,
+              "a Hugging Face kernel name, e.g. 'sdpa' or 'eager'")  # fmt: skip
 
 
 class TinyHFEngine(TrainEngine):
     """A Hugging Face causal LM (or 1-label token-classification value model) trained in
     this process; `dp_size` is 1."""
 
+    options_class: ClassVar[type] = TinyHFOptions
+
     def __init__(self, config: EngineConfig) -> None:
         from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
         self.config = config.validate()
-        self.options = TinyHFOptions.from_kwargs(config.engine_kwargs)
+        self.options: TinyHFOptions = self.parse_options(config)
         model_cfg = config.model
         if model_cfg.path is None or not os.path.isdir(model_cfg.path):
             raise FileNotFoundError(

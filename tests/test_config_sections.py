@@ -1,0 +1,124 @@
+"""One typed configuration path: a wrong type or an unknown key at any depth of every
+section gives one `ConfigError` with the full dotted path, before any worker starts.
+
+The sections' own keys are checked by `load_config`; the engines', rollout backends' and
+tools' options by the classes they declare, when the driver builds the workers' typed
+configs (`rl_algos.trainer.placement`) or the tools' schemas (before Ray starts).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_algos.config import check_plugins, load_config
+from rl_algos.trainer.loop import tool_schemas
+from rl_algos.trainer.placement import actor_worker_config, critic_worker_config
+from rl_core.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "grpo_tiny.yaml")
+
+
+def _error(overrides: list[str], stage: str = "load") -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        cfg = load_config(TINY, overrides)
+        check_plugins(cfg)
+        if stage == "workers":
+            actor_worker_config(cfg, "/models/m", 0)
+            if cfg.uses_critic:
+                critic_worker_config(cfg, "/models/m")
+        elif stage == "tools":
+            tool_schemas(cfg.rollout.tools)
+    err = info.value
+    assert "\n" not in str(err) and str(err).startswith(f"{err.path}: ")
+    return err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "value"),
+    [
+        (["trainer.total_steps=two"], "trainer.total_steps", "two"),
+        (["trainer.loggers=[console,jsnol]"], "trainer.loggers[1]", "jsnol"),
+        (["trainer.seedd=1"], "trainer.seedd", None),
+        (["trainer.placement=split"], "trainer.placement", None),  # renamed
+    ],
+)
+def test_trainer_section(overrides, path, value):
+    err = _error(overrides)
+    assert err.path == path and (value is None or err.value == value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "value"),
+    [
+        (["rollout.temperature=hot"], "rollout.temperature", "hot"),
+        (["rollout.tools={python: {}}", "rollout.agent_loop=tool", "rollout.max_turns=0"],
+         "rollout.max_turns", 0),
+        (["rollout.stop_token_ids=[2,x]"], "rollout.stop_token_ids[1]", "x"),
+        (["rollout.placment=split"], "rollout.placment", None),
+        (["rollout.engine_kwargs={batch_wait_ms: -1}"], "rollout.engine_kwargs.batch_wait_ms", -1.0),
+        (["rollout.engine_kwargs={device: 3}"], "rollout.engine_kwargs.device", 3),
+        (["rollout.engine_kwargs={load_fromat: dummy}"], "rollout.engine_kwargs.load_fromat", None),
+    ],
+)  # fmt: skip
+def test_rollout_section_and_backend_options(overrides, path, value):
+    err = _error(overrides, stage="workers")
+    assert err.path == path and (value is None or err.value == value)
+    if path.endswith("load_fromat"):
+        assert err.suggestion == "load_format"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "value"),
+    [
+        (["actor.engine_kwargs={logprob_chunk_tokens: -5}"],
+         "actor.engine_kwargs.logprob_chunk_tokens", -5),
+        (["actor.engine_kwargs={share_prompt: true}"], "actor.engine_kwargs.share_prompt", None),
+        (["actor.engine_kwargs={moe_aux_loss_coeff: big}"],
+         "actor.engine_kwargs.moe_aux_loss_coeff", "big"),
+        (["algorithm.preset=ppo", "critic.engine_kwargs={use_remove_padding: maybe}"],
+         "critic.engine_kwargs.use_remove_padding", "maybe"),
+        (["actor.parallel.fsdp_size=zero"], "actor.parallel.fsdp_size", "zero"),
+        (["actor.micro_batch_size=2", "actor.max_tokens_per_micro_batch=64"],
+         "actor.micro_batch.max_tokens_per_micro_batch", 64),
+    ],
+)  # fmt: skip
+def test_engine_options(overrides, path, value):
+    err = _error(overrides, stage="workers")
+    assert err.path == path and (value is None or err.value == value)
+
+
+@pytest.mark.parametrize(
+    ("tool", "path", "value"),
+    [
+        ("{config: {memory_mb: lots}}", "rollout.tools.python.config.memory_mb", "lots"),
+        ("{config: {memory_mb: 1}}", "rollout.tools.python.config.memory_mb", 1),
+        ("{config: {backend: docker}}", "rollout.tools.python.config.backend", "docker"),
+        ("{config: {alow_network: true}}", "rollout.tools.python.config.alow_network", None),
+        ("{max_concurrency: 0}", "rollout.tools.python.max_concurrency", 0),
+    ],
+)
+def test_sandbox_options(tool, path, value):
+    err = _error([f"rollout.tools={{python: {tool}}}", "rollout.agent_loop=tool"], stage="tools")
+    assert err.path == path and (value is None or err.value == value)
+    if path.endswith("alow_network"):
+        assert err.suggestion == "allow_network"
+
+
+def test_greedy_group_training_exits_2_with_one_line_before_any_worker(tmp_path):
+    """The issue's command: GRPO (n=2) at temperature 0 is refused at config time."""
+    run = subprocess.run(
+        [sys.executable, "-m", "rl_algos.cli", "train", TINY, "rollout.temperature=0",
+         "trainer.total_steps=1", f"trainer.output_dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("rl train: config error: rollout.temperature: invalid value 0.0; ")
+    assert not any("ray" in line.lower() for line in lines), lines  # no worker, no Ray
+    assert not (tmp_path / "checkpoints").exists()
