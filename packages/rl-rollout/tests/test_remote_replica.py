@@ -63,7 +63,7 @@ def complete(payload: dict) -> dict:
 class FakeOpenAIServer:
     """A threaded HTTP server; ``mode`` picks how /v1/completions answers."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.mode = "ok"
         self.payloads: list[dict] = []
         self.disconnected = threading.Event()
@@ -105,7 +105,7 @@ class FakeOpenAIServer:
                 else:
                     self.reply(200, json.dumps(complete(payload)).encode())
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -222,6 +222,26 @@ def test_unreachable_server_is_named():
     message = str(info.value)
     assert f"GET {url}/v1/models failed: ConnectError" in message
     assert "is an OpenAI-compatible server running there?" in message
+
+
+def test_a_server_that_comes_up_late_is_reached_by_connect_retries():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    late: list[FakeOpenAIServer] = []
+    timer = threading.Timer(0.3, lambda: late.append(FakeOpenAIServer(port)))
+    timer.start()  # refused at first; httpx retries after 0, 0.5 and 1 s
+    try:
+        run_replica(
+            RemoteReplica(0, url, MODEL, max_model_len=4096, connect_retries=3),
+            lambda r: r.start(10),
+        )
+    finally:
+        timer.join()
+        for server in late:
+            server.close()
+    assert late, "the server never started"
 
 
 def test_a_model_the_server_does_not_serve_fails_at_start(server):
