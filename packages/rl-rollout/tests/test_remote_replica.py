@@ -230,13 +230,15 @@ def test_a_server_that_comes_up_late_is_reached_by_connect_retries():
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     late: list[FakeOpenAIServer] = []
-    timer = threading.Timer(0.3, lambda: late.append(FakeOpenAIServer(port)))
-    timer.start()  # refused at first; httpx retries after 0, 0.5 and 1 s
+    timer = threading.Timer(0.2, lambda: late.append(FakeOpenAIServer(port)))
+
+    async def go(r):
+        r._client()  # built first (its SSL context takes a while), so the clock is fair
+        timer.start()  # refused at first; httpx retries after 0, 0.5 and 1 s
+        await r.start(10)
+
     try:
-        run_replica(
-            RemoteReplica(0, url, MODEL, max_model_len=4096, connect_retries=3),
-            lambda r: r.start(10),
-        )
+        run_replica(RemoteReplica(0, url, MODEL, max_model_len=4096, connect_retries=3), go)
     finally:
         timer.join()
         for server in late:
