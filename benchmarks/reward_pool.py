@@ -3,7 +3,7 @@ ProcessPool (the maintained candidate to replace it; see rl_algos/rewards/pool.p
 
 Each pool runs ``--calls`` calls of a trivial function (``dict(x=i)``: importable anywhere)
 on ``--workers`` processes, with a per-call time limit (pebble: ``schedule(timeout=)``).
-Per-call overhead = wall time / calls. Worker start = the first batch of one call on a
+Per-call overhead = wall time / calls, best of 3 batches. Worker start = the first batch of one call on a
 fresh pool. pebble is measured only where it is importable (``pip install pebble``); its
 ``spawn`` and ``forkserver`` contexts are the safe ones in a driver with threads (Ray,
 torch), and both import the parent's ``__main__`` in the workers. Run it alone::
@@ -19,6 +19,8 @@ import time
 
 from rl_algos.rewards.pool import ScoringPool
 
+REPEATS = 3  # per-call overhead: the best of 3 batches (a shared machine is noisy)
+
 
 def scoring_pool(calls: int, workers: int) -> tuple[float, float]:
     with ScoringPool(workers, timeout_s=10) as pool:
@@ -26,11 +28,13 @@ def scoring_pool(calls: int, workers: int) -> tuple[float, float]:
         assert pool.run([(dict, {"x": 0})])[0].value == {"x": 0}
         startup = time.perf_counter() - start
         batch = [(dict, {"x": i}) for i in range(calls)]
-        start = time.perf_counter()
-        results = pool.run(batch)
-        took = time.perf_counter() - start
-    assert [r.value["x"] for r in results] == list(range(calls))
-    return startup, took / calls
+        best = float("inf")
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            results = pool.run(batch)
+            best = min(best, time.perf_counter() - start)
+            assert [r.value["x"] for r in results] == list(range(calls))
+    return startup, best / calls
 
 
 def pebble_pool(calls: int, workers: int, method: str) -> tuple[float, float]:
@@ -41,12 +45,14 @@ def pebble_pool(calls: int, workers: int, method: str) -> tuple[float, float]:
         start = time.perf_counter()
         assert pool.schedule(dict, kwargs={"x": 0}, timeout=10).result() == {"x": 0}
         startup = time.perf_counter() - start
-        start = time.perf_counter()
-        futures = [pool.schedule(dict, kwargs={"x": i}, timeout=10) for i in range(calls)]
-        values = [f.result()["x"] for f in futures]
-        took = time.perf_counter() - start
-    assert values == list(range(calls))
-    return startup, took / calls
+        best = float("inf")
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            futures = [pool.schedule(dict, kwargs={"x": i}, timeout=10) for i in range(calls)]
+            values = [f.result()["x"] for f in futures]
+            best = min(best, time.perf_counter() - start)
+            assert values == list(range(calls))
+    return startup, best / calls
 
 
 def main() -> None:

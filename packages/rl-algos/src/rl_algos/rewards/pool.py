@@ -19,12 +19,12 @@ threads (Ray, torch) are ``spawn`` and ``forkserver``, and both import the paren
 where this pool's workers (``python -m rl_algos.rewards.worker``) import only the reward
 code. A task whose function cannot be unpickled (its module gone) kills the worker before
 the task is acknowledged, and pebble then declares the whole pool broken: every later
-call fails until the pool is rebuilt. Per-call cost is the same or lower here and worker
-start is faster (2000 calls of ``dict(x=i)`` on 2 workers, 2-core machine at load ~10:
-this pool 61 us/call and 334 ms to the first result; pebble 75 us/call (spawn) and
-84 us/call (forkserver), 952 ms and 750 ms to the first result). Keeping this pool costs
-~340 lines with its worker; it has tests for every guarantee (rl-algos' test_reward_manager.py and the
-``faults`` suite).
+call fails until the pool is rebuilt. Per-call cost is no better and worker start is
+slower (2000 calls of ``dict(x=i)`` on 2 workers, best of 3 batches, 2-core machine at
+load ~14, two runs each: this pool 95-100 us per call and 283-290 ms to the first
+result; pebble 121-136 us (spawn) and 89-184 us (forkserver) per call, 1039-1083 ms and
+773-842 ms to the first result). Keeping this pool costs ~340 lines with its worker; it
+has tests for every guarantee (rl-algos' test_reward_manager.py and the ``faults`` suite).
 """
 
 from __future__ import annotations
