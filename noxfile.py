@@ -22,7 +22,7 @@ PACKAGES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "rl-core": ("packages/rl-core", (), "not ray"),
     "rl-core-ray": ("packages/rl-core", ("ray",), "ray"),
     "rl-engines": ("packages/rl-engines", ("fsdp",), ""),
-    "rl-rollout": ("packages/rl-rollout", ("hf", "sandbox"), ""),
+    "rl-rollout": ("packages/rl-rollout", ("hf", "sandbox", "remote"), ""),
     "rl-algos": ("packages/rl-algos", (), ""),
     "rl-multimodal": ("packages/rl-multimodal", ("vlm", "vla"), "not sim"),
     # gym-pusht and MetaWorld (MuJoCo, MUJOCO_GL=egl): ~2-3 minutes on 2 CPUs

@@ -308,6 +308,9 @@ def _smoke_rl_algos() -> None:
     adv = data.batch["advantages"][:, 0]
     # rewards 1 and 0 in one group: mean 0.5, unbiased std 0.7071 -> +-0.7071
     assert torch.allclose(adv, torch.tensor([0.70710677, -0.70710677]), atol=1e-4), adv
+    from rl_algos.rewards.math_answer import answers_equal
+
+    assert answers_equal(r"\sqrt{4}", "2")  # math-verify at its lowest allowed version
 
 
 def _smoke_rl_multimodal() -> None:

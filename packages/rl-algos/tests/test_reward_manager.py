@@ -240,3 +240,39 @@ def test_a_batch_deadline_bounds_the_whole_batch(tokenizer, user_fn):
     finally:
         manager.close()
     assert all(not w.process.is_alive() for w in manager._pool._workers)
+
+
+CRASHING_REWARDS = """
+import ctypes
+
+def segfault(**kwargs):
+    return ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+def hog(**kwargs):
+    blocks = []
+    while True:  # 64 MiB at a time until the worker's memory cap says no
+        blocks.append(bytearray(64 * 1024 * 1024))
+
+def fine(**kwargs):
+    return 1.0
+"""
+
+
+def test_a_segfault_and_a_memory_hog_cost_one_call_each_not_the_pool(tmp_path):
+    path = tmp_path / "crashing.py"
+    path.write_text(CRASHING_REWARDS)
+    segfault, hog, fine = (load_reward_function(path, name) for name in ("segfault", "hog", "fine"))
+    with ScoringPool(num_workers=1, timeout_s=30, memory_limit_mb=256) as pool:
+        results = pool.run([(segfault, {}), (hog, {}), (fine, {})])
+        assert [r.status for r in results] == ["error", "error", "ok"]
+        assert results[0].error == "worker process died (exit code -11)"  # SIGSEGV, replaced
+        assert results[1].error == "MemoryError"  # the cap held: the worker lives on
+        assert results[2].value == 1.0
+        assert pool.restarts == 1
+        with open(f"/proc/{pool._workers[0].process.pid}/oom_score_adj") as f:
+            assert f.read().strip() == "1000"  # the OOM killer takes a worker first
+
+
+def test_memory_limit_is_validated():
+    with pytest.raises(ValueError, match="memory_limit_mb must be >= 64 or None, got 8"):
+        ScoringPool(num_workers=1, timeout_s=1, memory_limit_mb=8)

@@ -1,10 +1,21 @@
-"""Shared fixtures: the tiny local tokenizer and a tiny random causal LM (no hub access)."""
+"""Shared fixtures: the tiny local tokenizer and a tiny random causal LM (no hub access).
+
+The tests' helpers (`rollout_test_utils`: the tiny tokenizer, the scripted engine) live
+beside this file, not in the shipped package: this directory goes on ``sys.path`` for the
+test modules and on ``PYTHONPATH`` for the processes they start (driver subprocesses, Ray
+workers that unpickle a `ScriptedRolloutEngine`).
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_HERE, os.environ.get("PYTHONPATH")) if p)
 
 # Before anything imports Ray: under `uv run pytest`, Ray would otherwise rebuild the uv
 # project inside every worker process it starts (minutes per test module).
@@ -14,7 +25,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from rl_rollout.testing_utils import build_tiny_tokenizer
+    from rollout_test_utils import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 

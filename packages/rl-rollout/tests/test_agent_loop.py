@@ -9,6 +9,12 @@ import json
 import time
 
 import pytest
+from rollout_test_utils import (
+    HashPolicy,
+    ScriptedRolloutEngine,
+    TurnScript,
+    scripted_log_prob,
+)
 
 from rl_core import UnknownPluginError
 from rl_core.rollout import RolloutConfig, SamplingParams
@@ -22,12 +28,6 @@ from rl_rollout.agent_loop import (
     SingleTurnAgentLoop,
     ToolAgentLoop,
     build_agent_loop,
-)
-from rl_rollout.testing_utils import (
-    HashPolicy,
-    ScriptedRolloutEngine,
-    TurnScript,
-    scripted_log_prob,
 )
 from rl_rollout.tools import FunctionTool, PythonSandboxTool, ToolResult
 

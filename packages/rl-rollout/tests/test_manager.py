@@ -10,6 +10,12 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
+from rollout_test_utils import (
+    HashPolicy,
+    ScriptedRolloutEngine,
+    TurnScript,
+    scripted_log_prob,
+)
 
 from rl_core import UnknownPluginError
 from rl_core.protocol import DataProto
@@ -20,12 +26,6 @@ from rl_rollout.manager import (
     RolloutManagerConfig,
     RolloutReplicaError,
     RolloutTimeoutError,
-)
-from rl_rollout.testing_utils import (
-    HashPolicy,
-    ScriptedRolloutEngine,
-    TurnScript,
-    scripted_log_prob,
 )
 from rl_rollout.tools import TOOLS, FunctionTool
 

@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import pytest
 import torch
+from rollout_test_utils import HashPolicy, ScriptedRolloutEngine, TurnScript
 
 from rl_core.protocol import DataProto
 from rl_core.rollout import RolloutConfig, SamplingParams
@@ -19,7 +20,6 @@ from rl_rollout.manager import (
     RolloutReplicaError,
     RolloutTimeoutError,
 )
-from rl_rollout.testing_utils import HashPolicy, ScriptedRolloutEngine, TurnScript
 
 pytestmark = pytest.mark.ray
 IM_END = 2

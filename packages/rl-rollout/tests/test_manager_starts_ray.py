@@ -15,8 +15,7 @@ import subprocess
 import sys
 
 import pytest
-
-from rl_rollout.testing_utils import HashPolicy
+from rollout_test_utils import HashPolicy
 
 pytestmark = pytest.mark.ray
 PROMPT = [11, 12, 13]
@@ -29,7 +28,7 @@ from rl_core.rollout import RolloutConfig, SamplingParams
 from rl_core.single_controller.ray.lifecycle import watchdog_pid
 from rl_rollout.agent_loop import AgentLoopConfig
 from rl_rollout.manager import RolloutManager, RolloutManagerConfig
-from rl_rollout.testing_utils import ScriptedRolloutEngine
+from rollout_test_utils import ScriptedRolloutEngine
 
 config = RolloutManagerConfig(
     rollout=RolloutConfig(model_path="scripted"),

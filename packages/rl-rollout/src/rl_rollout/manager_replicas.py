@@ -11,6 +11,13 @@ server's). All expose the same coroutines and turn failures into `RolloutReplica
 Weight sync into a replica is one session: ``begin_weight_update(version)`` starts the
 engine's single ``update_weights`` call fed by a bounded `BucketStream`,
 ``receive_weight_bucket`` adds a bucket, ``finish_weight_update`` ends it.
+
+`RemoteReplica` uses `httpx` (``pip install 'rl-rollout[remote]'``), not the `openai` SDK:
+the request is vLLM/SGLang's token-in/token-out extension of ``/v1/completions``
+(``stop_token_ids``, ``top_k``, ``return_tokens_as_token_ids``, ``ignore_eos``), which the
+SDK's typed client would only pass through ``extra_body``; httpx is a small pure-Python
+async client (the SDK is built on it, plus pydantic and more), and the SGLang extra pins
+its own `openai` version, which a second pin would fight.
 """
 
 from __future__ import annotations
@@ -18,10 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import os
 import socket
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -364,40 +369,126 @@ class RayReplica(_Replica):
         ray.kill(self.actor)
 
 
-def _post_json(url: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url, json.dumps(payload).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return json.loads(response.read())
+def _import_httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as exc:
+        raise ImportError(
+            "rollout placement 'remote' talks to OpenAI-compatible servers through httpx, "
+            "which is not installed: pip install 'rl-rollout[remote]'"
+        ) from exc
+    return httpx
 
 
 class RemoteReplica(_Replica):
     """An existing OpenAI-compatible server (vLLM or SGLang ``serve``): token ids in through
     ``/v1/completions`` (``prompt`` as a list of ids), sampled tokens and log-probs out
-    (``return_tokens_as_token_ids``). The server owns its weights: `update_weights` raises."""
+    (``return_tokens_as_token_ids``). The server owns its weights: `update_weights` raises.
 
-    def __init__(self, index: int, url: str, model: str, max_model_len: int) -> None:
+    HTTP goes through `httpx` (the ``remote`` extra): an async client per event loop with
+    pooled keep-alive connections (at most ``max_connections`` requests in flight),
+    ``connect_timeout_s`` to open a connection, failed connections retried
+    ``connect_retries`` times (nothing was sent, so a retry is safe), and no read limit of
+    its own: the caller's ``timeout_s`` bounds each request, and when
+    it expires the request is cancelled and its connection closed, which makes vLLM and
+    SGLang abort the generation. Every error names the server URL.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        url: str,
+        model: str,
+        max_model_len: int,
+        connect_timeout_s: float = 30.0,
+        connect_retries: int = 3,
+        max_connections: int = 512,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"remote rollout url={url!r} is invalid: expected http(s)://host:port")
+        self._httpx = _import_httpx()
         self.index = index
         self.url = url.rstrip("/")
         self.model = model
+        self.connect_timeout_s = connect_timeout_s
+        self.connect_retries = connect_retries
+        self.max_connections = max_connections
         self.info = {"max_model_len": max_model_len, "node": self.url, "pid": "remote"}
+        self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
+
+    def where(self) -> str:
+        return f"rollout replica {self.index} (remote server {self.url})"
+
+    def _client(self) -> Any:
+        """The client of the running event loop (httpx connections belong to one loop)."""
+        httpx = self._httpx
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(
+                base_url=self.url,
+                timeout=httpx.Timeout(None, connect=self.connect_timeout_s),
+                transport=httpx.AsyncHTTPTransport(
+                    retries=self.connect_retries,
+                    limits=httpx.Limits(max_connections=self.max_connections),
+                ),
+            )
+            self._clients[loop] = client
+        return client
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One HTTP request; the JSON body of a 2xx answer, else `RolloutReplicaError`."""
+        httpx = self._httpx
+        try:
+            response = await self._client().request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RolloutReplicaError(
+                f"{self.where()}: {method} {self.url}{path} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if response.status_code >= 400:
+            raise RolloutReplicaError(
+                f"{self.where()}: {method} {self.url}{path} answered HTTP "
+                f"{response.status_code}: {response.text[:500]}"
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise RolloutReplicaError(
+                f"{self.where()}: {method} {self.url}{path} answered something that is not "
+                f"JSON: {response.text[:200]!r}"
+            ) from exc
 
     async def start(self, timeout_s: float) -> None:
-        def probe() -> None:
-            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=timeout_s):
-                pass
-
+        """Check that the server answers ``/v1/models`` and serves ``self.model``."""
         try:
-            await asyncio.wait_for(asyncio.to_thread(probe), timeout_s)
-        except Exception as exc:
-            raise RolloutReplicaError(f"{self.where()}: server not reachable: {exc}") from exc
+            listing = await asyncio.wait_for(self._request("GET", "/v1/models"), timeout_s)
+        except TimeoutError as exc:
+            raise RolloutTimeoutError(
+                f"{self.where()}: server did not answer /v1/models within {timeout_s:g} s"
+            ) from exc
+        except RolloutReplicaError as exc:
+            raise RolloutReplicaError(
+                f"{exc} (is an OpenAI-compatible server running there?)"
+            ) from exc
+        served = [m.get("id") for m in (listing or {}).get("data", []) if isinstance(m, dict)]
+        if served and self.model not in served:
+            raise RolloutReplicaError(
+                f"{self.where()}: the server does not serve model {self.model!r} "
+                f"(it serves {served}): set the manager's remote_model to one of them"
+            )
 
     async def _generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> Any:
+        if multi_modal_data:
+            raise RolloutReplicaError(
+                f"{self.where()}: multi_modal_data cannot be sent as token ids to a remote "
+                "OpenAI-compatible server (rollout.placement=remote serves text prompts)"
+            )
         payload = {
             "model": self.model,
             "prompt": list(prompt_ids),
@@ -414,10 +505,15 @@ class RemoteReplica(_Replica):
             "return_tokens_as_token_ids": True,
             "request_id": request_id,
         }
-        body = await asyncio.to_thread(_post_json, f"{self.url}/v1/completions", payload, 3600)
-        return [
-            remote_output(choice) for choice in sorted(body["choices"], key=lambda c: c["index"])
-        ]
+        body = await self._request("POST", "/v1/completions", json=payload)
+        try:
+            choices = sorted(body["choices"], key=lambda c: c["index"])
+        except (KeyError, TypeError) as exc:
+            raise RolloutReplicaError(
+                f"{self.where()}: /v1/completions answered without indexed choices: "
+                f"{str(body)[:200]}"
+            ) from exc
+        return [remote_output(choice) for choice in choices]
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if method in ("abort", "reset_prefix_cache", "sleep", "wake_up", "shutdown"):
@@ -428,7 +524,10 @@ class RemoteReplica(_Replica):
         )
 
     async def shutdown(self) -> None:
-        return None
+        """Close this loop's client (the others go with their loops)."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
 
 
 def remote_output(choice: dict[str, Any]) -> GenerationOutput:

@@ -297,6 +297,9 @@ class RewardConfig:
     min_score: float = -1e4
     max_score: float = 1e4
     invalid_score_policy: Literal["clip", "error_score", "raise"] = "clip"
+    memory_limit_mb: int | None = 4096
+    """Most memory (MiB) a reward worker process may hold (a function that eats more gets
+    a `MemoryError`, scored as an error); null: no cap."""
     model_path: str | None = None
     """A reward model (scalar head, RLHF-style) run by `model_engine` on the actor's
     workers: its score of each response is added to the rule-based score, times
@@ -315,6 +318,12 @@ class RewardConfig:
             "true unless reward.model_path is set (something must score the responses)",
         )
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
+        check(
+            self.memory_limit_mb is None or self.memory_limit_mb >= 64,
+            "memory_limit_mb",
+            self.memory_limit_mb,
+            ">= 64 (MiB) or null (no cap)",
+        )
         check(
             self.batch_timeout_s >= self.timeout_s,
             "batch_timeout_s",

@@ -102,7 +102,9 @@ class RewardManager:
     A call that raises, times out or returns something that is not a number (or a dict
     with a numeric "score") scores `error_score`; it is counted in the metrics
     (`reward/errors`, `reward/timeouts`) and the batch goes on. `num_workers=0` scores
-    in this process without a time limit (for debugging). Call `close()` at the end."""
+    in this process without a time limit (for debugging). Each worker may hold at most
+    `memory_limit_mb` MiB (a reward function that eats memory scores an error; None: no
+    cap). Call `close()` at the end."""
 
     def __init__(
         self,
@@ -115,6 +117,7 @@ class RewardManager:
         data_source_key: str = "data_source",
         overlong: OverlongBuffer | None = None,
         limits: ScoreLimits | None = None,
+        memory_limit_mb: int | None = 4096,
     ) -> None:
         self.limits = limits or ScoreLimits()
         if not self.limits.min_score <= float(error_score) <= self.limits.max_score:
@@ -128,7 +131,11 @@ class RewardManager:
         self.data_source_key = data_source_key
         self.overlong = overlong
         self.num_workers = num_workers
-        self._pool = ScoringPool(num_workers, timeout_s) if num_workers > 0 else None
+        self._pool = (
+            ScoringPool(num_workers, timeout_s, memory_limit_mb=memory_limit_mb)
+            if num_workers > 0
+            else None
+        )
 
     def _calls(self, data: Any) -> tuple[list[dict[str, Any]], torch.Tensor]:
         prompt_len = data.batch["prompts"].shape[-1]

@@ -1,16 +1,34 @@
-"""Verifiable math rewards: answer extraction and numeric equality.
+"""Verifiable math rewards: answer extraction and equality of answers.
 
-Extraction: the last ``\\boxed{...}`` (nested braces allowed; also ``\\fbox``), the text
-after the last ``####`` (GSM8K style), and optionally the last number in the text.
-Equality: both sides are parsed as exact rationals when possible (integers, decimals,
-``3/4``, ``\\frac{3}{4}``, ``1,234``, ``$5``, ``50%``, ``-2``, ``1e3``) and compared
-exactly, or within a relative tolerance; otherwise the normalised strings are compared.
-Pure Python (no torch), so scoring worker processes start fast.
+Extraction (ours, the contract every reward here shares): the last ``\\boxed{...}``
+(nested braces allowed; also ``\\fbox``), the text after the last ``####`` (GSM8K style),
+and optionally the last number in the text.
+
+Equality, in order:
+
+1. numbers: both sides parsed as exact rationals when possible (integers, decimals,
+   ``3/4``, ``\\frac{3}{4}``, ``1,234``, ``$5``, ``50%``, ``-2``, ``1e3``; exponents up to
+   ``MAX_EXPONENT``) and compared exactly, or within a relative tolerance. This path is
+   ours because it is exact, fast and certain for the plain arithmetic answers evaluations
+   grade ("-12", "1,234", "12.0"), and because math-verify reads ``1e3`` as ``1*e*3``;
+2. the normalised strings are equal;
+3. otherwise `math-verify <https://github.com/huggingface/Math-Verify>`_ (HuggingFace's
+   maintained LaTeX/sympy answer checker) decides symbolic equivalence: ``\\sqrt{4}`` vs
+   ``2``, ``\\frac{\\sqrt2}{2}`` vs ``\\sqrt{2}/2``, ``x+1`` vs ``1+x``, sets, intervals.
+   Answers longer than ``MAX_SYMBOLIC_CHARS``, nested deeper than ``MAX_SYMBOLIC_DEPTH``
+   braces, with exponent towers, long exponents or factorials are not given to it (sympy
+   would try to evaluate ``10^{10^{10}}``); in the main thread (scoring workers) its calls
+   also run under its own ``SYMBOLIC_TIMEOUT_S`` alarm (it uses SIGALRM, which only the
+   main thread may set; the worker pool's per-call time limit covers the rest).
+
+math-verify and sympy are imported on first use of step 3 only, so scoring worker
+processes that grade numbers start fast (no torch here either).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
@@ -25,6 +43,7 @@ __all__ = [
     "gsm8k_compute_score",
     "normalize_answer",
     "parse_number",
+    "symbolically_equal",
 ]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -34,6 +53,20 @@ _THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_EXPONENT = re.compile(r"[eE]([-+]?\d+)$")
+
+MAX_EXPONENT = 400  # "1e400" is exact; "1e99999999" is not a number we build
+MAX_SYMBOLIC_CHARS = 256
+MAX_SYMBOLIC_DEPTH = 12
+SYMBOLIC_TIMEOUT_S = 2
+# what sympy would evaluate into huge numbers: exponent towers, long exponents, n! of big n
+_EXPLOSIVE = re.compile(
+    r"\^\s*\{[^{}]*\^"  # a power inside an exponent: 10^{10^{10}}
+    r"|(?:\^|\*\*)\s*\{?\s*[-+]?\d{4,}"  # an exponent of 4+ digits
+    r"|\d{4,}\s*!"  # a factorial of a 4+ digit number
+    r"|\^[^{]*\^"  # chained powers: 9^9^9
+    r"|\d[eE][-+]?\d{4,}"  # 1e99999999 (math-verify would read it as 1*e*99999999)
+)
 
 
 def extract_boxed(text: str) -> str | None:
@@ -142,7 +175,13 @@ def parse_number(text: str) -> Fraction | None:
             part = part.replace(",", "")
         if not re.fullmatch(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?", part):
             return None
-        values.append(Fraction(part))
+        exponent = _EXPONENT.search(part)
+        if exponent and abs(int(exponent.group(1))) > MAX_EXPONENT:
+            return None  # Fraction("1e99999999") would build a 10**99999999
+        try:
+            values.append(Fraction(part))
+        except ValueError:  # e.g. more digits than int() converts (sys.set_int_max_str_digits)
+            return None
     if len(values) == 2:
         if values[1] == 0:
             return None
@@ -150,9 +189,38 @@ def parse_number(text: str) -> Fraction | None:
     return -values[0] if negative else values[0]
 
 
+def _symbolic_input_ok(text: str) -> bool:
+    """Whether `text` is small and tame enough to hand to math-verify / sympy."""
+    if len(text) > MAX_SYMBOLIC_CHARS or _EXPLOSIVE.search(text):
+        return False
+    depth = deepest = 0
+    for ch in text:
+        depth += (ch in "{([") - (ch in "})]")
+        deepest = max(deepest, depth)
+    return deepest <= MAX_SYMBOLIC_DEPTH
+
+
+def symbolically_equal(pred: str, truth: str) -> bool:
+    """math-verify's verdict on two extracted answers (LaTeX or plain expressions);
+    False for inputs it should not see (see the module docstring) or cannot parse."""
+    if not (_symbolic_input_ok(pred) and _symbolic_input_ok(truth)):
+        return False
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    in_main = threading.current_thread() is threading.main_thread()
+    timeout = SYMBOLIC_TIMEOUT_S if in_main else None
+    config = (LatexExtractionConfig(), ExprExtractionConfig())
+    try:
+        gold = parse(f"${truth}$", config, "no_fallback", parsing_timeout=timeout)
+        answer = parse(f"${pred}$", config, "no_fallback", parsing_timeout=timeout)
+        return bool(gold and answer and verify(gold, answer, timeout_seconds=timeout))
+    except Exception:  # math-verify's own errors and time-outs: not shown equal
+        return False
+
+
 def answers_equal(pred: str | None, truth: Any, rel_tol: float = 1e-6) -> bool:
-    """True when `pred` has the value of `truth` (exactly, or within `rel_tol` relative
-    difference), or, for non-numeric answers, the same normalised text."""
+    """True when `pred` has the value of `truth`: as numbers (exactly, or within `rel_tol`
+    relative difference), as normalised text, or symbolically (math-verify)."""
     if pred is None:
         return False
     truth_text = str(truth)
@@ -160,10 +228,14 @@ def answers_equal(pred: str | None, truth: Any, rel_tol: float = 1e-6) -> bool:
     if a is not None and b is not None:
         if a == b:
             return True
-        return abs(float(a) - float(b)) <= rel_tol * max(abs(float(a)), abs(float(b)))
-    if (a is None) != (b is None):
-        return False
-    return normalize_answer(pred) == normalize_answer(truth_text)
+        try:
+            fa, fb = float(a), float(b)
+        except OverflowError:  # beyond a float and not exactly equal
+            return False
+        return abs(fa - fb) <= rel_tol * max(abs(fa), abs(fb))
+    if normalize_answer(pred) == normalize_answer(truth_text):
+        return True
+    return symbolically_equal(pred, truth_text)
 
 
 def compute_score(

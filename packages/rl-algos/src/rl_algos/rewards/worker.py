@@ -1,4 +1,4 @@
-"""The scoring worker process: ``python -m rl_algos.rewards.worker FD``.
+"""The scoring worker process: ``python -m rl_algos.rewards.worker FD PARENT_PID MEMORY_MB``.
 
 A fresh interpreter (like multiprocessing's spawn, but it does not re-import the parent's
 ``__main__``, which for the trainer would pull in torch, Ray and the whole CLI): it imports
@@ -9,6 +9,10 @@ only this module and the reward functions. Protocol over the socket FD
    worker -> parent: ("ready", None) or ("init_error", text).
 2. parent -> worker: (fn, kwargs); worker -> parent: ("ok", value) or ("error", text).
 3. parent -> worker: None (stop).
+
+``MEMORY_MB`` > 0 caps the worker's data (``RLIMIT_DATA``: heap and private mappings,
+not shared libraries), so a reward function that eats memory gets a `MemoryError`; the
+worker also asks the kernel's OOM killer to pick it first (``oom_score_adj`` 1000).
 
 Keep this module free of heavy imports (no torch, no rl_core).
 """
@@ -35,6 +39,23 @@ def _exit_with_parent(parent_pid: int) -> None:
         if os.getppid() != parent_pid:
             os._exit(1)
         time.sleep(1.0)
+
+
+def limit_memory(megabytes: int) -> None:
+    """Cap this process's data at ``megabytes`` and offer it to the OOM killer first."""
+    if megabytes > 0:
+        import resource
+
+        limit = megabytes * 1024 * 1024
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass  # not Linux, or /proc read-only: the rlimit still holds
 
 
 def serve(conn: Connection) -> None:
@@ -67,6 +88,7 @@ def serve(conn: Connection) -> None:
 
 def main() -> None:
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
+    limit_memory(int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     serve(Connection(fd))
 

@@ -158,6 +158,7 @@ class RLTrainer:
                 num_workers=rc.num_workers,
                 timeout_s=rc.timeout_s,
                 error_score=rc.error_score,
+                memory_limit_mb=rc.memory_limit_mb,
                 overlong=_overlong(cfg),
                 limits=ScoreLimits(
                     min_score=rc.min_score,

@@ -1,4 +1,5 @@
-"""Test helpers: a tiny local chat tokenizer and a scripted rollout engine.
+"""Test helpers of rl-rollout's tests (not shipped in the wheel; ``conftest.py`` puts this
+directory on ``sys.path``): a tiny local chat tokenizer and a scripted rollout engine.
 
 Nothing here downloads anything. `build_tiny_tokenizer` trains a byte-level BPE on a few
 strings (lossless decode, vocabulary < 512 so it fits `save_tiny_causal_lm` models) and gives
