@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     import torch
     from omegaconf import OmegaConf
 
+    from rl_core.config import build
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         raise SystemExit("usage: python -m rl_multimodal.vla.run CONFIG.yaml [key=value ...]")
@@ -66,14 +68,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         tr_cfg["val_seeds"] = list(
             range(int(seeds["start"]), int(seeds["start"]) + int(seeds["count"]))
         )
-    trainer_cfg = VLATrainerConfig(**tr_cfg)
+    trainer_cfg = build(VLATrainerConfig, tr_cfg, "trainer")
     factory = build_env_factory(env_cfg["name"], dict(env_cfg.get("options", {})))
     workers = int(env_cfg.get("num_workers", 2))
     env = EnvWorkerPool(factory, trainer_cfg.groups * trainer_cfg.n, workers)
     val_env = EnvWorkerPool(factory, len(trainer_cfg.val_seeds), workers)
     try:
         model = resolve_model(str(pol_cfg.pop("model")))
-        policy = VLAPolicy.from_pretrained(model, env.action_spec, VLAPolicyConfig(**pol_cfg))
+        policy = VLAPolicy.from_pretrained(
+            model, env.action_spec, build(VLAPolicyConfig, pol_cfg, "policy")
+        )
         history = VLATrainer(policy, env, val_env, trainer_cfg).fit()
     finally:
         env.close()
