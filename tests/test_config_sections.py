@@ -85,6 +85,9 @@ def test_rollout_section_and_backend_options(overrides, path, value):
         (["actor.parallel.fsdp_size=zero"], "actor.parallel.fsdp_size", "zero"),
         (["actor.micro_batch_size=2", "actor.max_tokens_per_micro_batch=64"],
          "actor.micro_batch.max_tokens_per_micro_batch", 64),
+        # a layout that does not divide the trainer's 2 workers
+        (["actor.parallel.tensor_parallel_size=3"], "actor.parallel.tensor_parallel_size", 3),
+        (["actor.parallel.fsdp_size=4"], "actor.parallel.fsdp_size", 4),
     ],
 )  # fmt: skip
 def test_engine_options(overrides, path, value):

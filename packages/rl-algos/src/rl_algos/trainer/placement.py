@@ -122,7 +122,15 @@ def _engine_config(
     }
     engine_config = build(EngineConfig, data, key)
     _checked(key, ENGINES.get(role.engine).parse_options, engine_config)
+    _checked(key, engine_config.parallel.dp_layout, _world_size(key, cfg))  # the layout fits
     return engine_config
+
+
+def _world_size(key: str, cfg: Any) -> int:
+    """The processes of a role's worker group: the critic's own pool when split."""
+    if key == "critic" and cfg.critic.placement == "split":
+        return cfg.critic.num_workers
+    return cfg.trainer.nnodes * cfg.trainer.num_workers
 
 
 def _engine_kwargs(cfg: Any, role_kwargs: dict[str, Any] | None) -> dict[str, Any]:
