@@ -464,7 +464,7 @@ class RolloutManager:
         if self.config.placement == "remote":
             raise ValueError(
                 "update_weights: the manager runs placement='remote'; the servers keep their own "
-                "weights (rollout.placement=remote is for evaluation and agents)"
+                "weights (placement 'remote' is for evaluation and agents)"
             )
         version = self.policy_version + 1 if version is None else int(version)
         timeout = timeout_s or self.config.request_timeout_s

@@ -487,7 +487,7 @@ class RemoteReplica(_Replica):
         if multi_modal_data:
             raise RolloutReplicaError(
                 f"{self.where()}: multi_modal_data cannot be sent as token ids to a remote "
-                "OpenAI-compatible server (rollout.placement=remote serves text prompts)"
+                "OpenAI-compatible server (placement 'remote' serves text prompts)"
             )
         payload = {
             "model": self.model,
@@ -520,7 +520,7 @@ class RemoteReplica(_Replica):
             return None  # the server manages its own requests, cache and memory
         raise RolloutReplicaError(
             f"{self.where()}: {method}() is not available on a remote OpenAI-compatible server "
-            "(rollout.placement=remote serves fixed weights: evaluation and agents)"
+            "(placement 'remote' serves fixed weights: evaluation and agents)"
         )
 
     async def shutdown(self) -> None:
