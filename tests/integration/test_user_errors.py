@@ -73,7 +73,8 @@ CASES = {
     "unknown tool": (
         None,
         ["rollout.tools={pythn: {}}"],
-        "rl train: config error: rollout.tools.pythn: invalid value 'pythn': no tool of that name",
+        "rl train: config error: rollout.tools.pythn: invalid value 'pythn'; expected an installed "
+        "tool (",
     ),
     "corrupt resume checkpoint": (
         None,
@@ -84,8 +85,8 @@ CASES = {
     "missing reward file": (
         None,
         ["reward.function_path=/nonexistent/reward.py"],
-        "rl train: config error: reward.function_path: invalid value '/nonexistent/reward.py': "
-        "no such file",
+        "rl train: config error: reward.function_path: invalid value '/nonexistent/reward.py'; "
+        "expected an existing Python file",
     ),
     "NaN error score": (
         None,
@@ -173,6 +174,6 @@ def test_changed_generate_options_regenerate_the_data_or_stop_a_resume(tmp_path)
         ]
         == 500
     )
-    with pytest.raises(ConfigError, match=r"data\.generate\.options: differs from the data"):
+    with pytest.raises(ConfigError, match=r"data\.generate\.options: changed since the run started"):
         _materialize_generated_task(config(9, resume="latest"), tmp_path)
     _materialize_generated_task(config(500, resume="latest"), tmp_path)  # same: fine
