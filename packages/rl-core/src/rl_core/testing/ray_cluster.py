@@ -1,11 +1,13 @@
 """A two-node Ray cluster on one machine, with fake GPUs, for multi-node tests on CPU.
 
 `two_node_cluster` (a pytest fixture, module scope) starts a Ray head and a second raylet
-on this machine (``ray.cluster_utils.Cluster``), each declaring ``num_gpus`` fake ``GPU``
-resources and its own custom resource (``node_0``, ``node_1``), and connects the test
-process to it. Use it in your tests with::
+on this machine (`rl_core.single_controller.ray.local_cluster`), each declaring 2 CPUs, 2
+fake ``GPU`` resources and its own custom resource (``node_0``, ``node_1``), and connects
+the test process to it. Use it in your tests with::
 
-    from rl_core.testing.ray_cluster import two_node_cluster  # noqa: F401 (the fixture)
+    from rl_core.testing import ray_cluster
+
+    two_node_cluster = ray_cluster.two_node_cluster  # the fixture, in this module
 
     def test_something(two_node_cluster):
         pool = ResourcePool([2, 2], platform=FAKE_GPU, cpus_per_process=0.5)
@@ -25,7 +27,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pytest
@@ -33,14 +34,7 @@ import torch
 
 from rl_core.platform import PLATFORM_ENV, PLATFORMS, CpuPlatform
 
-__all__ = [
-    "FAKE_GPU",
-    "FakeGpuPlatform",
-    "TwoNodeCluster",
-    "register_fake_gpu_platform",
-    "start_two_node_cluster",
-    "two_node_cluster",
-]
+__all__ = ["FAKE_GPU", "FakeGpuPlatform", "register_fake_gpu_platform", "two_node_cluster"]
 
 FAKE_GPU = "fake-gpu"
 _RAY_ENV = {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_AUTH_MODE": "disabled"}
@@ -79,85 +73,33 @@ def register_fake_gpu_platform() -> None:
     PLATFORMS.register(FAKE_GPU, FakeGpuPlatform, overwrite=True)
 
 
-@dataclass
-class TwoNodeCluster:
-    """The running cluster: its address and, per node (head first), the node id, IP and
-    resources Ray reports."""
-
-    cluster: Any
-    address: str
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    platform: str = FAKE_GPU
-
-    def node_index(self, node_id: str) -> int:
-        """0 for the head node, 1 for the second node."""
-        return [n["node_id"] for n in self.nodes].index(node_id)
-
-
-def start_two_node_cluster(
-    num_cpus: int = 2, num_gpus: int = 2, timeout_s: float = 60.0
-) -> TwoNodeCluster:
-    """Start a head and a second node on this machine and connect this process to them
-    (``ray.init``); stop both with `stop_two_node_cluster`."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    register_fake_gpu_platform()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": num_cpus,
-            "num_gpus": num_gpus,
-            "resources": {"node_0": 1},
-            "include_dashboard": False,
-        },
-    )
-    try:
-        cluster.add_node(num_cpus=num_cpus, num_gpus=num_gpus, resources={"node_1": 1})
-        cluster.wait_for_nodes(timeout=timeout_s)
-        hook = f"{__name__}.register_fake_gpu_platform"
-        ray.init(address=cluster.address, runtime_env={"worker_process_setup_hook": hook})
-    except BaseException:
-        cluster.shutdown()
-        raise
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    alive.sort(key=lambda n: 0 if "node_0" in n["Resources"] else 1)
-    nodes = [
-        {"node_id": n["NodeID"], "node_ip": n["NodeManagerAddress"], "resources": n["Resources"]}
-        for n in alive
-    ]
-    if len(nodes) != 2:
-        stop_two_node_cluster(TwoNodeCluster(cluster, cluster.address))
-        raise RuntimeError(f"two_node_cluster: expected 2 live Ray nodes, got {len(nodes)}")
-    return TwoNodeCluster(cluster, cluster.address, nodes)
-
-
-def stop_two_node_cluster(cluster: TwoNodeCluster) -> None:
-    """Disconnect and stop both nodes."""
-    import ray
-
-    ray.shutdown()
-    cluster.cluster.shutdown()
-
-
 @pytest.fixture(scope="module")
-def two_node_cluster(request: pytest.FixtureRequest) -> Iterator[TwoNodeCluster]:
+def two_node_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A two-node Ray cluster on this machine (2 CPUs and 2 fake GPUs per node), for one
-    test module; worker classes defined in the test module travel to Ray by value."""
-    import ray
+    test module (a `rl_core.single_controller.ray.local_cluster.LocalCluster`); worker
+    classes defined in the test module travel to Ray by value."""
+    from rl_core.single_controller.ray.local_cluster import (
+        ship_module_by_value,
+        start_local_cluster,
+        stop_local_cluster,
+    )
 
     saved = {key: os.environ.get(key) for key in _RAY_ENV}
     os.environ.update(_RAY_ENV)
-    cluster = start_two_node_cluster()
-    module = sys.modules.get(request.module.__name__)
-    if module is not None:  # test modules are not importable in Ray's workers
-        ray.cloudpickle.register_pickle_by_value(module)
+    register_fake_gpu_platform()
+    hook = f"{__name__}.register_fake_gpu_platform"
     try:
-        yield cluster
+        cluster = start_local_cluster(
+            num_nodes=2, num_cpus=2, num_gpus=2, runtime_env={"worker_process_setup_hook": hook}
+        )
+        module = sys.modules.get(request.module.__name__)
+        if module is not None:
+            ship_module_by_value(module)
+        try:
+            yield cluster
+        finally:
+            stop_local_cluster(cluster)
     finally:
-        stop_two_node_cluster(cluster)
         PLATFORMS.unregister(FAKE_GPU)
         for key, value in saved.items():
             if value is None:
