@@ -1,54 +1,113 @@
-"""RayWorkerGroup on a two-node Ray cluster simulated on this machine (ray.cluster_utils).
+"""RayWorkerGroup on a two-node Ray cluster simulated on this machine
+(`rl_core.testing.ray_cluster.two_node_cluster`: 2 CPUs and 2 fake GPUs per node).
 
-Each node has 2 CPUs and a custom resource; a pool of 2 + 2 processes must span both
-nodes. The test checks placement, ranks, local ranks, master address/port wiring and a
-gloo all-reduce across the nodes, and that a custom resource pins a pool to one node.
+A 2-node x 2-worker group on the fake-GPU platform: the workers report their own rank
+layout (global, local and node rank), visible devices and rendezvous address, and run a
+gloo all-reduce / all-gather across both nodes; an infeasible GPU request fails clearly; a
+custom resource pins a pool to one node; ``RAY_ADDRESS`` names the cluster to join.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import sys
 
 import pytest
 import torch
 
 from rl_core.single_controller import Dispatch, ResourcePool, Worker, register
+from rl_core.testing import ray_cluster
+from rl_core.testing.ray_cluster import FAKE_GPU
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
+two_node_cluster = ray_cluster.two_node_cluster  # the fixture
 
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
 
-    saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "RAY_AUTH_MODE")}
-    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 2,
-            "resources": {"slot": 2, "node_a": 1},
-            "include_dashboard": False,
-        },
-    )
-    cluster.add_node(num_cpus=2, resources={"slot": 2, "node_b": 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+class Layout(Worker):
+    """Reports what this process sees, and the layout all ranks agree on over gloo."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def report(self) -> dict:
+        import ray
+        import torch.distributed as dist
+
+        from rl_core.platform import get_platform
+
+        platform = get_platform()  # RL_PLATFORM, as the group set it
+        env = {
+            k: os.environ.get(k)
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "RL_PLATFORM")
+        }  # fmt: skip
+        node_id = ray.get_runtime_context().get_node_id()
+        dist.init_process_group(
+            platform.dist_backend, timeout=datetime.timedelta(seconds=60)
+        )  # env:// from the variables above
+        try:
+            total = torch.tensor([float(dist.get_rank() + 1)])
+            dist.all_reduce(total)
+            nodes: list = [None] * dist.get_world_size()
+            dist.all_gather_object(nodes, node_id)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        node_rank = list(dict.fromkeys(nodes)).index(node_id)  # nodes in rank order
+        return {
+            "env": env,
+            "platform": platform.name,
+            "device_index": platform.local_device_index(
+                int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
+            ),
+            "ray_gpu_ids": [str(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"]],
+            "node_id": node_id,
+            "node_rank": node_rank,
+            "all_reduce": total.item(),
+        }
+
+
+def test_two_nodes_by_two_fake_gpus_rank_layout_devices_and_collectives(two_node_cluster):
+    from rl_core.single_controller.ray import RayWorkerGroup
+
+    cluster = two_node_cluster
+    pool = ResourcePool([2, 2], cpus_per_process=0.5, platform=FAKE_GPU, placement_timeout_s=60)
+    with RayWorkerGroup(pool, Layout, init_timeout_s=120, call_timeout_s=120) as group:
+        reports = group.report()
+    master = reports[0]
+    master_ip = cluster.nodes[cluster.node_index(master["node_id"])]["node_ip"]
+    for rank, report in enumerate(reports):
+        node, local = divmod(rank, 2)
+        env = report["env"]
+        assert report["platform"] == FAKE_GPU and env["RL_PLATFORM"] == FAKE_GPU
+        assert (env["RANK"], env["WORLD_SIZE"]) == (str(rank), "4")
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (str(local), "2")
+        assert report["node_rank"] == node
+        # one pool entry per node, in order; rank 0's node serves the rendezvous
+        assert cluster.node_index(report["node_id"]) == cluster.node_index(master["node_id"]) ^ node
+        assert env["MASTER_ADDR"] == master["env"]["MASTER_ADDR"] == master_ip
+        assert env["MASTER_PORT"] == master["env"]["MASTER_PORT"] and int(env["MASTER_PORT"]) > 0
+        # Ray gave the process one GPU of its node; the platform narrowed the variable to it
+        assert len(report["ray_gpu_ids"]) == 1 and report["ray_gpu_ids"][0] in {"0", "1"}
+        assert env["CUDA_VISIBLE_DEVICES"] == report["ray_gpu_ids"][0]
+        assert report["device_index"] == 0  # the one device it sees
+        assert report["all_reduce"] == 1 + 2 + 3 + 4
+    for node in (0, 1):  # the two workers of a node hold its two different GPUs
+        assert {r["env"]["CUDA_VISIBLE_DEVICES"] for r in reports[2 * node : 2 * node + 2]} == {
+            "0",
+            "1",
+        }
+    assert reports[0]["node_id"] != reports[2]["node_id"]
+    assert {r["node_id"] for r in reports} == {n["node_id"] for n in cluster.nodes}
+
+
+def test_a_pool_asking_for_more_gpus_than_a_node_has_fails_clearly(two_node_cluster):
+    """3 processes x 1 GPU on one node (each has 2): the placement times out naming it."""
+    from rl_core.single_controller.errors import ResourcePoolError
+    from rl_core.single_controller.ray import RayWorkerGroup
+
+    pool = ResourcePool([3], cpus_per_process=0.5, platform=FAKE_GPU, placement_timeout_s=3)
+    with pytest.raises(ResourcePoolError, match="GPU"):
+        RayWorkerGroup(pool, Layout)
 
 
 class Where(Worker):
@@ -56,76 +115,28 @@ class Where(Worker):
     def where(self):
         import ray
 
-        return {
-            "info": self.info,
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "env": {
-                k: os.environ[k]
-                for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-            },
-        }
-
-    @register(Dispatch.ONE_TO_ALL)
-    def all_reduce(self):
-        import torch.distributed as dist
-
-        dist.init_process_group(self.platform.dist_backend, timeout=datetime.timedelta(seconds=60))
-        try:
-            value = torch.tensor([float(self.rank + 1)])
-            dist.all_reduce(value)
-            dist.barrier()
-            return value.item()
-        finally:
-            dist.destroy_process_group()
+        return {"info": self.info, "node_id": ray.get_runtime_context().get_node_id()}
 
 
-def test_pool_spans_two_nodes_with_rank_and_master_wiring(cluster):
+def test_custom_resource_pins_a_pool_to_one_node(two_node_cluster):
     import ray
 
     from rl_core.single_controller.ray import RayWorkerGroup
 
-    nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
-    assert len(nodes) == 2
-    pool = ResourcePool([2, 2], cpus_per_process=1, resources_per_process={"slot": 1})
-    with RayWorkerGroup(pool, Where, name_prefix="spread") as group:
-        placed = group.where()
-        node_ids = [p["node_id"] for p in placed]
-        assert node_ids[0] == node_ids[1] and node_ids[2] == node_ids[3]
-        assert node_ids[0] != node_ids[2] and set(node_ids) == set(nodes)
-        master = placed[0]["info"]
-        for rank, p in enumerate(placed):
-            info = p["info"]
-            assert info.node_id == p["node_id"] and info.rank == rank and info.world_size == 4
-            assert (info.local_rank, info.local_world_size) == (rank % 2, 2)
-            assert p["env"] == {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank % 2),
-                "LOCAL_WORLD_SIZE": "2",
-                "MASTER_ADDR": master.node_ip,
-                "MASTER_PORT": str(master.master_port),
-            }
-        assert group.all_reduce() == [10.0] * 4  # 1 + 2 + 3 + 4 across both nodes
-
-
-def test_custom_resource_pins_a_pool_to_one_node(cluster):
-    import ray
-
-    from rl_core.single_controller.ray import RayWorkerGroup
-
-    node_b = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node_b" in n["Resources"])
-    pool = ResourcePool([2], cpus_per_process=0.5, resources_per_process={"node_b": 0.1})
+    node_1 = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node_1" in n["Resources"])
+    pool = ResourcePool([2], cpus_per_process=0.5, resources_per_process={"node_1": 0.1})
     with RayWorkerGroup(pool, Where) as group:
-        assert [p["node_id"] for p in group.where()] == [node_b, node_b]
+        assert [p["node_id"] for p in group.where()] == [node_1, node_1]
 
 
-def test_a_group_joins_the_cluster_named_by_ray_address(cluster, monkeypatch):
+def test_a_group_joins_the_cluster_named_by_ray_address(two_node_cluster, monkeypatch):
     """Library code calls plain ray.init() when Ray is not initialised: RAY_ADDRESS wins."""
     import ray
 
     from rl_core.single_controller.ray import RayWorkerGroup
 
     ray.shutdown()
-    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster.address)
     with RayWorkerGroup(ResourcePool([1], cpus_per_process=0.5), Where) as group:
         assert ray.is_initialized()
         cluster_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}

@@ -108,8 +108,36 @@ def test_text_only_model_rejects_freeze_vision_tower(tmp_path):
         _engine(path, freeze_vision_tower=True)
 
 
-def test_packed_layout_with_images_is_a_clear_error(vlm_dirs):
-    batch = vlm_rl_batch(vlm_dirs["qwen2_5_vl"], num_seqs=2, response_len=3)
-    engine = _engine(vlm_dirs["qwen2_5_vl"], packed=True)
-    with pytest.raises(ValueError, match="use_remove_padding=False"):
-        engine.infer_batch(batch)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_layout_with_images_matches_padded_and_the_hf_model(vlm_dirs, arch):
+    """use_remove_padding with images: the multimodal rotary positions are packed with the
+    tokens (text positions as row 0, [4, 1, T]); log-probs and entropy equal the padded
+    layout's and the float64 reference, row by row."""
+    batch = vlm_rl_batch(vlm_dirs[arch], num_seqs=5, response_len=4, seed=3)
+    packed = _engine(vlm_dirs[arch], packed=True)
+    padded = _engine(vlm_dirs[arch], packed=False)
+    assert packed.packed and not padded.packed
+    got = packed.infer_batch(batch, outputs=("log_probs", "entropy")).batch
+    want = padded.infer_batch(batch, outputs=("log_probs", "entropy")).batch
+    torch.testing.assert_close(got["log_probs"], want["log_probs"], atol=2e-5, rtol=0)
+    torch.testing.assert_close(got["entropy"], want["entropy"], atol=2e-5, rtol=0)
+    ref = _reference_log_probs(vlm_dirs[arch], batch)
+    torch.testing.assert_close(got["log_probs"].double(), ref, atol=2e-5, rtol=0)
+    assert (got["entropy"][batch.batch["response_mask"].bool()] > 0).all()
+
+
+def test_packed_layout_falls_back_to_padded_for_unknown_multimodal_positions(
+    vlm_dirs, monkeypatch, caplog
+):
+    """A model whose multimodal positions are not known to pack runs padded, saying why."""
+    from rl_engines.fsdp import forward
+
+    batch = vlm_rl_batch(vlm_dirs["qwen2_vl"], num_seqs=3, response_len=3, seed=4)
+    engine = _engine(vlm_dirs["qwen2_vl"], packed=True)
+    want = engine.infer_batch(batch).batch["log_probs"]
+    monkeypatch.setattr(forward, "PACKED_MROPE_MODELS", frozenset())
+    monkeypatch.setattr(forward, "_fallback_logged", set())
+    with caplog.at_level("WARNING", logger=forward.__name__):
+        got = engine.infer_batch(batch).batch["log_probs"]
+    assert "qwen2_vl takes multimodal rotary positions that are not known to pack" in caplog.text
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)

@@ -246,3 +246,65 @@ def test_remote_output_reads_token_ids_and_log_probs_of_a_completions_choice():
     assert cut.finish_reason == "abort"
     with pytest.raises(RolloutReplicaError, match="expected 'token_id:<id>'"):
         remote_output({**choice, "logprobs": {"tokens": ["hi"], "token_logprobs": [-1.0]}})
+
+
+class _SGLangRequests:
+    """SGLang's request types as the engine builds them (SGLang needs CUDA to run; the
+    types' fields are checked against the pinned wheel by test_api_surface.py)."""
+
+    class ReleaseMemoryOccupationReqInput:
+        def __init__(self, *, tags):
+            self.tags = tags
+
+    class ResumeMemoryOccupationReqInput(ReleaseMemoryOccupationReqInput):
+        pass
+
+
+class _RecordingTokenizerManager:
+    def __init__(self):
+        self.calls = []
+
+    async def release_memory_occupation(self, request, http_request):
+        self.calls.append(("release", request.tags))
+
+    async def resume_memory_occupation(self, request, http_request):
+        self.calls.append(("resume", request.tags))
+
+    def abort_request(self, rid):
+        self.calls.append(("abort", rid))
+
+
+def _sglang_engine_shell():
+    """The backend's sleep/wake-up state around a recording tokenizer manager."""
+    from rl_rollout.backends.sglang_engine import SGLangRolloutEngine
+
+    engine = SGLangRolloutEngine.__new__(SGLangRolloutEngine)
+    engine._tm, engine._io = _RecordingTokenizerManager(), _SGLangRequests
+    engine._in_flight, engine._released = {"r": ["r-0", "r-1"]}, ()
+    return engine
+
+
+def test_sglang_sleep_levels_release_kv_cache_then_weights_and_wake_up_resumes_them():
+    """Level 1 releases the KV cache only, level 2 also weights and CUDA graphs; wake_up
+    resumes exactly what was released (SGLang refuses to resume a tag it did not release),
+    a repeated sleep releases only what is still held, requests in flight are aborted."""
+    import asyncio
+
+    engine = _sglang_engine_shell()
+    asyncio.run(engine.sleep(1))
+    assert engine._tm.calls == [("abort", "r-0"), ("abort", "r-1"), ("release", ["kv_cache"])]
+    engine._tm.calls.clear()
+    engine._in_flight = {}
+    asyncio.run(engine.sleep(2))  # deeper: the rest
+    asyncio.run(engine.wake_up())
+    asyncio.run(engine.wake_up())  # awake: nothing to resume
+    assert engine._tm.calls == [
+        ("release", ["weights", "cuda_graph"]),
+        ("resume", ["kv_cache", "weights", "cuda_graph"]),
+    ]
+    engine._tm.calls.clear()
+    asyncio.run(engine.sleep(2))
+    asyncio.run(engine.sleep(1))  # already released
+    assert engine._tm.calls == [("release", ["kv_cache", "weights", "cuda_graph"])]
+    with pytest.raises(ValueError, match="sleep level=3 is invalid: expected 1 or 2"):
+        asyncio.run(engine.sleep(3))

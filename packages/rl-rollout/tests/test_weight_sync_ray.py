@@ -169,7 +169,32 @@ def _recording_receiver():
     return Receiver
 
 
-@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def _fake_nccl(monkeypatch, backend: str) -> list[list[str]]:
+    """Replace only the NCCL endpoint and the broadcast (no GPU here); returns the names
+    of each bucket the trainer broadcasts. For vLLM the rest is vLLM 0.32's own trainer
+    engine (``trainer_init``, ``send_weights``) driving our client and weight source."""
+    from rl_rollout.backends import nccl_transfer
+
+    sent: list[list[str]] = []
+    if backend == "vllm":
+        from vllm.distributed.weight_transfer import nccl_engine
+
+        def broadcast(self, source, meta):
+            sent.append([name for name, _ in self._checked_iter(source, meta)])
+
+        monkeypatch.setattr(nccl_engine, "open_trainer_endpoint", lambda info: "group")
+        monkeypatch.setattr(nccl_engine.NCCLTrainerWeightTransferEngine, "_broadcast", broadcast)
+    else:
+        monkeypatch.setattr(nccl_transfer, "_sglang_group", lambda *args: ("group", args))
+        monkeypatch.setattr(
+            nccl_transfer,
+            "_sglang_broadcast",
+            lambda g, bucket: sent.append([n for n, _ in bucket]),
+        )
+    return sent
+
+
+@pytest.mark.parametrize("backend", [pytest.param("vllm", marks=pytest.mark.vllm), "sglang"])
 def test_nccl_sender_runs_one_session_per_sync_over_whole_layer_buckets(monkeypatch, backend):
     """`NcclPoolSender` (GPU path): one group, rank offsets by TP size, then per sync
     begin -> one receive per bucket, in the trainer's bucket order, each while the
@@ -179,11 +204,7 @@ def test_nccl_sender_runs_one_session_per_sync_over_whole_layer_buckets(monkeypa
 
     from rl_rollout.backends import nccl_transfer
 
-    sent: list[list[str]] = []
-    monkeypatch.setattr(nccl_transfer, "_trainer_group", lambda *args: ("group", args))
-    monkeypatch.setattr(
-        nccl_transfer, "_broadcast", lambda b, g, bucket: sent.append([n for n, _ in bucket])
-    )
+    sent = _fake_nccl(monkeypatch, backend)
     weights = [(f"model.layers.{i}.{p}", torch.ones(4, 8)) for i in range(3) for p in "qkv"]
     buckets = list(iter_layer_buckets(iter(weights), 2 * 3 * 4 * 8 * 4))  # 2 layers a bucket
     receivers = [_recording_receiver().remote() for _ in range(2)]
@@ -193,10 +214,9 @@ def test_nccl_sender_runs_one_session_per_sync_over_whole_layer_buckets(monkeypa
     assert sent == [[n for n, _ in b] for b in buckets]
     for rank, receiver in enumerate(receivers):
         calls = ray.get(receiver.recorded.remote())
-        assert calls[0] == (
-            "init_nccl_weight_transfer", sender.master_address, sender.master_port,
-            1 + 2 * rank, 5,
-        )  # fmt: skip
+        init = ("init_nccl_weight_transfer", sender.master_address, sender.master_port)
+        wire = {"packed": True, "packed_buffer_size_bytes": 1024**3, "packed_num_buffers": 2}
+        assert calls[0] == (*init, 1 + 2 * rank, 5, *([wire] if backend == "vllm" else []))
         assert [c[0] for c in calls[1:]] == [
             "begin_nccl_update", "receive_nccl_bucket", "receive_nccl_bucket",
             "finish_nccl_update",

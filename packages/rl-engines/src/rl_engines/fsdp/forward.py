@@ -16,6 +16,16 @@ With a `ChunkedLMHead` installed on the model, the LM head computes log-probs an
 from the hidden states a chunk of tokens at a time (`linear_log_probs_and_entropy`): the
 [tokens, vocab] logits never exist in full, in forward or backward.
 
+Vision-language batches (``extra``: ``pixel_values``, ``image_grid_thw`` and, for Qwen2-VL /
+Qwen2.5-VL, the [3, b, S] multimodal rotary positions from `rl_engines.fsdp.multimodal`) run
+in both layouts. Packed, the multimodal positions are packed like the tokens and the text
+positions are prepended as a fourth row ([4, 1, T]): Hugging Face's Qwen2-VL family reads
+row 0 as the per-sequence text positions that delimit the packed sequences (varlen
+``cu_seqlens`` or the block-diagonal mask) and rows 1-3 as the rotary positions. The images
+stay in row order, which is the order of their placeholder tokens in the packed row. Models
+with multimodal positions outside `PACKED_MROPE_MODELS` (checked there) fall back to the
+padded layout, logging why once.
+
 A third layout, shared prompts (`rl_engines.fsdp.shared_prompts`), runs each distinct
 prompt of the micro-batch once; `forward_micro_batch` takes it when asked to and a prompt
 repeats, and falls back to the padded or packed layout otherwise.
@@ -24,6 +34,7 @@ repeats, and falls back to the padded or packed layout otherwise.
 from __future__ import annotations
 
 import contextlib
+import logging
 import types
 from collections.abc import Iterator, Sequence
 
@@ -33,7 +44,19 @@ from torch import Tensor, nn
 from rl_core.engine import linear_log_probs_and_entropy, token_log_probs_and_entropy
 from rl_engines.fsdp.shared_prompts import SharedPromptLayout
 
-__all__ = ["ChunkedLMHead", "forward_micro_batch", "varlen_attention_available"]
+__all__ = [
+    "PACKED_MROPE_MODELS",
+    "ChunkedLMHead",
+    "forward_micro_batch",
+    "packs_multimodal_positions",
+    "varlen_attention_available",
+]
+
+log = logging.getLogger(__name__)
+# Models (config.model_type) whose Hugging Face forward takes packed multimodal rotary
+# positions as [4, 1, T] (text positions first), checked against the padded layout.
+PACKED_MROPE_MODELS = frozenset({"qwen2_vl", "qwen2_5_vl"})
+_fallback_logged: set[str] = set()
 
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 # Config fields of models that transform the LM head's logits after it (soft-capping,
@@ -106,6 +129,11 @@ def varlen_attention_available(attn_implementation: str) -> bool:
     return attn_implementation in VARLEN_ATTENTION
 
 
+def packs_multimodal_positions(model: nn.Module) -> bool:
+    """Whether ``model`` runs packed with multimodal rotary positions (`PACKED_MROPE_MODELS`)."""
+    return getattr(getattr(model, "config", None), "model_type", None) in PACKED_MROPE_MODELS
+
+
 def forward_micro_batch(
     model: nn.Module,
     tensors: dict[str, Tensor],
@@ -120,21 +148,27 @@ def forward_micro_batch(
     """Run ``model`` on one micro-batch; return the requested [b, R] outputs.
 
     ``extra`` holds further model keyword arguments (a VLM's ``pixel_values``,
-    ``image_grid_thw`` and multimodal ``position_ids``, see `rl_engines.fsdp.multimodal`);
-    they need the padded layout. ``shared_prompts`` (the model's attention kernel, "sdpa"
+    ``image_grid_thw`` and multimodal ``position_ids``, see `rl_engines.fsdp.multimodal`).
+    ``shared_prompts`` (the model's attention kernel, "sdpa"
     or "eager"; None: off) runs each distinct prompt once when a prompt repeats."""
     if shared_prompts is not None and not extra:
         dtype = next(model.parameters()).dtype if shared_prompts == "eager" else torch.bool
         layout = SharedPromptLayout.build(tensors, shared_prompts, dtype)
         if layout is not None:
             return _forward_shared(model, layout, outputs, temperature, value_model, head)
+    rope = (extra or {}).get("position_ids")
+    if packed and rope is not None and rope.dim() == 3 and not packs_multimodal_positions(model):
+        model_type = getattr(model.config, "model_type", type(model).__name__)
+        if model_type not in _fallback_logged:
+            _fallback_logged.add(model_type)
+            log.warning(
+                "fsdp engine: %s takes multimodal rotary positions that are not known to "
+                "pack (supported: %s); its batches run padded",
+                model_type, ", ".join(sorted(PACKED_MROPE_MODELS)),
+            )  # fmt: skip
+        packed = False
     if packed:
-        if extra:
-            raise ValueError(
-                f"model inputs {sorted(extra)} (a vision-language batch) need the padded layout: "
-                "set EngineConfig.engine_kwargs.use_remove_padding=False"
-            )
-        return _forward_packed(model, tensors, outputs, temperature, value_model, head)
+        return _forward_packed(model, tensors, outputs, temperature, value_model, head, extra or {})
     return _forward_padded(model, tensors, outputs, temperature, value_model, head, extra or {})
 
 
@@ -205,12 +239,22 @@ def _forward_packed(
     temperature: float,
     value_model: bool,
     head: ChunkedLMHead | None,
+    extra: dict[str, Tensor],
 ) -> dict[str, Tensor]:
     input_ids, attention_mask = tensors["input_ids"], tensors["attention_mask"].bool()
     num_seqs, seq_len = input_ids.shape
     resp_len = tensors["responses"].shape[1]
     packed_ids = input_ids[attention_mask].unsqueeze(0)  # [1, T], row-major
     packed_pos = tensors["position_ids"][attention_mask].unsqueeze(0)
+    extra = dict(extra)
+    rope = extra.pop("position_ids", None)
+    if rope is not None:  # multimodal rotary positions [3, b, S]: text row + 3 rows packed
+        if rope.dim() != 3 or rope.shape[1:] != input_ids.shape:
+            raise ValueError(
+                f"multimodal position_ids have shape {tuple(rope.shape)}: expected "
+                f"[3, {num_seqs}, {seq_len}] (temporal, height, width per token)"
+            )
+        packed_pos = torch.cat([packed_pos, rope[:, attention_mask]]).unsqueeze(1)  # [4, 1, T]
     # packed index of every real token of the padded layout
     index = torch.full_like(input_ids, -1)
     index[attention_mask] = torch.arange(packed_ids.shape[1], device=input_ids.device)
@@ -218,7 +262,7 @@ def _forward_packed(
     src = index[:, seq_len - resp_len - 1 : seq_len - 1]  # [b, R]
     valid = _response_valid(tensors, resp_len) & (src >= 0)
     keep = src[valid]  # packed positions whose outputs we need, ascending
-    kwargs = {"input_ids": packed_ids, "position_ids": packed_pos, "use_cache": False}
+    kwargs = {"input_ids": packed_ids, "position_ids": packed_pos, "use_cache": False, **extra}
     result: dict[str, Tensor] = {}
     if value_model:
         scores = model(**kwargs).logits[0, :, 0]  # [T]

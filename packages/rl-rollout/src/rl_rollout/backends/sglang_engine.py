@@ -18,9 +18,14 @@ tensors travel by torch multiprocessing handles, CUDA IPC on GPUs); split (with
 after ``init_weights_update_group``: the trainer's rank 0 broadcasts each bucket over NCCL
 (`rl_rollout.backends.nccl_transfer.NcclPoolSender`, the receiver protocol shared with the
 ``vllm`` backend). Requests in flight are
-aborted by the update (SGLang retracts them); `sleep` releases the
-KV cache and weights (``release_memory_occupation``, needs ``enable_memory_saver``, set
-here), `wake_up` resumes them; `reset_prefix_cache` flushes the radix cache.
+aborted by the update (SGLang retracts them); `reset_prefix_cache` flushes the radix cache.
+
+Sleep (SGLang's memory saver, ``release_memory_occupation`` with tags; ``enable_memory_saver``
+is set here): level 1 frees the KV cache (tag ``kv_cache``; weights stay on the device),
+level 2 also the weights and CUDA graphs (``weights``, ``cuda_graph``): their memory is given
+back and, unless the engine runs with ``enable_weights_cpu_backup`` (``engine_kwargs``), their
+values are lost, so the next `update_weights` must bring every tensor. `wake_up` resumes
+exactly what was released.
 
 Seeds: SGLang applies per-request ``sampling_seed`` only with
 ``enable_deterministic_inference=True`` (pass it in ``engine_kwargs``); otherwise seeds are
@@ -60,6 +65,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _SEED_LIMIT = 2**63
+# SGLang's memory-saver tags (sglang.srt.constants.GPU_MEMORY_TYPE_*) each sleep level releases
+SLEEP_TAGS: dict[int, tuple[str, ...]] = {
+    1: ("kv_cache",),
+    2: ("kv_cache", "weights", "cuda_graph"),
+}
 
 
 def sglang_engine_kwargs(config: RolloutConfig) -> dict[str, Any]:
@@ -138,6 +148,7 @@ class SGLangRolloutEngine(RolloutEngine):
     def __init__(self, config: RolloutConfig) -> None:
         try:
             import sglang
+            from sglang.srt.managers import io_struct
         except ImportError as exc:
             raise ImportError(
                 f"the 'sglang' rollout engine needs SGLang ({exc}): "
@@ -151,6 +162,8 @@ class SGLangRolloutEngine(RolloutEngine):
         kwargs = sglang_engine_kwargs(config)
         self._seeds_honoured = bool(kwargs.get("enable_deterministic_inference", False))
         self._warned_seed = False
+        self._io = io_struct  # SGLang's request types
+        self._released: tuple[str, ...] = ()  # memory-saver tags released by sleep
         self._engine = sglang.Engine(**kwargs)
         self._tm = self._engine.tokenizer_manager
         model_config = self._tm.model_config
@@ -221,17 +234,8 @@ class SGLangRolloutEngine(RolloutEngine):
 
     async def _session(self, method: str) -> None:
         """``begin_weight_update`` / ``end_weight_update`` (SGLang >= 0.5.21)."""
-        from sglang.srt.managers import io_struct
-
-        request_cls = getattr(io_struct, f"{method.title().replace('_', '')}ReqInput", None)
-        call = getattr(self._tm, method, None)
-        if request_cls is None or call is None:
-            raise RuntimeError(
-                f"sglang rollout engine: this SGLang has no {method}; expected SGLang >= 0.5.21"
-            )
-        result = await asyncio.wait_for(call(request_cls(), None), self._update_timeout_s)
-        if not getattr(result, "success", True):
-            raise ValueError(f"sglang rollout engine: {method} failed: {result}")
+        request_cls = getattr(self._io, f"{method.title().replace('_', '')}ReqInput")
+        await self._checked(method, getattr(self._tm, method)(request_cls(), None))
 
     async def _checked(self, what: str, coro: Any) -> None:
         try:
@@ -248,7 +252,6 @@ class SGLangRolloutEngine(RolloutEngine):
         self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
     ) -> None:
         """Colocated: one session, ``update_weights_from_tensor`` per whole-layer bucket."""
-        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
         from sglang.srt.utils import MultiprocessingSerializer
 
         tp_size = self.config.tensor_parallel_size
@@ -258,7 +261,7 @@ class SGLangRolloutEngine(RolloutEngine):
             while (bucket := await asyncio.to_thread(next, buckets, None)) is not None:
                 named = [(name, t.detach()) for name, t in bucket]
                 payload = [MultiprocessingSerializer.serialize(named) for _ in range(tp_size)]
-                request = UpdateWeightsFromTensorReqInput(
+                request = self._io.UpdateWeightsFromTensorReqInput(
                     serialized_named_tensors=payload, flush_cache=False
                 )
                 await self._checked(
@@ -277,9 +280,7 @@ class SGLangRolloutEngine(RolloutEngine):
     ) -> None:
         """Join the trainer's broadcast group (the trainer is rank 0, this engine's TP
         workers from ``rank_offset``); the trainer joins concurrently."""
-        from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
-
-        request = InitWeightsUpdateGroupReqInput(
+        request = self._io.InitWeightsUpdateGroupReqInput(
             master_address=master_address,
             master_port=int(master_port),
             rank_offset=int(rank_offset),
@@ -301,9 +302,7 @@ class SGLangRolloutEngine(RolloutEngine):
 
     async def receive_nccl_bucket(self, names: list[str], dtypes: list[str], shapes: list) -> None:
         """Receive one bucket the trainer broadcasts now, tensor by tensor in this order."""
-        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
-
-        request = UpdateWeightsFromDistributedReqInput(
+        request = self._io.UpdateWeightsFromDistributedReqInput(
             names=list(names),
             dtypes=list(dtypes),
             shapes=[list(shape) for shape in shapes],
@@ -324,17 +323,22 @@ class SGLangRolloutEngine(RolloutEngine):
         await self.reset_prefix_cache()
 
     async def sleep(self, level: int = 1) -> None:
-        from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
-
-        if level not in (1, 2):
+        """Release SGLang's memory by level (`SLEEP_TAGS`); see the module docstring."""
+        if level not in SLEEP_TAGS:
             raise ValueError(f"sleep level={level!r} is invalid: expected 1 or 2")
         await self.abort(list(self._in_flight))
-        await self._tm.release_memory_occupation(ReleaseMemoryOccupationReqInput(), None)
+        tags = tuple(t for t in SLEEP_TAGS[level] if t not in self._released)
+        if tags:  # a second sleep releases only what is still held
+            request = self._io.ReleaseMemoryOccupationReqInput(tags=list(tags))
+            await self._tm.release_memory_occupation(request, None)
+            self._released += tags
 
     async def wake_up(self) -> None:
-        from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
-
-        await self._tm.resume_memory_occupation(ResumeMemoryOccupationReqInput(), None)
+        """Resume exactly what `sleep` released (nothing if awake)."""
+        if self._released:
+            request = self._io.ResumeMemoryOccupationReqInput(tags=list(self._released))
+            await self._tm.resume_memory_occupation(request, None)
+            self._released = ()
 
     async def reset_prefix_cache(self) -> None:
         result = await self._tm.flush_cache()

@@ -13,8 +13,8 @@ Weights update in place, one session per `update_weights` call, in whole-layer b
 * on accelerators, through vLLM's own weight-transfer engine with the ``ipc`` backend
   (colocated: the trainer's tensors are shared by CUDA-IPC handles, no copy):
   ``init_weight_transfer_engine`` once, then per sync ``start_weight_update`` ->
-  ``update_weights`` per bucket -> ``finish_weight_update`` (written against vLLM 0.32/0.33;
-  unverified here, no GPU);
+  ``update_weights`` per bucket -> ``finish_weight_update`` (written against vLLM 0.32, the
+  version the ``vllm`` extra pins; unverified here, no GPU);
 * on CPU, where neither built-in transfer backend runs, through a vLLM worker extension
   (`rl_rollout.backends.vllm_worker.RLWorkerExtension`): each bucket is written as a
   safetensors file to shared memory (free space checked first) and loaded inside one
@@ -371,10 +371,17 @@ class VLLMRolloutEngine(RolloutEngine):
     #    vllm_transfer.VLLMNcclSender drives these through the replica actor) -----------
 
     async def init_nccl_weight_transfer(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        wire: dict[str, Any] | None = None,
     ) -> None:
         """Join the trainer's NCCL group (trainer rank 0, this engine's workers from
-        ``rank_offset``); the trainer joins concurrently."""
+        ``rank_offset``); the trainer joins concurrently. ``wire``: the trainer's wire
+        parameters (``packed`` and the packed buffer sizes; vLLM 0.32 carries them in the
+        init info, so both sides decode alike)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         if self._transfer != "nccl":
@@ -387,6 +394,7 @@ class VLLMRolloutEngine(RolloutEngine):
             "master_port": int(master_port),
             "rank_offset": int(rank_offset),
             "world_size": int(world_size),
+            **(wire or {}),
         }
         await _maybe_await(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(info)))
         self._transfer_ready = True
@@ -404,10 +412,10 @@ class VLLMRolloutEngine(RolloutEngine):
             raise
 
     async def receive_nccl_bucket(self, names: list[str], dtypes: list[str], shapes: list) -> None:
-        """Receive one bucket the trainer broadcasts now (packed, vLLM's default buffers)."""
+        """Receive one bucket the trainer broadcasts now (packed or not as agreed at init)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        info = {"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": True}
+        info = {"names": list(names), "dtype_names": list(dtypes), "shapes": list(shapes)}
         await asyncio.wait_for(
             _maybe_await(self._llm.update_weights(WeightTransferUpdateRequest(info))),
             self._update_timeout_s,
