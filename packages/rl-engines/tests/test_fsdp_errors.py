@@ -38,7 +38,7 @@ def test_model_path_that_does_not_exist(tmp_path):
     ("options", "match"),
     [
         ({"parallel": {"tensor_parallel_size": 2}}, "supports only 1"),
-        ({"parallel": {"fsdp_size": 3}}, "do not fit"),
+        ({"parallel": {"fsdp_size": 3}}, r"^parallel.fsdp_size: invalid value 3; .*data-parallel"),
         ({"parallel": {"cpu_offload": True}}, "cpu_offload=True on a CPU device"),
     ],
 )
@@ -63,8 +63,17 @@ def test_missing_extra_names_it():
 
 @pytest.mark.parametrize("value", [-0.1, "0.01", True])
 def test_bad_moe_aux_loss_coeff_is_named(value):
-    from rl_engines.fsdp.engine import FSDPOptions
+    from rl_core.config import ConfigError
+    from rl_core.engine import EngineConfig
+    from rl_engines.fsdp.engine import FSDPEngine
 
-    with pytest.raises(ValueError, match=r"engine_kwargs.moe_aux_loss_coeff=.* expected None or"):
-        FSDPOptions.from_kwargs({"moe_aux_loss_coeff": value})
-    assert FSDPOptions.from_kwargs({"moe_aux_loss_coeff": 0.01}).moe_aux_loss_coeff == 0.01
+    def options(coeff):
+        config = EngineConfig.from_dict(
+            {"model": {"path": "/m"}, "engine_kwargs": {"moe_aux_loss_coeff": coeff}}
+        )
+        return FSDPEngine.parse_options(config)
+
+    with pytest.raises(ConfigError) as info:
+        options(value)
+    assert info.value.path == "engine_kwargs.moe_aux_loss_coeff" and info.value.value == value
+    assert options(0.01).moe_aux_loss_coeff == 0.01
