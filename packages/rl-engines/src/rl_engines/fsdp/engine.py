@@ -45,21 +45,15 @@ from rl_core.engine import (
     LoRAConfig,
     LossContext,
     LossFn,
-    TrainEngine,
     check_batch,
     check_outputs,
     iter_layer_buckets,
-    local_micro_batch_count,
     split_micro_batches,
 )
 from rl_core.platform import get_platform
 from rl_core.protocol import DataProto
-from rl_engines.distributed import (
-    all_reduce,
-    device_and_backend,
-    ensure_process_group,
-    local_device,
-)
+from rl_engines.base import EngineBase, init_optimizer_state
+from rl_engines.distributed import all_reduce
 from rl_engines.fsdp.checkpoint import (
     load_checkpoint,
     read_model_weights,
@@ -72,15 +66,10 @@ from rl_engines.fsdp.forward import (
     forward_micro_batch,
     varlen_attention_available,
 )
-from rl_engines.fsdp.model import (
-    build_device_mesh,
-    build_hf_model,
-    resolve_attn_implementation,
-    resolve_compute_dtype,
-    shard_model,
-)
+from rl_engines.fsdp.model import build_device_mesh, shard_model
 from rl_engines.fsdp.multimodal import multimodal_kwargs
 from rl_engines.fsdp.shared_prompts import DENSE_MASK_ATTENTION, group_rows_by_prompt
+from rl_engines.hf_model import build_hf_model, resolve_attn_implementation, resolve_compute_dtype
 from rl_engines.lora import adapter_tensors, apply_lora, merge_lora_weights
 from rl_engines.moe import HFRouterProbe
 
@@ -151,54 +140,16 @@ RESERVED_METRICS = (
 )
 
 
-def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0), unless
-    it exists already.
-
-    Sharded checkpointing needs the state to exist, so `save`/`load` call this before the
-    first step has created it: a zero-lr step, then zeroing every state tensor, keeps the
-    first real step identical to a fresh optimizer. It is not done at start-up: on a 135M
-    model it costs about 4 s of CPU for a state the first step creates anyway.
-    """
-    if optimizer.state:
-        return
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    lrs = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0
-    optimizer.step()
-    for group, lr in zip(optimizer.param_groups, lrs):
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, Tensor):
-                value.zero_()
-
-
-class FSDPEngine(TrainEngine):
+class FSDPEngine(EngineBase):
     """FSDP2 training engine for Hugging Face causal LMs and value models."""
 
     supports_resharding: ClassVar[bool] = True  # torch.distributed.checkpoint reshards
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config.validate()
-        path = config.model.path
-        if path is not None and not os.path.isdir(path):
-            raise FileNotFoundError(
-                f"ModelConfig.path={path!r} does not exist or is not a directory: expected a "
-                "local Hugging Face model directory (config.json + weights)"
-            )
+        super().__init__(config)
         self.options = FSDPOptions.from_kwargs(config.engine_kwargs)
-        self.device_type, backend = device_and_backend()
-        self._device = local_device()
-        ensure_process_group(backend, config.timeout_s)
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.mesh = build_device_mesh(config.parallel, self.device_type, self.world_size)
         mcfg = config.model
-        self.value_model = mcfg.value_head
         self.compute_dtype = resolve_compute_dtype(mcfg)
         if config.parallel.cpu_offload and self.device_type == "cpu":
             raise ValueError(
@@ -246,20 +197,7 @@ class FSDPEngine(TrainEngine):
         if coeff is None:
             coeff = getattr(self.hf_config.get_text_config(), "router_aux_loss_coef", 0.0)
         self.moe_aux_loss_coeff = float(coeff or 0.0)
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        if not config.inference_only:
-            opt = config.optim
-            self.optimizer = torch.optim.AdamW(
-                [p for p in self.model.parameters() if p.requires_grad],
-                lr=opt.lr,
-                betas=opt.betas,
-                eps=opt.eps,
-                weight_decay=opt.weight_decay,
-            )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
-        self._step = 0
-        self._offloaded = False
+        self._build_optimizer([p for p in self.model.parameters() if p.requires_grad])
         torch.manual_seed(config.seed + self.rank)
 
     def _resolve_share_prompts(self, attention: str) -> str | None:
@@ -289,10 +227,6 @@ class FSDPEngine(TrainEngine):
 
     # ---- layout -------------------------------------------------------------------
     @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
     def dp_rank(self) -> int:
         return self.rank
 
@@ -304,41 +238,11 @@ class FSDPEngine(TrainEngine):
     def is_collect_rank(self) -> bool:
         return True
 
-    @property
-    def global_step(self) -> int:
-        return self._step
-
     # ---- helpers ------------------------------------------------------------------
     def _tensors(self, micro_batch: DataProto) -> dict[str, Tensor]:
         """The micro-batch's model inputs on the engine's device (images: see multimodal)."""
         keys = ("input_ids", "attention_mask", "position_ids", "responses")
         return {k: micro_batch.batch[k].to(self.device) for k in keys}
-
-    def _num_micro_batches(self, batch: DataProto, train: bool) -> int:
-        cfg = self.config.micro_batch if train else self.config.infer_micro_batch_config
-        count = torch.tensor([local_micro_batch_count(batch, cfg)], device=self.device)
-        return int(all_reduce(count, dist.ReduceOp.MAX, "the micro-batch count").item())
-
-    def _require_onloaded(self, what: str) -> None:
-        if self._offloaded:
-            raise RuntimeError(f"{what} called while the engine is offloaded: call onload() first")
-
-    def _require_trainable(self, what: str) -> None:
-        if self.optimizer is None:
-            raise RuntimeError(
-                f"rank {self.rank}: {what} on an engine built with "
-                "EngineConfig.inference_only=True (no optimizer): build it with "
-                "inference_only=False to train or checkpoint it"
-            )
-
-    def _temperature(self, batch: DataProto, temperature: float | None) -> float:
-        if temperature is None:
-            temperature = batch.meta_info.get("temperature", 1.0)
-        if not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature > 0
-        ):
-            raise ValueError(f"temperature={temperature!r} is invalid: expected a number > 0")
-        return float(temperature)
 
     # ---- training -----------------------------------------------------------------
     def train_batch(
@@ -594,7 +498,7 @@ class FSDPEngine(TrainEngine):
             "tied_embeddings": self.tied_embeddings,
             "lora": None if self.lora is None else dataclasses.asdict(self.lora),
         }
-        _init_optimizer_state(self.optimizer)
+        init_optimizer_state(self.optimizer)
         save_checkpoint(path, self.model, self.optimizer, extra, meta)
 
     @classmethod
@@ -618,7 +522,7 @@ class FSDPEngine(TrainEngine):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
-        _init_optimizer_state(self.optimizer)
+        init_optimizer_state(self.optimizer)
         extra, meta = load_checkpoint(path, self.model, self.optimizer)
         if bool(meta.get("value_model")) != self.value_model:
             raise ValueError(
@@ -631,18 +535,6 @@ class FSDPEngine(TrainEngine):
             set_rng_state(extra["rng"])
 
     # ---- memory -------------------------------------------------------------------
-    def offload(self) -> None:
-        if self._offloaded:
-            return
-        self._move("cpu")
-        self._offloaded = True
-
-    def onload(self) -> None:
-        if not self._offloaded:
-            return
-        self._move(self.device)
-        self._offloaded = False
-
     def _move(self, device: torch.device | str) -> None:
         """Parameters (resharded first: no gathered copy survives), gradients (dropped)
         and optimizer state to ``device``; on the way out, the allocator's cache goes back

@@ -18,7 +18,6 @@ controller's dispatch. `infer_batch` returns the same CPU tensors on every rank.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -32,21 +31,15 @@ from rl_core.engine import (
     EngineConfig,
     LossContext,
     LossFn,
-    TrainEngine,
     check_batch,
     check_outputs,
-    local_micro_batch_count,
     split_micro_batches,
 )
 from rl_core.platform import get_platform
 from rl_core.protocol import DataProto
-from rl_engines.distributed import (
-    all_reduce,
-    device_and_backend,
-    ensure_process_group,
-    local_device,
-)
-from rl_engines.fsdp.model import build_hf_model, resolve_compute_dtype
+from rl_engines.base import EngineBase, init_optimizer_state
+from rl_engines.distributed import all_reduce
+from rl_engines.hf_model import build_hf_model, resolve_compute_dtype
 from rl_engines.megatron import checkpoint as ckpt
 from rl_engines.megatron.config import MegatronConfig
 from rl_engines.megatron.convert import shard_dim
@@ -71,52 +64,21 @@ from rl_engines.moe import RouterStats
 __all__ = ["MegatronEngine"]
 
 
-def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """AdamW state as a fresh optimizer has it (zeros, step 0), so checkpoints can hold it."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    lrs = [g["lr"] for g in optimizer.param_groups]
-    for g in optimizer.param_groups:
-        g["lr"] = 0.0
-    optimizer.step()
-    for g, lr in zip(optimizer.param_groups, lrs):
-        g["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, Tensor):
-                value.zero_()
-
-
-class MegatronEngine(TrainEngine):
+class MegatronEngine(EngineBase):
     """Megatron-core training engine for Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE models."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config.validate()
-        mcfg = config.model
-        if mcfg.path is not None and not os.path.isdir(mcfg.path):
-            raise FileNotFoundError(
-                f"ModelConfig.path={mcfg.path!r} does not exist or is not a directory: expected a "
-                "local Hugging Face model directory (config.json + weights)"
-            )
         if config.parallel.cpu_offload:
             raise ValueError(
                 "ParallelConfig.cpu_offload=True: the megatron engine does not offload during "
                 "training (use offload()/onload() between phases)"
             )
-        self.device_type, backend = device_and_backend()
-        define_missing_te_symbols()
-        if self.device_type == "cpu":
-            install_cpu_shim()
-        self._device = local_device()
-        ensure_process_group(backend, config.timeout_s)
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        super().__init__(config)
+        mcfg = config.model
         self.mcfg = MegatronConfig.from_engine_config(config).validate(
             self.world_size, self.device_type
         )
         self.parallel = ParallelState.ensure(self.mcfg, config.timeout_s, config.seed)
-        self.value_model = mcfg.value_head
         self.layout = Layout(self.value_model)
         self.compute_dtype = resolve_compute_dtype(mcfg)
         hf_model = build_hf_model(mcfg, config.seed)
@@ -139,21 +101,13 @@ class MegatronEngine(TrainEngine):
             self.chunks, hf_model.state_dict(), self.arch, self.layout, self.value_model
         )
         del hf_model
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if config.inference_only:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
         self.params = [p for c in self.chunks for p in c.parameters() if p.requires_grad]
-        if not config.inference_only:
-            opt = config.optim
-            self.optimizer = torch.optim.AdamW(
-                self.params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-            )
-            _init_optimizer_state(self.optimizer)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
-        self._step = 0
-        self._offloaded = False
+        self._build_optimizer(self.params)
+        if self.optimizer is not None:
+            init_optimizer_state(self.optimizer)
         self._grad_groups = self._classify_params()
         self.router_stats: RouterStats | None = None
         if self.arch.num_experts is not None:
@@ -161,11 +115,12 @@ class MegatronEngine(TrainEngine):
             install_router_probes(self.chunks, self.router_stats)
         torch.manual_seed(config.seed + self.rank)
 
-    # ---- layout -------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self._device
+    def _prepare_platform(self) -> None:
+        define_missing_te_symbols()
+        if self.device_type == "cpu":
+            install_cpu_shim()
 
+    # ---- layout -------------------------------------------------------------------
     @property
     def dp_rank(self) -> int:
         return self.layout.dp_rank
@@ -179,39 +134,12 @@ class MegatronEngine(TrainEngine):
         return self.layout.tp_rank == 0 and self.layout.pp_rank == self.layout.pp - 1
 
     @property
-    def global_step(self) -> int:
-        return self._step
-
-    @property
     def is_last_stage(self) -> bool:
         return self.layout.pp_rank == self.layout.pp - 1
 
     # ---- helpers ------------------------------------------------------------------
-    def _require_onloaded(self, what: str) -> None:
-        if self._offloaded:
-            raise RuntimeError(f"{what} called while the engine is offloaded: call onload() first")
-
-    def _require_trainable(self, what: str) -> None:
-        if self.optimizer is None:
-            raise RuntimeError(
-                f"rank {self.rank}: {what} on an engine built with "
-                "EngineConfig.inference_only=True (no optimizer): build it with "
-                "inference_only=False to train or checkpoint it"
-            )
-
-    def _temperature(self, batch: DataProto, temperature: float | None) -> float:
-        if temperature is None:
-            temperature = batch.meta_info.get("temperature", 1.0)
-        if not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature > 0
-        ):
-            raise ValueError(f"temperature={temperature!r} is invalid: expected a number > 0")
-        return float(temperature)
-
     def _num_micro_batches(self, batch: DataProto, train: bool) -> int:
-        cfg = self.config.micro_batch if train else self.config.infer_micro_batch_config
-        count = torch.tensor([local_micro_batch_count(batch, cfg)], device=self.device)
-        count = int(all_reduce(count, dist.ReduceOp.MAX, "the micro-batch count").item())
+        count = super()._num_micro_batches(batch, train)
         if self.mcfg.vpp > 1:  # the interleaved schedule runs micro-batches in groups of PP
             pp = self.layout.pp
             count = -(-count // pp) * pp
@@ -628,18 +556,6 @@ class MegatronEngine(TrainEngine):
             ckpt.set_rng_state(extra["rng"])
 
     # ---- memory -------------------------------------------------------------------
-    def offload(self) -> None:
-        if self._offloaded:
-            return
-        self._move("cpu")
-        self._offloaded = True
-
-    def onload(self) -> None:
-        if not self._offloaded:
-            return
-        self._move(self.device)
-        self._offloaded = False
-
     def _move(self, device: torch.device | str) -> None:
         if self.device_type == "cpu":
             return  # already in host memory
