@@ -47,6 +47,11 @@ LossFn = Callable[[dict[str, torch.Tensor], Any, Any], tuple[torch.Tensor, dict[
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("rl.policy_losses", kind="policy loss")
 
 
+def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise a ConfigError for ``field`` unless ``value`` is one of ``choices``."""
+    check_field(value in choices, field, value, f"one of {list(choices)}", choices)
+
+
 @dataclass
 class PolicyLossConfig:
     """How the actor's loss is computed (also the `actor.loss` section of the config).
@@ -109,21 +114,9 @@ class PolicyLossConfig:
         )
         check_field(self.clip_ratio_high >= 0, "clip_ratio_high", self.clip_ratio_high, ">= 0")
         check_field(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "> 1 (dual-clip)")
-        check_field(
-            self.agg_mode in AGG_MODES,
-            "agg_mode",
-            self.agg_mode,
-            f"one of {list(AGG_MODES)}",
-            AGG_MODES,
-        )
+        _check_choice("agg_mode", self.agg_mode, AGG_MODES)
         check_field(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, ">= 0")
-        check_field(
-            self.kl_loss_type in KL_TYPES,
-            "kl_loss_type",
-            self.kl_loss_type,
-            f"one of {list(KL_TYPES)}",
-            KL_TYPES,
-        )
+        _check_choice("kl_loss_type", self.kl_loss_type, KL_TYPES)
         check_field(
             self.tis_cap is None or self.tis_cap > 0, "tis_cap", self.tis_cap, "> 0 or null"
         )
@@ -274,13 +267,7 @@ class ValueLossConfig:
 
     def __post_init__(self) -> None:
         check_field(self.cliprange_value > 0, "cliprange_value", self.cliprange_value, "> 0")
-        check_field(
-            self.agg_mode in AGG_MODES,
-            "agg_mode",
-            self.agg_mode,
-            f"one of {list(AGG_MODES)}",
-            AGG_MODES,
-        )
+        _check_choice("agg_mode", self.agg_mode, AGG_MODES)
 
 
 def compute_value_loss(
