@@ -12,18 +12,26 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from rl_core.engine import (
+    INFER_KEYS,
+    TRAIN_KEYS,
     EngineConfig,
+    LossContext,
+    LossFn,
     TrainEngine,
+    check_batch,
+    check_outputs,
     local_micro_batch_count,
 )
 from rl_core.protocol import DataProto
+from rl_engines.checkpointing import rng_state, set_rng_state
 from rl_engines.distributed import (
     all_reduce,
     device_and_backend,
@@ -32,7 +40,17 @@ from rl_engines.distributed import (
 )
 from rl_engines.hf_model import check_model_path
 
-__all__ = ["EngineBase", "init_optimizer_state"]
+__all__ = ["RESERVED_METRICS", "EngineBase", "init_optimizer_state"]
+
+RESERVED_METRICS = (
+    "loss",
+    "grad_norm",
+    "lr",
+    "num_tokens",
+    "num_seqs",
+    "num_micro_batches",
+    "skipped",
+)
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -66,8 +84,13 @@ class EngineBase(TrainEngine):
     ``__init__`` validates the config, checks the model path, picks this rank's device and
     joins the default process group (``_prepare_platform`` runs just before, for engines
     that patch libraries first). Subclasses call it first, then build their model and
-    `_build_optimizer`.
+    `_build_optimizer`. `infer_batch` checks its input and calls the subclass's ``_infer``;
+    ``train_batch`` uses `_begin_train_batch` and `_finish_train_batch` around its own
+    forward/backward; ``save``/``load`` use `_refuse_nonfinite`, `_train_state` and
+    `_restore_train_state`.
     """
+
+    engine_name: ClassVar[str]  # the checkpoint's ``meta.json`` "engine"
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
@@ -134,6 +157,158 @@ class EngineBase(TrainEngine):
         cfg = self.config.micro_batch if train else self.config.infer_micro_batch_config
         count = torch.tensor([local_micro_batch_count(batch, cfg)], device=self.device)
         return int(all_reduce(count, dist.ReduceOp.MAX, "the micro-batch count").item())
+
+    # ---- training -----------------------------------------------------------------
+    def _begin_train_batch(
+        self, batch: DataProto, outputs: Sequence[str] | None
+    ) -> tuple[tuple[str, ...], float, Tensor]:
+        """The checks of ``train_batch``; returns the outputs to compute (default: the
+        model's kind), the temperature and this rank's float64 [response tokens, sequences]
+        on the engine's device."""
+        self._require_onloaded("train_batch")
+        self._require_trainable("train_batch")
+        check_batch(batch, TRAIN_KEYS)
+        default = ("values",) if self.value_model else ("log_probs",)
+        outputs = check_outputs(outputs or default, self.value_model)
+        counts = torch.tensor(
+            [float(batch.batch["response_mask"].sum()), float(len(batch))],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        return outputs, self._temperature(batch, None), counts
+
+    def _finish_train_batch(
+        self,
+        reduced: Tensor,
+        keys: Sequence[str],
+        grad_norm: float,
+        params: Iterable[Tensor],
+        counts: tuple[int, int, int],
+        extra_metrics: dict[str, float],
+    ) -> dict[str, float]:
+        """The end of ``train_batch``, given the summed gradients of ``params`` and their
+        global norm: clip to ``optim.grad_clip`` and step optimizer and LR schedule when
+        the loss and the norm are finite (gradients are dropped either way); raise when
+        not and ``on_nan="raise"``; return the step's metrics.
+
+        ``reduced``: the global [loss sum, non-finite loss count, *metric sums in ``keys``
+        order]; ``counts``: (tokens, sequences, micro-batches) of the step.
+        """
+        finite = reduced[1].item() == 0 and math.isfinite(grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        if finite:
+            max_norm = self.config.optim.grad_clip
+            if max_norm:
+                total = torch.tensor(grad_norm, dtype=torch.float32, device=self.device)
+                torch.nn.utils.clip_grads_with_norm_(list(params), max_norm, total, foreach=True)
+            self.optimizer.step()
+            self.scheduler.step()
+            self._step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if not finite and self.config.on_nan == "raise":
+            raise FloatingPointError(
+                f"rank {self.rank}: non-finite {'loss' if reduced[1].item() else 'gradient norm'} "
+                f"at step {self._step} (loss={reduced[0].item()}, grad_norm={grad_norm}); the "
+                "optimizer step was not taken (EngineConfig.on_nan='skip' drops such steps)"
+            )
+        num_tokens, num_seqs, num_micro = counts
+        result = {
+            "loss": reduced[0].item(),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "num_tokens": float(num_tokens),
+            "num_seqs": float(num_seqs),
+            "num_micro_batches": float(num_micro),
+            "skipped": 0.0 if finite else 1.0,
+        }
+        result.update({key: reduced[2 + i].item() for i, key in enumerate(keys)})
+        result.update(extra_metrics)
+        return result
+
+    def _call_loss(
+        self, loss_fn: LossFn, out: dict[str, Tensor], micro_batch: DataProto, ctx: LossContext
+    ) -> tuple[Tensor, dict[str, float]]:
+        """``loss_fn``'s (loss, metrics), checked against the loss contract: a scalar loss
+        that requires grad, no metric named like one of the engine's own."""
+        result = loss_fn(out, micro_batch, ctx)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError(
+                f"loss_fn returned {type(result).__name__}: expected a tuple (loss tensor, "
+                "metrics dict)"
+            )
+        loss, metrics = result
+        if not isinstance(loss, Tensor) or loss.dim() != 0 or not loss.requires_grad:
+            raise TypeError(
+                f"loss_fn returned loss {loss!r}: expected a scalar tensor that requires grad"
+            )
+        clash = sorted(set(metrics) & set(RESERVED_METRICS))
+        if clash:
+            raise ValueError(f"loss_fn metrics {clash} clash with the engine's own metrics")
+        return loss, metrics
+
+    # ---- inference ----------------------------------------------------------------
+    @torch.no_grad()
+    def infer_batch(
+        self,
+        batch: DataProto,
+        outputs: Sequence[str] = ("log_probs",),
+        temperature: float | None = None,
+    ) -> DataProto:
+        self._require_onloaded("infer_batch")
+        check_batch(batch, INFER_KEYS)
+        outputs = check_outputs(outputs, self.value_model)
+        temperature = self._temperature(batch, temperature)
+        num_micro = self._num_micro_batches(batch, train=False)
+        tensors = self._infer(batch, outputs, temperature, num_micro)
+        return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
+
+    @abstractmethod
+    def _infer(
+        self, batch: DataProto, outputs: tuple[str, ...], temperature: float, num_micro: int
+    ) -> dict[str, Tensor]:
+        """``infer_batch`` after its checks: the outputs, CPU tensors [B, R] in row order,
+        from ``num_micro`` micro-batches (the same count on every rank)."""
+
+    # ---- checkpoints --------------------------------------------------------------
+    def _refuse_nonfinite(self, bad: Tensor, path: str) -> None:
+        """Refuse (on every rank) to save ``path`` when any rank counts non-finite
+        parameters in its ``bad``."""
+        if all_reduce(bad, dist.ReduceOp.SUM, "the parameter finiteness check").item():
+            raise FloatingPointError(
+                f"rank {self.rank}: refusing to save {path!r}: parameters hold non-finite values"
+            )
+
+    def _checkpoint_meta(self, **fields: Any) -> dict[str, Any]:
+        """``meta.json`` of a checkpoint: engine, step, model kind and the engine's
+        ``fields``."""
+        return {
+            "engine": self.engine_name,
+            "step": self._step,
+            "value_model": self.value_model,
+            **fields,
+        }
+
+    def _train_state(self) -> dict[str, Any]:
+        """This rank's step, LR schedule and RNG states, for its checkpoint file."""
+        return {"step": self._step, "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
+
+    def _restore_train_state(self, path: str, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Check the checkpoint ``path``'s ``meta`` fits this engine and restore the
+        `_train_state` it saved (RNG states only where it has them)."""
+        if meta.get("engine") != self.engine_name:
+            raise ValueError(
+                f"checkpoint {path!r} was written by engine {meta.get('engine')!r}, not "
+                f"{self.engine_name!r}"
+            )
+        if bool(meta.get("value_model")) != self.value_model:
+            raise ValueError(
+                f"checkpoint {path!r} has value_model={meta.get('value_model')}, this engine "
+                f"value_model={self.value_model}"
+            )
+        self._step = int(state["step"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if "rng" in state:
+            set_rng_state(state["rng"])
 
     # ---- memory -------------------------------------------------------------------
     def offload(self) -> None:

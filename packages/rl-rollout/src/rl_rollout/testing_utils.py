@@ -18,7 +18,8 @@ from typing import Any
 
 from torch import Tensor
 
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
+from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_rollout.backends.base import BackendEngine
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -132,13 +133,15 @@ class TurnScript:
         raise ValueError(f"TurnScript: no script for a prompt starting with {prompt[:8]}")
 
 
-class ScriptedRolloutEngine(RolloutEngine):
+class ScriptedRolloutEngine(BackendEngine):
     """A `RolloutEngine` whose outputs come from ``config.engine_kwargs["policy"]``.
 
     Honours max_tokens, stop_token_ids (the first stop token ends the output), the context
     length and abort; ``delay_s`` makes each request take that long (load-balancing tests).
     Records every request (`requests`) for assertions.
     """
+
+    name = "scripted"
 
     def __init__(self, config: RolloutConfig) -> None:
         kwargs = dict(config.engine_kwargs)
@@ -150,25 +153,14 @@ class ScriptedRolloutEngine(RolloutEngine):
         self.in_flight = 0
         self.max_in_flight = 0
         self._aborted: set[str] = set()
-        self.stopped = False
 
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    async def generate(
+    async def _generate(
         self,
-        prompt_ids: list[int],
+        prompt: list[int],
         sampling_params: SamplingParams,
         request_id: str,
-        multi_modal_data: dict[str, Any] | None = None,
+        multi_modal_data: dict[str, Any] | None,
     ) -> list[GenerationOutput]:
-        from rl_core.rollout import check_prompt
-
-        if self.stopped:
-            raise RuntimeError("ScriptedRolloutEngine was shut down")
-        sampling_params.validate()
-        prompt = check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
         self.requests.append((request_id, prompt))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -218,4 +210,4 @@ class ScriptedRolloutEngine(RolloutEngine):
         return None
 
     async def shutdown(self) -> None:
-        self.stopped = True
+        self._closed = True

@@ -19,20 +19,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from rl_core.engine import (
-    INFER_KEYS,
-    TRAIN_KEYS,
     EngineConfig,
     LossContext,
     LossFn,
-    check_batch,
-    check_outputs,
     split_micro_batches,
 )
 from rl_core.platform import get_platform
@@ -66,6 +62,8 @@ __all__ = ["MegatronEngine"]
 
 class MegatronEngine(EngineBase):
     """Megatron-core training engine for Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE models."""
+
+    engine_name: ClassVar[str] = "megatron"
 
     def __init__(self, config: EngineConfig) -> None:
         if config.parallel.cpu_offload:
@@ -191,10 +189,7 @@ class MegatronEngine(EngineBase):
             return
         grads = [p.grad for p in params]
         flat = torch._utils._flatten_dense_tensors(grads)
-        try:
-            dist.all_reduce(flat, group=group)
-        except Exception as exc:
-            raise RuntimeError(f"rank {self.rank}: all-reduce of {what} failed: {exc}") from exc
+        all_reduce(flat, dist.ReduceOp.SUM, what, group)
         for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             g.copy_(reduced)
 
@@ -227,13 +222,7 @@ class MegatronEngine(EngineBase):
             (expert, ps.get_expert_tensor_model_pipeline_parallel_group()),
         ]
         for value, group in groups:
-            if dist.get_world_size(group) > 1:
-                try:
-                    dist.all_reduce(value, group=group)
-                except Exception as exc:
-                    raise RuntimeError(
-                        f"rank {self.rank}: all-reduce of the grad norm failed: {exc}"
-                    ) from exc
+            all_reduce(value, dist.ReduceOp.SUM, "the grad norm", group)
         return float((dense + expert).sqrt().item())
 
     def _run_schedule(
@@ -311,19 +300,9 @@ class MegatronEngine(EngineBase):
     def train_batch(
         self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
     ) -> dict[str, float]:
-        self._require_onloaded("train_batch")
-        self._require_trainable("train_batch")
-        check_batch(batch, TRAIN_KEYS)
-        default = ("values",) if self.value_model else ("log_probs",)
-        outputs = check_outputs(outputs or default, self.value_model)
-        temperature = self._temperature(batch, None)
-        counts = torch.tensor(
-            [float(batch.batch["response_mask"].sum()), float(len(batch))],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        if self.layout.dp > 1:
-            self._dp_all_reduce(counts, "the global token/sequence counts")
+        outputs, temperature, counts = self._begin_train_batch(batch, outputs)
+        group = self.layout.dp_group
+        all_reduce(counts, dist.ReduceOp.SUM, "the global token/sequence counts", group)
         num_tokens, num_seqs = int(counts[0].item()), int(counts[1].item())
         num_micro = self._num_micro_batches(batch, train=True)
         micro_batches = split_micro_batches(batch, self.config.micro_batch, num_micro)
@@ -339,11 +318,7 @@ class MegatronEngine(EngineBase):
 
         def on_outputs(index, outs, mb):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
-            loss, metrics = loss_fn(outs, mb.to(self.device), ctx)  # on our device
-            if not isinstance(loss, Tensor) or loss.dim() != 0:
-                raise TypeError(
-                    f"loss_fn must return a scalar tensor loss, got {type(loss).__name__}"
-                )
+            loss, metrics = self._call_loss(loss_fn, outs, mb.to(self.device), ctx)
             losses.append(float(loss.detach().double()))
             nonfinite[0] += float(not math.isfinite(losses[-1]))
             for key, value in metrics.items():
@@ -367,45 +342,11 @@ class MegatronEngine(EngineBase):
             reduced.zero_()
         all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
         grad_norm = self._grad_norm()
-        finite = reduced[1].item() == 0 and math.isfinite(grad_norm)
-        lr = self.scheduler.get_last_lr()[0]
-        if finite:
-            max_norm = self.config.optim.grad_clip
-            if max_norm:
-                total = torch.tensor(grad_norm, dtype=torch.float32, device=self.device)
-                torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=True)
-            self.optimizer.step()
-            self.scheduler.step()
-            self._step += 1
-        self.optimizer.zero_grad(set_to_none=True)
         moe_metrics = self._moe_metrics(num_micro)
-        if not finite and self.config.on_nan == "raise":
-            raise FloatingPointError(
-                f"rank {self.rank}: non-finite {'loss' if reduced[1].item() else 'gradient norm'} "
-                f"at step {self._step} (loss={reduced[0].item()}, grad_norm={grad_norm}); the "
-                "optimizer step was not taken (EngineConfig.on_nan='skip' drops such steps)"
-            )
-        result = {
-            "loss": reduced[0].item(),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "num_tokens": float(num_tokens),
-            "num_seqs": float(num_seqs),
-            "num_micro_batches": float(num_micro),
-            "skipped": 0.0 if finite else 1.0,
-        }
-        for i, key in enumerate(keys):
-            if key in result:
-                raise ValueError(f"loss_fn returned metric {key!r}, which the engine reserves")
-            result[key] = reduced[2 + i].item()
-        result.update(moe_metrics)
-        return result
-
-    def _dp_all_reduce(self, tensor: Tensor, what: str) -> None:
-        try:
-            dist.all_reduce(tensor, group=self.layout.dp_group)
-        except Exception as exc:
-            raise RuntimeError(f"rank {self.rank}: all-reduce of {what} failed: {exc}") from exc
+        step_counts = (num_tokens, num_seqs, num_micro)
+        return self._finish_train_batch(
+            reduced, keys, grad_norm, self.params, step_counts, moe_metrics
+        )
 
     def _metric_keys(self, keys: list[str] | None) -> list[str]:
         """The loss function's metric names, from the collect ranks to every rank."""
@@ -451,19 +392,10 @@ class MegatronEngine(EngineBase):
         return metrics
 
     # ---- inference ----------------------------------------------------------------
-    @torch.no_grad()
-    def infer_batch(
-        self,
-        batch: DataProto,
-        outputs: Sequence[str] = ("log_probs",),
-        temperature: float | None = None,
-    ) -> DataProto:
-        self._require_onloaded("infer_batch")
-        check_batch(batch, INFER_KEYS)
-        outputs = check_outputs(outputs, self.value_model)
-        temperature = self._temperature(batch, temperature)
+    def _infer(
+        self, batch: DataProto, outputs: tuple[str, ...], temperature: float, num_micro: int
+    ) -> dict[str, Tensor]:
         cfg = self.config.infer_micro_batch_config
-        num_micro = self._num_micro_batches(batch, train=False)
         micro_batches = split_micro_batches(batch, cfg, num_micro)
         for chunk in self.chunks:
             chunk.eval()
@@ -487,7 +419,7 @@ class MegatronEngine(EngineBase):
             result = {k: stacked[i] for i, k in enumerate(outputs)}
         for chunk in self.chunks:
             chunk.train()
-        return DataProto.from_dict(tensors=result, meta_info={"temperature": temperature})
+        return result
 
     # ---- weights ------------------------------------------------------------------
     def export_weights(
@@ -505,29 +437,18 @@ class MegatronEngine(EngineBase):
         bad = torch.tensor(
             [float(sum(int(not torch.isfinite(p).all()) for p in self.params))], device=self.device
         )
-        if all_reduce(bad, dist.ReduceOp.SUM, "the parameter finiteness check").item():
-            raise FloatingPointError(
-                f"rank {self.rank}: refusing to save {path!r}: parameters hold non-finite values"
-            )
-        extra = {
-            "step": self._step,
-            "scheduler": self.scheduler.state_dict(),
-            "rng": ckpt.rng_state(),
-        }
-        meta = {
-            "engine": "megatron",
-            "step": self._step,
-            "value_model": self.value_model,
-            "hf_config": self.hf_config.to_dict(),  # for offline export (`offline`)
-            "parallel": {
+        self._refuse_nonfinite(bad, path)
+        meta = self._checkpoint_meta(
+            hf_config=self.hf_config.to_dict(),  # for offline export (`offline`)
+            parallel={
                 "tp": self.layout.tp,
                 "pp": self.layout.pp,
                 "ep": self.layout.ep,
                 "etp": self.layout.etp,
                 "vpp": self.mcfg.vpp,
             },
-        }
-        ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta)
+        )
+        ckpt.save_checkpoint(path, self.chunks, self.optimizer, self._train_state(), meta)
 
     @classmethod
     def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
@@ -540,20 +461,8 @@ class MegatronEngine(EngineBase):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
-        extra, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer)
-        if meta.get("engine") != "megatron":
-            raise ValueError(
-                f"checkpoint {path!r} was written by engine {meta.get('engine')!r}, not 'megatron'"
-            )
-        if bool(meta.get("value_model")) != self.value_model:
-            raise ValueError(
-                f"checkpoint {path!r} has value_model={meta.get('value_model')}, this engine "
-                f"value_model={self.value_model}"
-            )
-        self._step = int(extra["step"])
-        self.scheduler.load_state_dict(extra["scheduler"])
-        if "rng" in extra:
-            ckpt.set_rng_state(extra["rng"])
+        state, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer)
+        self._restore_train_state(path, state, meta)
 
     # ---- memory -------------------------------------------------------------------
     def _move(self, device: torch.device | str) -> None:

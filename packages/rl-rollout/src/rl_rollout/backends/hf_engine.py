@@ -43,9 +43,8 @@ import torch
 from torch import Tensor
 
 from rl_core.platform import get_platform
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
-from rl_core.rollout import check_prompt as _check_prompt
-from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_rollout.backends.base import BackendEngine
 from rl_rollout.backends.hf_prefill import left_padded, prefill_text
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
@@ -109,8 +108,10 @@ class _Request:
     error: BaseException | None = None
 
 
-class HFRolloutEngine(RolloutEngine):
+class HFRolloutEngine(BackendEngine):
     """Batched, KV-cached generation with a transformers causal LM (see module docstring)."""
+
+    name = "hf"
 
     def __init__(self, config: RolloutConfig) -> None:
         try:
@@ -201,34 +202,30 @@ class HFRolloutEngine(RolloutEngine):
         self._model_lock = asyncio.Lock()
         self._scheduler = loop.create_task(self._schedule(), name="hf-rollout-scheduler")
 
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
     # -- the contract -------------------------------------------------------------------------
 
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None = None,
-    ) -> list[GenerationOutput]:
+    def _check_ready(self) -> None:
+        super()._check_ready()
         if self._unloaded:
             raise RuntimeError(
                 f"hf rollout engine (load_format='dummy'): {len(self._unloaded)} weights were "
                 f"never loaded (e.g. {sorted(self._unloaded)[0]!r}): call update_weights with "
                 "the full weights before generating"
             )
-        params = sampling_params.validate()
-        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
+
+    async def _generate(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str,
+        multi_modal_data: dict[str, Any] | None,
+    ) -> list[GenerationOutput]:
         vision = self._vision_inputs(prompt, multi_modal_data) if multi_modal_data else None
         if vision is None and self._banned and any(t in self._banned for t in prompt):
             raise ValueError(
                 "prompt_ids hold image/video placeholder tokens but multi_modal_data is empty: "
                 "expected the request's images as multi_modal_data={'image': [...]}"
             )
-        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
         self._ensure_scheduler()
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")

@@ -44,9 +44,8 @@ from typing import Any
 from torch import Tensor
 
 from rl_core.engine import iter_layer_buckets
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
-from rl_core.rollout import check_prompt as _check_prompt
-from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_rollout.backends.base import BackendEngine
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.nccl_transfer import GROUP_NAME
 from rl_rollout.backends.options import SGLangOptions
@@ -125,8 +124,10 @@ def sglang_output(result: dict[str, Any]) -> GenerationOutput:
     return GenerationOutput(tokens, log_probs, finish)
 
 
-class SGLangRolloutEngine(RolloutEngine):
+class SGLangRolloutEngine(BackendEngine):
     """SGLang `Engine` behind the rollout-engine contract (see module docstring)."""
+
+    name = "sglang"
 
     def __init__(self, config: RolloutConfig) -> None:
         try:
@@ -155,22 +156,13 @@ class SGLangRolloutEngine(RolloutEngine):
         self._transfer_ready = False
         self._closed = False
 
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    async def generate(
+    async def _generate(
         self,
-        prompt_ids: list[int],
-        sampling_params: SamplingParams,
+        prompt: list[int],
+        params: SamplingParams,
         request_id: str,
-        multi_modal_data: dict[str, Any] | None = None,
+        multi_modal_data: dict[str, Any] | None,
     ) -> list[GenerationOutput]:
-        if self._closed:
-            raise RuntimeError("the 'sglang' rollout engine was shut down")
-        params = sampling_params.validate()
-        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
-        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
         if request_id in self._in_flight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         if params.seed is not None and not self._seeds_honoured and not self._warned_seed:

@@ -48,9 +48,8 @@ from typing import Any
 from torch import Tensor
 
 from rl_core.engine import iter_layer_buckets
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
-from rl_core.rollout import check_prompt as _check_prompt
-from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_rollout.backends.base import BackendEngine
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.options import VLLMOptions
 from rl_rollout.backends.weight_files import write_bucket
@@ -182,8 +181,10 @@ async def _maybe_await(value: Any) -> Any:
     return await value if asyncio.iscoroutine(value) or asyncio.isfuture(value) else value
 
 
-class VLLMRolloutEngine(RolloutEngine):
+class VLLMRolloutEngine(BackendEngine):
     """vLLM `AsyncLLM` behind the rollout-engine contract (see module docstring)."""
+
+    name = "vllm"
 
     def __init__(self, config: RolloutConfig) -> None:
         try:
@@ -238,22 +239,13 @@ class VLLMRolloutEngine(RolloutEngine):
         self._update_lock = asyncio.Lock()
         self._closed = False
 
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    async def generate(
+    async def _generate(
         self,
-        prompt_ids: list[int],
-        sampling_params: SamplingParams,
+        prompt: list[int],
+        params: SamplingParams,
         request_id: str,
-        multi_modal_data: dict[str, Any] | None = None,
+        multi_modal_data: dict[str, Any] | None,
     ) -> list[GenerationOutput]:
-        if self._closed:
-            raise RuntimeError("the 'vllm' rollout engine was shut down")
-        params = sampling_params.validate()
-        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
-        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
         if request_id in self._in_flight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         self._in_flight.add(request_id)
