@@ -18,8 +18,8 @@ from typing import Any
 
 from torch import Tensor
 
-from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
-from rl_rollout.backends.base import BackendEngine
+from rl_core.rollout import GenerationOutput, RolloutConfig
+from rl_rollout.backends.base import BackendEngine, CheckedRequest
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -154,13 +154,8 @@ class ScriptedRolloutEngine(BackendEngine):
         self.max_in_flight = 0
         self._aborted: set[str] = set()
 
-    async def _generate(
-        self,
-        prompt: list[int],
-        sampling_params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None,
-    ) -> list[GenerationOutput]:
+    async def _generate(self, request: CheckedRequest) -> list[GenerationOutput]:
+        prompt, sampling_params, request_id = request.prompt, request.params, request.request_id
         self.requests.append((request_id, prompt))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from rl_core.platform import get_platform
 from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
-from rl_rollout.backends.base import BackendEngine
+from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.hf_prefill import left_padded, prefill_text
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
@@ -114,12 +114,9 @@ class HFRolloutEngine(BackendEngine):
     name = "hf"
 
     def __init__(self, config: RolloutConfig) -> None:
-        try:
-            from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-        except ImportError as exc:
-            raise ImportError(
-                f"the 'hf' rollout engine needs transformers ({exc}): pip install 'rl-rollout[hf]'"
-            ) from exc
+        transformers = self._import_library(
+            "transformers", "transformers", "pip install 'rl-rollout[hf]'"
+        )
 
         config.validate()
         if config.tensor_parallel_size != 1:
@@ -148,9 +145,13 @@ class HFRolloutEngine(BackendEngine):
             )
         dtype = platform.auto_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
         self.config = config
-        hf_config = AutoConfig.from_pretrained(config.model_path)
+        hf_config = transformers.AutoConfig.from_pretrained(config.model_path)
         self.vision = getattr(hf_config, "vision_config", None) is not None
-        auto = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
+        auto = (
+            transformers.AutoModelForImageTextToText
+            if self.vision
+            else transformers.AutoModelForCausalLM
+        )
         if load_format == "dummy":
             self.model = _unloaded_model(auto, hf_config, dtype)
         else:
@@ -183,7 +184,6 @@ class HFRolloutEngine(BackendEngine):
         self._weights_device = self.device
         self.weight_version = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
 
     # -- event-loop state: rebuilt when the engine is used from a new loop -------------------
 
@@ -213,13 +213,9 @@ class HFRolloutEngine(BackendEngine):
                 "the full weights before generating"
             )
 
-    async def _generate(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None,
-    ) -> list[GenerationOutput]:
+    async def _generate(self, request: CheckedRequest) -> list[GenerationOutput]:
+        prompt, params, request_id = request.prompt, request.params, request.request_id
+        multi_modal_data = request.multi_modal_data
         vision = self._vision_inputs(prompt, multi_modal_data) if multi_modal_data else None
         if vision is None and self._banned and any(t in self._banned for t in prompt):
             raise ValueError(

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from rl_core.engine import iter_layer_buckets
 from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
-from rl_rollout.backends.base import BackendEngine
+from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.nccl_transfer import GROUP_NAME
 from rl_rollout.backends.options import SGLangOptions
@@ -130,18 +130,10 @@ class SGLangRolloutEngine(BackendEngine):
     name = "sglang"
 
     def __init__(self, config: RolloutConfig) -> None:
-        try:
-            import sglang
-        except ImportError as exc:
-            raise ImportError(
-                f"the 'sglang' rollout engine needs SGLang ({exc}): "
-                "pip install 'rl-rollout[sglang]' (needs a CUDA machine)"
-            ) from exc
-        config.validate()
-        self.config = config
-        options = SGLangOptions.from_kwargs(config.engine_kwargs)
-        self._bucket_bytes = options.weight_bucket_bytes
-        self._update_timeout_s = float(options.update_timeout_s)
+        sglang = self._import_library(
+            "sglang", "SGLang", "pip install 'rl-rollout[sglang]' (needs a CUDA machine)"
+        )
+        self._server_options(config, SGLangOptions)
         kwargs = sglang_engine_kwargs(config)
         self._seeds_honoured = bool(kwargs.get("enable_deterministic_inference", False))
         self._warned_seed = False
@@ -154,15 +146,10 @@ class SGLangRolloutEngine(BackendEngine):
         self._in_flight: dict[str, list[str]] = {}
         self.weight_version = 0
         self._transfer_ready = False
-        self._closed = False
 
-    async def _generate(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None,
-    ) -> list[GenerationOutput]:
+    async def _generate(self, request: CheckedRequest) -> list[GenerationOutput]:
+        prompt, params, request_id = request.prompt, request.params, request.request_id
+        multi_modal_data = request.multi_modal_data
         if request_id in self._in_flight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         if params.seed is not None and not self._seeds_honoured and not self._warned_seed:

