@@ -40,6 +40,7 @@ from rl_core.rollout import (
 
 __all__ = [
     "AsyncRunner",
+    "EngineUnderTest",
     "RolloutEngineConformance",
     "reference_log_probs",
     "save_tiny_causal_lm",
@@ -147,26 +148,19 @@ def reference_log_probs(
     return rows.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1), rows
 
 
-class RolloutEngineConformance:
-    """Subclass with ``backend = "<name>"`` (a class named ``Test...``)."""
+class EngineUnderTest:
+    """The fixtures both rollout conformance suites start from: an `AsyncRunner` and the
+    engine ``backend`` built on the class's ``model_path`` fixture (the subclass defines
+    it), shut down after the class."""
 
     backend: ClassVar[str]
     config_overrides: ClassVar[dict[str, Any]] = {}
     """Extra `RolloutConfig` fields for the engine under test."""
-    model_arch: ClassVar[str] = "qwen2"
     max_model_len: ClassVar[int] = 256
     logprob_atol: ClassVar[float] = 2e-3
     """Tolerance between the engine's log-probs and the float64 Hugging Face reference."""
-    records_versions: ClassVar[bool] = True
-    """Whether `GenerationOutput.weight_versions` is filled (the policy version per token)."""
     engine_start_timeout: ClassVar[float] = 600.0
     request_timeout: ClassVar[float] = 300.0
-
-    # ------------------------------------------------------------------ fixtures
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_path(cls, tmp_path_factory) -> str:
-        return save_tiny_causal_lm(tmp_path_factory.mktemp("tiny-model"), arch=cls.model_arch)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -189,6 +183,20 @@ class RolloutEngineConformance:
         engine = runner.call(lambda: build_rollout_engine(config), cls.engine_start_timeout)
         yield engine
         runner.run(engine.shutdown(), timeout=120)
+
+
+class RolloutEngineConformance(EngineUnderTest):
+    """Subclass with ``backend = "<name>"`` (a class named ``Test...``)."""
+
+    model_arch: ClassVar[str] = "qwen2"
+    records_versions: ClassVar[bool] = True
+    """Whether `GenerationOutput.weight_versions` is filled (the policy version per token)."""
+
+    # ------------------------------------------------------------------ fixtures
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_path(cls, tmp_path_factory) -> str:
+        return save_tiny_causal_lm(tmp_path_factory.mktemp("tiny-model"), arch=cls.model_arch)
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -45,7 +45,7 @@ from torch import Tensor
 from rl_core.platform import get_platform
 from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
 from rl_rollout.backends.base import BackendEngine, CheckedRequest
-from rl_rollout.backends.hf_prefill import left_padded, prefill_text
+from rl_rollout.backends.hf_prefill import cached_step, left_padded, prefill_text
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
 __all__ = ["HFRolloutEngine"]
@@ -442,15 +442,8 @@ class HFRolloutEngine(BackendEngine):
         ids, mask = left_padded(contexts, self.device)
         extra = self._prefill_vision(live, ids, mask)
         positions = extra.pop("position_ids")
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
-        return out.logits[:, -1], out.past_key_values, mask, positions
+        logits, cache = cached_step(self.model, ids, mask, positions, None, **extra)
+        return logits, cache, mask, positions
 
     @torch.no_grad()
     def _step(self, seqs: list[_Sequence], state: dict | None) -> dict | None:
@@ -480,15 +473,7 @@ class HFRolloutEngine(BackendEngine):
             )
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             positions = state["positions"][..., None] + 1  # [B] or [3, B] (multimodal)
-            out = self.model(
-                input_ids=state["next"][:, None],
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            logits, cache = out.logits[:, -1], out.past_key_values
+            logits, cache = cached_step(self.model, state["next"][:, None], mask, positions, cache)
         if self._banned:
             logits[:, self._banned] = float("-inf")
         tokens, log_probs = sample_rows(logits, sampling, self._shared_generator)
