@@ -149,11 +149,13 @@ def reference_log_probs(
 
 
 class EngineUnderTest:
-    """The fixtures both rollout conformance suites start from: an `AsyncRunner` and the
-    engine ``backend`` built on the class's ``model_path`` fixture (the subclass defines
-    it), shut down after the class."""
+    """The fixtures both rollout conformance suites start from: a tiny model saved by the
+    suite's ``save_model(path, arch)`` (``model_arch``), an `AsyncRunner`, and the engine
+    ``backend`` on that model, shut down after the class."""
 
     backend: ClassVar[str]
+    model_arch: ClassVar[str]
+    save_model: ClassVar[Callable[[Path, str], str]]
     config_overrides: ClassVar[dict[str, Any]] = {}
     """Extra `RolloutConfig` fields for the engine under test."""
     max_model_len: ClassVar[int] = 256
@@ -161,6 +163,11 @@ class EngineUnderTest:
     """Tolerance between the engine's log-probs and the float64 Hugging Face reference."""
     engine_start_timeout: ClassVar[float] = 600.0
     request_timeout: ClassVar[float] = 300.0
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_path(cls, tmp_path_factory) -> str:
+        return cls.save_model(tmp_path_factory.mktemp(f"tiny-{cls.model_arch}"), cls.model_arch)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -189,15 +196,11 @@ class RolloutEngineConformance(EngineUnderTest):
     """Subclass with ``backend = "<name>"`` (a class named ``Test...``)."""
 
     model_arch: ClassVar[str] = "qwen2"
+    save_model = staticmethod(save_tiny_causal_lm)
     records_versions: ClassVar[bool] = True
     """Whether `GenerationOutput.weight_versions` is filled (the policy version per token)."""
 
     # ------------------------------------------------------------------ fixtures
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_path(cls, tmp_path_factory) -> str:
-        return save_tiny_causal_lm(tmp_path_factory.mktemp("tiny-model"), arch=cls.model_arch)
-
     @pytest.fixture(scope="class")
     @classmethod
     def hf_model(cls, model_path):

@@ -102,11 +102,7 @@ class ImageRolloutEngineConformance(EngineUnderTest):
     """Subclass with ``backend = "<name>"`` (a class named ``Test...``)."""
 
     model_arch: ClassVar[str] = "qwen2_5_vl"
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_path(cls, tmp_path_factory) -> str:
-        return save_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"), arch=cls.model_arch)
+    save_model = staticmethod(save_tiny_vlm)
 
     @pytest.fixture(scope="class")
     @classmethod
