@@ -3,9 +3,12 @@ parallelised, shared by the fsdp and megatron engines.
 
 It joins the process group on the platform's device, keeps the step counter and the
 offloaded flag, builds the AdamW optimizer and LR schedule from `OptimConfig`, and checks
-what every public method checks first (onloaded, trainable, a valid temperature). A
-subclass supplies the model, the forward/backward, the gradient norm, checkpoints and
-``_move`` (where parameters and optimizer state go on offload/onload).
+what every public method checks first (onloaded, trainable, a valid temperature, the
+batch's keys, the loss function's result). It ends every training step the same way
+(clip, step or skip, ``on_nan``, the metrics) and writes and checks the same checkpoint
+metadata and per-rank training state. A subclass supplies the model, the
+forward/backward, the gradient norm, how shards are saved and loaded, and ``_move``
+(where parameters and optimizer state go on offload/onload).
 """
 
 from __future__ import annotations
