@@ -174,6 +174,8 @@ def test_changed_generate_options_regenerate_the_data_or_stop_a_resume(tmp_path)
         ]
         == 500
     )
-    with pytest.raises(ConfigError, match=r"data\.generate\.options: changed since the run started"):
+    with pytest.raises(
+        ConfigError, match=r"data\.generate\.options: changed since the run started"
+    ):
         _materialize_generated_task(config(9, resume="latest"), tmp_path)
     _materialize_generated_task(config(500, resume="latest"), tmp_path)  # same: fine

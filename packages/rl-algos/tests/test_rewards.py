@@ -222,5 +222,8 @@ def test_user_reward_function_from_a_file(tmp_path):
         match=r"reward.function_name: invalid value 'compute_scor'.*did you mean 'compute_score'",
     ):
         load_reward_function(path, "compute_scor")
-    with pytest.raises(ConfigError, match=r"reward\.function_path: invalid value .*; expected an existing Python file$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"reward\.function_path: invalid value .*; expected an existing Python file$",
+    ):
         load_reward_function(tmp_path / "missing.py")

@@ -19,7 +19,8 @@ from typing import Any
 
 from torch import Tensor
 
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
+from rl_core.rollout import GenerationOutput, RolloutConfig
+from rl_rollout.backends.base import BackendEngine, CheckedRequest
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -133,13 +134,15 @@ class TurnScript:
         raise ValueError(f"TurnScript: no script for a prompt starting with {prompt[:8]}")
 
 
-class ScriptedRolloutEngine(RolloutEngine):
+class ScriptedRolloutEngine(BackendEngine):
     """A `RolloutEngine` whose outputs come from ``config.engine_kwargs["policy"]``.
 
     Honours max_tokens, stop_token_ids (the first stop token ends the output), the context
     length and abort; ``delay_s`` makes each request take that long (load-balancing tests).
     Records every request (`requests`) for assertions.
     """
+
+    name = "scripted"
 
     def __init__(self, config: RolloutConfig) -> None:
         kwargs = dict(config.engine_kwargs)
@@ -151,25 +154,9 @@ class ScriptedRolloutEngine(RolloutEngine):
         self.in_flight = 0
         self.max_in_flight = 0
         self._aborted: set[str] = set()
-        self.stopped = False
 
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None = None,
-    ) -> list[GenerationOutput]:
-        from rl_core.rollout import check_prompt
-
-        if self.stopped:
-            raise RuntimeError("ScriptedRolloutEngine was shut down")
-        sampling_params.validate()
-        prompt = check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
+    async def _generate(self, request: CheckedRequest) -> list[GenerationOutput]:
+        prompt, sampling_params, request_id = request.prompt, request.params, request.request_id
         self.requests.append((request_id, prompt))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -219,4 +206,4 @@ class ScriptedRolloutEngine(RolloutEngine):
         return None
 
     async def shutdown(self) -> None:
-        self.stopped = True
+        self._closed = True

@@ -6,10 +6,9 @@ pay for torch, Ray or transformers.
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import version as _version
-from typing import Any
 
+from rl_algos._lazy import lazy_attributes
 from rl_core.compat import require_core as _require_core
 
 _require_core("rl-algos")  # the installed rl-core must fit the declared range
@@ -29,14 +28,4 @@ _EXPORTS = {
     "make_critic_loss_fn": "rl_algos.losses",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'rl_algos' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, ("__version__",))

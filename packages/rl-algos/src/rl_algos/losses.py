@@ -47,6 +47,11 @@ LossFn = Callable[[dict[str, torch.Tensor], Any, Any], tuple[torch.Tensor, dict[
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("rl.policy_losses", kind="policy loss")
 
 
+def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise a ConfigError for ``field`` unless ``value`` is one of ``choices``."""
+    check(value in choices, field, value, f"one of {list(choices)}", choices)
+
+
 @dataclass
 class PolicyLossConfig:
     """How the actor's loss is computed (also the `actor.loss` section of the config).
@@ -109,21 +114,9 @@ class PolicyLossConfig:
         )
         check(self.clip_ratio_high >= 0, "clip_ratio_high", self.clip_ratio_high, ">= 0")
         check(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "> 1 (dual-clip)")
-        check(
-            self.agg_mode in AGG_MODES,
-            "agg_mode",
-            self.agg_mode,
-            f"one of {list(AGG_MODES)}",
-            AGG_MODES,
-        )
+        _check_choice("agg_mode", self.agg_mode, AGG_MODES)
         check(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, ">= 0")
-        check(
-            self.kl_loss_type in KL_TYPES,
-            "kl_loss_type",
-            self.kl_loss_type,
-            f"one of {list(KL_TYPES)}",
-            KL_TYPES,
-        )
+        _check_choice("kl_loss_type", self.kl_loss_type, KL_TYPES)
         check(self.tis_cap is None or self.tis_cap > 0, "tis_cap", self.tis_cap, "> 0 or null")
         check(
             self.behav_imp_weight_cap is None or self.behav_imp_weight_cap > 1,
@@ -272,13 +265,7 @@ class ValueLossConfig:
 
     def __post_init__(self) -> None:
         check(self.cliprange_value > 0, "cliprange_value", self.cliprange_value, "> 0")
-        check(
-            self.agg_mode in AGG_MODES,
-            "agg_mode",
-            self.agg_mode,
-            f"one of {list(AGG_MODES)}",
-            AGG_MODES,
-        )
+        _check_choice("agg_mode", self.agg_mode, AGG_MODES)
 
 
 def compute_value_loss(

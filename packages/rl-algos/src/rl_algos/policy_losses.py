@@ -160,25 +160,6 @@ def compute_kl_cov_policy_loss(
     )
 
 
-def compute_gpg_policy_loss(
-    *,
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: PolicyLossConfig,
-    scale: LossScale,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> Result:
-    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
-    Model Reasoning", arXiv:2504.02546): the plain policy gradient ``-A log pi``, with no
-    ratio, clipping or reference model; pair it with the `gpg` advantage estimator."""
-    mask = response_mask.to(log_prob.dtype)
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
-    log_ratio = _log_ratio(log_prob, old_log_prob)
-    return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights)
-
-
 def compute_reinforce_policy_loss(
     *,
     log_prob: torch.Tensor,
@@ -197,6 +178,13 @@ def compute_reinforce_policy_loss(
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights)
+
+
+# GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+# Reasoning", arXiv:2504.02546) is this plain policy gradient ``-A log pi``, with no ratio,
+# clipping or reference model; it is registered as `gpg`, to pair with the `gpg` advantage
+# estimator.
+compute_gpg_policy_loss = compute_reinforce_policy_loss
 
 
 def compute_geo_mean_policy_loss(

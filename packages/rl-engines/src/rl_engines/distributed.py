@@ -64,10 +64,18 @@ def ensure_process_group(backend: str, timeout_s: float) -> None:
     )
 
 
-def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp, what: str) -> torch.Tensor:
-    """All-reduce in place over the default group; a failure names the rank and the step."""
+def all_reduce(
+    tensor: torch.Tensor,
+    op: dist.ReduceOp = dist.ReduceOp.SUM,
+    what: str = "a tensor",
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """All-reduce in place over ``group`` (None: the default group; nothing to do on a
+    group of one rank); a failure names the rank and the step."""
+    if group is not None and dist.get_world_size(group) == 1:
+        return tensor
     try:
-        dist.all_reduce(tensor, op=op)
+        dist.all_reduce(tensor, op=op, group=group)
     except Exception as exc:
         raise RuntimeError(
             f"rank {dist.get_rank()}/{dist.get_world_size()} on {socket.gethostname()}: "

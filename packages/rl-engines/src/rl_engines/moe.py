@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rl_engines.distributed import all_reduce
+
 __all__ = [
     "HFRouterProbe",
     "RouterStats",
@@ -105,12 +107,7 @@ class RouterStats:
         another's pass ``contributes=False``) and return the step's router metrics."""
         table = (self.table if contributes else torch.zeros_like(self.table)).to(device)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
-            try:
-                dist.all_reduce(table, group=group)
-            except Exception as exc:
-                raise RuntimeError(
-                    f"rank {dist.get_rank()}: all-reduce of the router statistics failed: {exc}"
-                ) from exc
+            all_reduce(table, what="the router statistics", group=group)
         self.reset()
         return summarize(table.cpu())
 
@@ -212,12 +209,7 @@ class HFRouterProbe:
         total = torch.tensor([self._aux_total], dtype=torch.float64, device=device)
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world > 1:
-            try:
-                dist.all_reduce(total)
-            except Exception as exc:
-                raise RuntimeError(
-                    f"rank {dist.get_rank()}: all-reduce of the load-balancing loss failed: {exc}"
-                ) from exc
+            all_reduce(total, what="the load-balancing loss")
         self._aux_total = 0.0
         metrics = {"moe/load_balancing_loss": float(total[0]) / (num_micro_batches * world)}
         metrics.update(self.stats.metrics(True, device))

@@ -6,8 +6,7 @@ Attributes load lazily, so `rl_algos.data.generate` does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rl_algos._lazy import lazy_attributes
 
 _EXPORTS = {
     "ArithmeticTask": "rl_algos.data.tasks",
@@ -22,14 +21,4 @@ _EXPORTS = {
     "write_task": "rl_algos.data.generate",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'rl_algos.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS)

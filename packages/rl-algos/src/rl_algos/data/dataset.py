@@ -78,19 +78,24 @@ class PromptDataset:
             row["raw_prompt_ids"] = list(prompt_ids)
             row["index"] = index
             self.items.append(row)
+        self._count_filtered()
+
+    def _count_filtered(self) -> None:
+        """Set ``num_filtered`` (rows dropped as too long), warn if any were, and refuse a
+        dataset left empty."""
         self.num_filtered = self.num_rows - len(self.items)
         if self.num_filtered:
             logger.warning(
                 "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
-                name,
+                self.name,
                 self.num_filtered,
                 self.num_rows,
-                max_prompt_length,
+                self.max_prompt_length,
             )
         if not self.items:
             raise ValueError(
-                f"{name}: no prompts left ({self.num_rows} rows, {self.num_filtered} longer than "
-                f"max_prompt_length={max_prompt_length})"
+                f"{self.name}: no prompts left ({self.num_rows} rows, {self.num_filtered} "
+                f"longer than max_prompt_length={self.max_prompt_length})"
             )
 
     def _render(self, row: dict[str, Any], index: int, chat: bool, kwargs: dict[str, Any]) -> str:

@@ -10,8 +10,7 @@ package and must not pay for torch and rl_core.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rl_algos._lazy import lazy_attributes
 
 _EXPORTS = {
     "CallResult": "rl_algos.rewards.pool",
@@ -27,14 +26,4 @@ _EXPORTS = {
     "reward_for_data_source": "rl_algos.rewards.registry",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'rl_algos.rewards' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS)

@@ -46,6 +46,7 @@ __all__ = [
     "pack_model_dir",
     "resolve_model_path",
     "resolve_on_worker",
+    "tiny_text_fields",
 ]
 
 MODEL_SOURCES: Registry[Callable[[str], str]] = Registry("rl.model_sources", kind="model source")
@@ -172,6 +173,24 @@ def _char_tokenizer() -> Any:
     return tokenizer
 
 
+def tiny_text_fields(tokenizer: Any) -> dict[str, Any]:
+    """The text-model config fields of the ``tiny-random`` models (hidden 64, 2 layers, 4
+    heads, 2 KV heads) over ``tokenizer``'s vocabulary and special tokens; the tiny
+    vision-language models of rl-multimodal use the same."""
+    return dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
 def _build_tiny_random(arch: str, out: Path) -> None:
     import torch
     import transformers
@@ -183,18 +202,7 @@ def _build_tiny_random(arch: str, out: Path) -> None:
         )
     tokenizer = _char_tokenizer()
     config = getattr(transformers, _TINY_ARCHS[arch])(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **_TINY_EXTRA.get(arch, {}),
+        **tiny_text_fields(tokenizer), tie_word_embeddings=False, **_TINY_EXTRA.get(arch, {})
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

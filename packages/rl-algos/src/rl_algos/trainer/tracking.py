@@ -8,6 +8,7 @@ what to install, never a silent no-op). `plot_metrics` draws the run's curves to
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -66,16 +67,23 @@ class _Console:
         pass
 
 
+def _import_backend(backend: str, module: str, install: str) -> Any:
+    """``module`` imported for the logger ``backend``, or an ImportError saying what to
+    install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"trainer.loggers includes {backend!r} but it is not installed: {install}"
+        ) from exc
+
+
 class _TensorBoard:
     def __init__(self, log_dir: Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            raise ImportError(
-                "trainer.loggers includes 'tensorboard' but it is not installed: "
-                "pip install tensorboard"
-            ) from exc
-        self.writer = SummaryWriter(str(log_dir))
+        tensorboard = _import_backend(
+            "tensorboard", "torch.utils.tensorboard", "pip install tensorboard"
+        )
+        self.writer = tensorboard.SummaryWriter(str(log_dir))
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
@@ -93,13 +101,7 @@ class _WandB:
     def __init__(
         self, project: str, run_name: str, config: Mapping[str, Any], output_dir: Path
     ) -> None:
-        try:
-            import wandb
-        except ImportError as exc:
-            raise ImportError(
-                "trainer.loggers includes 'wandb' but it is not installed: pip install wandb"
-            ) from exc
-        self.wandb = wandb
+        self.wandb = wandb = _import_backend("wandb", "wandb", "pip install wandb")
         output_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
             project=project, name=run_name, config=dict(config), dir=str(output_dir)
@@ -119,13 +121,7 @@ class _MLflow:
     def __init__(
         self, project: str, run_name: str, config: Mapping[str, Any], output_dir: Path
     ) -> None:
-        try:
-            import mlflow
-        except ImportError as exc:
-            raise ImportError(
-                "trainer.loggers includes 'mlflow' but it is not installed: pip install 'rl-algos[mlflow]'"
-            ) from exc
-        self.mlflow = mlflow
+        self.mlflow = mlflow = _import_backend("mlflow", "mlflow", "pip install 'rl-algos[mlflow]'")
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             output_dir.mkdir(parents=True, exist_ok=True)
             mlflow.set_tracking_uri(f"sqlite:///{output_dir.resolve() / 'mlflow.db'}")

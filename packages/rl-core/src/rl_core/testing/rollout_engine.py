@@ -40,6 +40,7 @@ from rl_core.rollout import (
 
 __all__ = [
     "AsyncRunner",
+    "EngineUnderTest",
     "RolloutEngineConformance",
     "reference_log_probs",
     "save_tiny_causal_lm",
@@ -147,26 +148,26 @@ def reference_log_probs(
     return rows.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1), rows
 
 
-class RolloutEngineConformance:
-    """Subclass with ``backend = "<name>"`` (a class named ``Test...``)."""
+class EngineUnderTest:
+    """The fixtures both rollout conformance suites start from: a tiny model saved by the
+    suite's ``save_model(path, arch)`` (``model_arch``), an `AsyncRunner`, and the engine
+    ``backend`` on that model, shut down after the class."""
 
     backend: ClassVar[str]
+    model_arch: ClassVar[str]
+    save_model: ClassVar[Callable[[Path, str], str]]
     config_overrides: ClassVar[dict[str, Any]] = {}
     """Extra `RolloutConfig` fields for the engine under test."""
-    model_arch: ClassVar[str] = "qwen2"
     max_model_len: ClassVar[int] = 256
     logprob_atol: ClassVar[float] = 2e-3
     """Tolerance between the engine's log-probs and the float64 Hugging Face reference."""
-    records_versions: ClassVar[bool] = True
-    """Whether `GenerationOutput.weight_versions` is filled (the policy version per token)."""
     engine_start_timeout: ClassVar[float] = 600.0
     request_timeout: ClassVar[float] = 300.0
 
-    # ------------------------------------------------------------------ fixtures
     @pytest.fixture(scope="class")
     @classmethod
     def model_path(cls, tmp_path_factory) -> str:
-        return save_tiny_causal_lm(tmp_path_factory.mktemp("tiny-model"), arch=cls.model_arch)
+        return cls.save_model(tmp_path_factory.mktemp(f"tiny-{cls.model_arch}"), cls.model_arch)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -190,6 +191,16 @@ class RolloutEngineConformance:
         yield engine
         runner.run(engine.shutdown(), timeout=120)
 
+
+class RolloutEngineConformance(EngineUnderTest):
+    """Subclass with ``backend = "<name>"`` (a class named ``Test...``)."""
+
+    model_arch: ClassVar[str] = "qwen2"
+    save_model = staticmethod(save_tiny_causal_lm)
+    records_versions: ClassVar[bool] = True
+    """Whether `GenerationOutput.weight_versions` is filled (the policy version per token)."""
+
+    # ------------------------------------------------------------------ fixtures
     @pytest.fixture(scope="class")
     @classmethod
     def hf_model(cls, model_path):

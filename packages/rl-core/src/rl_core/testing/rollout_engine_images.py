@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from rl_core.rollout import RolloutConfig, SamplingParams, build_rollout_engine
-from rl_core.testing.rollout_engine import TINY_VOCAB, AsyncRunner
+from rl_core.rollout import SamplingParams
+from rl_core.testing.rollout_engine import TINY_VOCAB, EngineUnderTest
 
 __all__ = ["ImageRolloutEngineConformance", "save_tiny_vlm", "solid_image"]
 
@@ -98,41 +98,11 @@ def image_tokens(width: int, height: int) -> int:
     return (width // PATCH) * (height // PATCH) // MERGE**2
 
 
-class ImageRolloutEngineConformance:
+class ImageRolloutEngineConformance(EngineUnderTest):
     """Subclass with ``backend = "<name>"`` (a class named ``Test...``)."""
 
-    backend: ClassVar[str]
-    config_overrides: ClassVar[dict[str, Any]] = {}
     model_arch: ClassVar[str] = "qwen2_5_vl"
-    max_model_len: ClassVar[int] = 256
-    logprob_atol: ClassVar[float] = 2e-3
-    engine_start_timeout: ClassVar[float] = 600.0
-    request_timeout: ClassVar[float] = 300.0
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_path(cls, tmp_path_factory) -> str:
-        return save_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"), arch=cls.model_arch)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def runner(cls):
-        runner = AsyncRunner()
-        yield runner
-        runner.close()
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def engine(cls, model_path, runner):
-        config = RolloutConfig(
-            model_path=model_path,
-            backend=cls.backend,
-            max_model_len=cls.max_model_len,
-            **cls.config_overrides,
-        )
-        engine = runner.call(lambda: build_rollout_engine(config), cls.engine_start_timeout)
-        yield engine
-        runner.run(engine.shutdown(), timeout=120)
+    save_model = staticmethod(save_tiny_vlm)
 
     @pytest.fixture(scope="class")
     @classmethod

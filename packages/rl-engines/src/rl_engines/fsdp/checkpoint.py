@@ -33,22 +33,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl_core.checkpoint import verify_manifest
-from rl_engines.checkpointing import (
-    META,
-    rank_error,
-    rng_state,
-    save_staged,
-    set_rng_state,
-    verified_meta,
-)
+from rl_engines.checkpointing import META, rank_error, save_staged, verified_meta
 
-__all__ = [
-    "load_checkpoint",
-    "read_model_weights",
-    "rng_state",
-    "save_checkpoint",
-    "set_rng_state",
-]
+__all__ = ["load_checkpoint", "read_model_weights", "save_checkpoint"]
 
 
 def _dcp_cause(exc: BaseException) -> BaseException:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import math
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -39,48 +38,31 @@ from torch.distributed.tensor import DTensor
 
 from rl_core.config import check
 from rl_core.engine import (
-    INFER_KEYS,
-    TRAIN_KEYS,
     EngineConfig,
     LoRAConfig,
     LossContext,
     LossFn,
-    TrainEngine,
-    check_batch,
-    check_outputs,
     iter_layer_buckets,
-    local_micro_batch_count,
     split_micro_batches,
 )
 from rl_core.platform import get_platform
 from rl_core.protocol import DataProto
-from rl_engines.distributed import (
-    all_reduce,
-    device_and_backend,
-    ensure_process_group,
-    local_device,
-)
+from rl_engines.base import EngineBase, init_optimizer_state
+from rl_engines.distributed import all_reduce
 from rl_engines.fsdp.checkpoint import (
     load_checkpoint,
     read_model_weights,
-    rng_state,
     save_checkpoint,
-    set_rng_state,
 )
 from rl_engines.fsdp.forward import (
     ChunkedLMHead,
     forward_micro_batch,
     varlen_attention_available,
 )
-from rl_engines.fsdp.model import (
-    build_device_mesh,
-    build_hf_model,
-    resolve_attn_implementation,
-    resolve_compute_dtype,
-    shard_model,
-)
+from rl_engines.fsdp.model import build_device_mesh, shard_model
 from rl_engines.fsdp.multimodal import multimodal_kwargs
 from rl_engines.fsdp.shared_prompts import DENSE_MASK_ATTENTION, group_rows_by_prompt
+from rl_engines.hf_model import build_hf_model, resolve_attn_implementation, resolve_compute_dtype
 from rl_engines.lora import adapter_tensors, apply_lora, merge_lora_weights
 from rl_engines.moe import HFRouterProbe
 
@@ -121,66 +103,18 @@ class FSDPOptions:
         check(coeff is None or coeff >= 0, "moe_aux_loss_coeff", coeff, "null or a number >= 0")
 
 
-RESERVED_METRICS = (
-    "loss",
-    "grad_norm",
-    "lr",
-    "num_tokens",
-    "num_seqs",
-    "num_micro_batches",
-    "skipped",
-)
-
-
-def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0), unless
-    it exists already.
-
-    Sharded checkpointing needs the state to exist, so `save`/`load` call this before the
-    first step has created it: a zero-lr step, then zeroing every state tensor, keeps the
-    first real step identical to a fresh optimizer. It is not done at start-up: on a 135M
-    model it costs about 4 s of CPU for a state the first step creates anyway.
-    """
-    if optimizer.state:
-        return
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    lrs = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0
-    optimizer.step()
-    for group, lr in zip(optimizer.param_groups, lrs):
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, Tensor):
-                value.zero_()
-
-
-class FSDPEngine(TrainEngine):
+class FSDPEngine(EngineBase):
     """FSDP2 training engine for Hugging Face causal LMs and value models."""
 
+    engine_name: ClassVar[str] = "fsdp"
     supports_resharding: ClassVar[bool] = True  # torch.distributed.checkpoint reshards
     options_class: ClassVar[type] = FSDPOptions
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config.validate()
-        path = config.model.path
-        if path is not None and not os.path.isdir(path):
-            raise FileNotFoundError(
-                f"ModelConfig.path={path!r} does not exist or is not a directory: expected a "
-                "local Hugging Face model directory (config.json + weights)"
-            )
+        super().__init__(config)
         self.options: FSDPOptions = self.parse_options(config)
-        self.device_type, backend = device_and_backend()
-        self._device = local_device()
-        ensure_process_group(backend, config.timeout_s)
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.mesh = build_device_mesh(config.parallel, self.device_type, self.world_size)
         mcfg = config.model
-        self.value_model = mcfg.value_head
         self.compute_dtype = resolve_compute_dtype(mcfg)
         if config.parallel.cpu_offload and self.device_type == "cpu":
             raise ValueError(
@@ -228,20 +162,7 @@ class FSDPEngine(TrainEngine):
         if coeff is None:
             coeff = getattr(self.hf_config.get_text_config(), "router_aux_loss_coef", 0.0)
         self.moe_aux_loss_coeff = float(coeff or 0.0)
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        if not config.inference_only:
-            opt = config.optim
-            self.optimizer = torch.optim.AdamW(
-                [p for p in self.model.parameters() if p.requires_grad],
-                lr=opt.lr,
-                betas=opt.betas,
-                eps=opt.eps,
-                weight_decay=opt.weight_decay,
-            )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
-        self._step = 0
-        self._offloaded = False
+        self._build_optimizer([p for p in self.model.parameters() if p.requires_grad])
         torch.manual_seed(config.seed + self.rank)
 
     def _resolve_share_prompts(self, attention: str) -> str | None:
@@ -271,10 +192,6 @@ class FSDPEngine(TrainEngine):
 
     # ---- layout -------------------------------------------------------------------
     @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
     def dp_rank(self) -> int:
         return self.rank
 
@@ -286,57 +203,36 @@ class FSDPEngine(TrainEngine):
     def is_collect_rank(self) -> bool:
         return True
 
-    @property
-    def global_step(self) -> int:
-        return self._step
-
     # ---- helpers ------------------------------------------------------------------
     def _tensors(self, micro_batch: DataProto) -> dict[str, Tensor]:
         """The micro-batch's model inputs on the engine's device (images: see multimodal)."""
         keys = ("input_ids", "attention_mask", "position_ids", "responses")
         return {k: micro_batch.batch[k].to(self.device) for k in keys}
 
-    def _num_micro_batches(self, batch: DataProto, train: bool) -> int:
-        cfg = self.config.micro_batch if train else self.config.infer_micro_batch_config
-        count = torch.tensor([local_micro_batch_count(batch, cfg)], device=self.device)
-        return int(all_reduce(count, dist.ReduceOp.MAX, "the micro-batch count").item())
-
-    def _require_onloaded(self, what: str) -> None:
-        if self._offloaded:
-            raise RuntimeError(f"{what} called while the engine is offloaded: call onload() first")
-
-    def _require_trainable(self, what: str) -> None:
-        if self.optimizer is None:
-            raise RuntimeError(
-                f"rank {self.rank}: {what} on an engine built with "
-                "EngineConfig.inference_only=True (no optimizer): build it with "
-                "inference_only=False to train or checkpoint it"
-            )
-
-    def _temperature(self, batch: DataProto, temperature: float | None) -> float:
-        if temperature is None:
-            temperature = batch.meta_info.get("temperature", 1.0)
-        if not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature > 0
-        ):
-            raise ValueError(f"temperature={temperature!r} is invalid: expected a number > 0")
-        return float(temperature)
+    def _forward(
+        self, micro_batch: DataProto, outputs: Sequence[str], temperature: float
+    ) -> dict[str, Tensor]:
+        """The micro-batch's ``outputs`` (micro-batch on any device; outputs on ours)."""
+        tensors = self._tensors(micro_batch)
+        return forward_micro_batch(
+            self.model,
+            tensors,
+            outputs,
+            temperature,
+            self.packed,
+            self.value_model,
+            self.head,
+            extra=multimodal_kwargs(
+                self.model, micro_batch, tensors, self.device, self.compute_dtype
+            ),
+            shared_prompts=self.shared_prompts,
+        )
 
     # ---- training -----------------------------------------------------------------
     def train_batch(
         self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
     ) -> dict[str, float]:
-        self._require_onloaded("train_batch")
-        self._require_trainable("train_batch")
-        check_batch(batch, TRAIN_KEYS)
-        default = ("values",) if self.value_model else ("log_probs",)
-        outputs = check_outputs(outputs or default, self.value_model)
-        temperature = self._temperature(batch, None)
-        counts = torch.tensor(
-            [float(batch.batch["response_mask"].sum()), float(len(batch))],
-            dtype=torch.float64,
-            device=self.device,
-        )
+        outputs, temperature, counts = self._begin_train_batch(batch, outputs)
         all_reduce(counts, dist.ReduceOp.SUM, "the global token/sequence counts")
         num_tokens, num_seqs = int(counts[0].item()), int(counts[1].item())
         num_micro = self._num_micro_batches(batch, train=True)
@@ -351,22 +247,9 @@ class FSDPEngine(TrainEngine):
         for index, (micro_batch, _) in enumerate(micro_batches):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
             micro_batch = micro_batch.to(self.device)  # the loss sees it on our device
-            tensors = self._tensors(micro_batch)
-            routing = probe.forward(tensors["attention_mask"]) if probe else nullcontext([])
-            with routing as aux_loss:
-                out = forward_micro_batch(
-                    self.model,
-                    tensors,
-                    outputs,
-                    temperature,
-                    self.packed,
-                    self.value_model,
-                    self.head,
-                    extra=multimodal_kwargs(
-                        self.model, micro_batch, tensors, self.device, self.compute_dtype
-                    ),
-                    shared_prompts=self.shared_prompts,
-                )
+            mask = micro_batch.batch["attention_mask"]
+            with probe.forward(mask) if probe else nullcontext([]) as aux_loss:
+                out = self._forward(micro_batch, outputs, temperature)
             loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
             if aux_loss and self.moe_aux_loss_coeff:  # mean over micro-batches and DP ranks
                 scale = self.moe_aux_loss_coeff / (num_micro * self.dp_size)
@@ -386,52 +269,10 @@ class FSDPEngine(TrainEngine):
         )
         all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
         grad_norm = self._grad_norm()
-        finite = reduced[1].item() == 0 and math.isfinite(grad_norm)
-        lr = self.scheduler.get_last_lr()[0]
-        if finite:
-            self._clip(grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
-            self._step += 1
-        self.optimizer.zero_grad(set_to_none=True)
         moe_metrics = probe.step_metrics(num_micro, self.device) if probe else {}
-        if not finite and self.config.on_nan == "raise":
-            raise FloatingPointError(
-                f"rank {self.rank}: non-finite {'loss' if reduced[1].item() else 'gradient norm'} "
-                f"at step {self._step} (loss={reduced[0].item()}, grad_norm={grad_norm}); the "
-                "optimizer step was not taken (EngineConfig.on_nan='skip' drops such steps)"
-            )
-        result = {
-            "loss": reduced[0].item(),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "num_tokens": float(num_tokens),
-            "num_seqs": float(num_seqs),
-            "num_micro_batches": float(num_micro),
-            "skipped": 0.0 if finite else 1.0,
-        }
-        result.update({k: reduced[2 + i].item() for i, k in enumerate(keys)})
-        result.update(moe_metrics)
-        return result
-
-    def _call_loss(
-        self, loss_fn: LossFn, out: dict[str, Tensor], micro_batch: DataProto, ctx: LossContext
-    ) -> tuple[Tensor, dict[str, float]]:
-        result = loss_fn(out, micro_batch, ctx)
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise TypeError(
-                f"loss_fn returned {type(result).__name__}: expected a tuple (loss tensor, "
-                "metrics dict)"
-            )
-        loss, metrics = result
-        if not isinstance(loss, Tensor) or loss.dim() != 0 or not loss.requires_grad:
-            raise TypeError(
-                f"loss_fn returned loss {loss!r}: expected a scalar tensor that requires grad"
-            )
-        clash = sorted(set(metrics) & set(RESERVED_METRICS))
-        if clash:
-            raise ValueError(f"loss_fn metrics {clash} clash with the engine's own metrics")
-        return loss, metrics
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        step_counts = (num_tokens, num_seqs, num_micro)
+        return self._finish_train_batch(reduced, keys, grad_norm, params, step_counts, moe_metrics)
 
     def _grad_norm(self) -> float:
         """Global L2 norm of the sharded gradients: local shards' squares summed over the
@@ -452,61 +293,26 @@ class FSDPEngine(TrainEngine):
         )
         if self.mesh.size() > 1:
             group = self.mesh["dp_shard"].get_group()
-            try:
-                dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=group)
-            except Exception as exc:
-                raise RuntimeError(
-                    f"rank {self.rank}: all-reduce of the gradient norm failed: {exc}"
-                ) from exc
+            all_reduce(squares, dist.ReduceOp.SUM, "the gradient norm", group)
         return float(squares.sqrt().item())
 
-    def _clip(self, grad_norm: float) -> None:
-        max_norm = self.config.optim.grad_clip
-        if max_norm:
-            total = torch.tensor(grad_norm, dtype=torch.float32, device=self.device)
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
-
     # ---- inference ----------------------------------------------------------------
-    @torch.no_grad()
-    def infer_batch(
-        self,
-        batch: DataProto,
-        outputs: Sequence[str] = ("log_probs",),
-        temperature: float | None = None,
-    ) -> DataProto:
-        self._require_onloaded("infer_batch")
-        check_batch(batch, INFER_KEYS)
-        outputs = check_outputs(outputs, self.value_model)
-        temperature = self._temperature(batch, temperature)
+    def _infer(
+        self, batch: DataProto, outputs: tuple[str, ...], temperature: float, num_micro: int
+    ) -> dict[str, Tensor]:
         cfg = self.config.infer_micro_batch_config
-        num_micro = self._num_micro_batches(batch, train=False)
         self.model.eval()
         pieces: dict[str, list[Tensor]] = {k: [] for k in outputs}
         order: list[int] = []
         batch, grouping = self._grouped(batch)
         for micro_batch, indices in split_micro_batches(batch, cfg, num_micro):
-            tensors = self._tensors(micro_batch)
-            out = forward_micro_batch(
-                self.model,
-                tensors,
-                outputs,
-                temperature,
-                self.packed,
-                self.value_model,
-                self.head,
-                extra=multimodal_kwargs(
-                    self.model, micro_batch, tensors, self.device, self.compute_dtype
-                ),
-                shared_prompts=self.shared_prompts,
-            )
+            out = self._forward(micro_batch, outputs, temperature)
             for key in outputs:
                 pieces[key].append(out[key].cpu())
             order.extend(grouping[indices].tolist() if grouping is not None else indices)
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
-        tensors = {k: torch.cat(v)[inverse] for k, v in pieces.items()}
-        return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
+        return {k: torch.cat(v)[inverse] for k, v in pieces.items()}
 
     # ---- weights ------------------------------------------------------------------
     def export_weights(
@@ -560,24 +366,13 @@ class FSDPEngine(TrainEngine):
         for p in self.model.parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
             bad += (~torch.isfinite(local)).sum().double()
-        if all_reduce(bad, dist.ReduceOp.SUM, "the parameter finiteness check").item():
-            raise FloatingPointError(
-                f"rank {self.rank}: refusing to save {path!r}: parameters hold non-finite values"
-            )
-        extra = {
-            "step": self._step,
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
-        }
-        meta = {
-            "engine": "fsdp",
-            "step": self._step,
-            "value_model": self.value_model,
-            "tied_embeddings": self.tied_embeddings,
-            "lora": None if self.lora is None else dataclasses.asdict(self.lora),
-        }
-        _init_optimizer_state(self.optimizer)
-        save_checkpoint(path, self.model, self.optimizer, extra, meta)
+        self._refuse_nonfinite(bad, path)
+        meta = self._checkpoint_meta(
+            tied_embeddings=self.tied_embeddings,
+            lora=None if self.lora is None else dataclasses.asdict(self.lora),
+        )
+        init_optimizer_state(self.optimizer)
+        save_checkpoint(path, self.model, self.optimizer, self._train_state(), meta)
 
     @classmethod
     def read_checkpoint_weights(cls, path: str, merge_lora: bool = True) -> dict[str, Tensor]:
@@ -600,31 +395,11 @@ class FSDPEngine(TrainEngine):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
-        _init_optimizer_state(self.optimizer)
-        extra, meta = load_checkpoint(path, self.model, self.optimizer)
-        if bool(meta.get("value_model")) != self.value_model:
-            raise ValueError(
-                f"checkpoint {path!r} has value_model={meta.get('value_model')}, this engine "
-                f"value_model={self.value_model}"
-            )
-        self._step = int(extra["step"])
-        self.scheduler.load_state_dict(extra["scheduler"])
-        if "rng" in extra:
-            set_rng_state(extra["rng"])
+        init_optimizer_state(self.optimizer)
+        state, meta = load_checkpoint(path, self.model, self.optimizer)
+        self._restore_train_state(path, state, meta)
 
     # ---- memory -------------------------------------------------------------------
-    def offload(self) -> None:
-        if self._offloaded:
-            return
-        self._move("cpu")
-        self._offloaded = True
-
-    def onload(self) -> None:
-        if not self._offloaded:
-            return
-        self._move(self.device)
-        self._offloaded = False
-
     def _move(self, device: torch.device | str) -> None:
         """Parameters (resharded first: no gathered copy survives), gradients (dropped)
         and optimizer state to ``device``; on the way out, the allocator's cache goes back

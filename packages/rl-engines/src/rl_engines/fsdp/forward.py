@@ -37,6 +37,7 @@ import contextlib
 import logging
 import types
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -134,6 +135,47 @@ def packs_multimodal_positions(model: nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "model_type", None) in PACKED_MROPE_MODELS
 
 
+@dataclass(frozen=True)
+class _ForwardSpec:
+    """What one forward pass computes: ``outputs`` of ``model`` at ``temperature`` (a value
+    model: its values), log-probs through the chunked ``head`` when one is installed."""
+
+    model: nn.Module
+    outputs: Sequence[str]
+    temperature: float
+    value_model: bool
+    head: ChunkedLMHead | None
+
+    def log_probs_and_entropy(
+        self, kwargs: dict[str, Tensor], keep: int | Tensor, labels: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs of ``labels`` (one per kept position) and entropy, [..., K] float32."""
+        with_entropy = "entropy" in self.outputs
+        if self.head is None:
+            logits = self.model(**kwargs, logits_to_keep=keep).logits
+            return token_log_probs_and_entropy(logits, labels, self.temperature, with_entropy)
+        with self.head.request(labels, self.temperature, with_entropy):
+            out = self.model(**kwargs, logits_to_keep=keep).logits
+        return out[..., 0], out[..., 1] if with_entropy else None
+
+    def scattered(
+        self, kwargs: dict[str, Tensor], keep: Tensor, labels: Tensor, valid: Tensor
+    ) -> dict[str, Tensor]:
+        """The outputs of a one-row input (packed or shared prompts) at its positions
+        ``keep``, scattered into the [b, R] response layout where ``valid``."""
+        zeros = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+        if self.value_model:
+            scores = self.model(**kwargs).logits[0, :, 0]  # [T]
+            return {"values": zeros.masked_scatter(valid, scores[keep].float())}
+        log_probs, entropy = self.log_probs_and_entropy(kwargs, keep, labels)
+        result: dict[str, Tensor] = {}
+        if "log_probs" in self.outputs:
+            result["log_probs"] = zeros.masked_scatter(valid, log_probs[0])
+        if entropy is not None:
+            result["entropy"] = zeros.masked_scatter(valid, entropy[0])
+        return result
+
+
 def forward_micro_batch(
     model: nn.Module,
     tensors: dict[str, Tensor],
@@ -151,11 +193,12 @@ def forward_micro_batch(
     ``image_grid_thw`` and multimodal ``position_ids``, see `rl_engines.fsdp.multimodal`).
     ``shared_prompts`` (the model's attention kernel, "sdpa"
     or "eager"; None: off) runs each distinct prompt once when a prompt repeats."""
+    spec = _ForwardSpec(model, outputs, temperature, value_model, head)
     if shared_prompts is not None and not extra:
         dtype = next(model.parameters()).dtype if shared_prompts == "eager" else torch.bool
         layout = SharedPromptLayout.build(tensors, shared_prompts, dtype)
         if layout is not None:
-            return _forward_shared(model, layout, outputs, temperature, value_model, head)
+            return _forward_shared(spec, layout)
     rope = (extra or {}).get("position_ids")
     if packed and rope is not None and rope.dim() == 3 and not packs_multimodal_positions(model):
         model_type = getattr(model.config, "model_type", type(model).__name__)
@@ -168,26 +211,8 @@ def forward_micro_batch(
             )  # fmt: skip
         packed = False
     if packed:
-        return _forward_packed(model, tensors, outputs, temperature, value_model, head, extra or {})
-    return _forward_padded(model, tensors, outputs, temperature, value_model, head, extra or {})
-
-
-def _log_probs_and_entropy(
-    model: nn.Module,
-    kwargs: dict[str, Tensor],
-    keep: int | Tensor,
-    labels: Tensor,
-    temperature: float,
-    with_entropy: bool,
-    head: ChunkedLMHead | None,
-) -> tuple[Tensor, Tensor | None]:
-    """Log-probs of ``labels`` (one per kept position) and entropy, [..., K] float32."""
-    if head is None:
-        logits = model(**kwargs, logits_to_keep=keep).logits
-        return token_log_probs_and_entropy(logits, labels, temperature, with_entropy)
-    with head.request(labels, temperature, with_entropy):
-        out = model(**kwargs, logits_to_keep=keep).logits
-    return out[..., 0], out[..., 1] if with_entropy else None
+        return _forward_packed(spec, tensors, extra or {})
+    return _forward_padded(spec, tensors, extra or {})
 
 
 def _response_valid(tensors: dict[str, Tensor], resp_len: int) -> Tensor:
@@ -195,13 +220,7 @@ def _response_valid(tensors: dict[str, Tensor], resp_len: int) -> Tensor:
 
 
 def _forward_padded(
-    model: nn.Module,
-    tensors: dict[str, Tensor],
-    outputs: Sequence[str],
-    temperature: float,
-    value_model: bool,
-    head: ChunkedLMHead | None,
-    extra: dict[str, Tensor],
+    spec: _ForwardSpec, tensors: dict[str, Tensor], extra: dict[str, Tensor]
 ) -> dict[str, Tensor]:
     responses = tensors["responses"]
     resp_len = responses.shape[1]
@@ -213,19 +232,17 @@ def _forward_padded(
         "use_cache": False,
         **extra,
     }
-    if value_model:
-        scores = model(**kwargs).logits  # [b, S, 1]
+    if spec.value_model:
+        scores = spec.model(**kwargs).logits  # [b, S, 1]
         values = scores[:, -resp_len - 1 : -1, 0].float()
         return {"values": torch.where(valid, values, 0.0)}
     # the last R + 1 positions; position j predicts response token j (the last one: none)
     labels = torch.cat([responses, responses[:, :1]], dim=1)
-    log_probs, entropy = _log_probs_and_entropy(
-        model, kwargs, resp_len + 1, labels, temperature, "entropy" in outputs, head
-    )
+    log_probs, entropy = spec.log_probs_and_entropy(kwargs, resp_len + 1, labels)
     log_probs = log_probs[:, :-1]
     entropy = entropy[:, :-1] if entropy is not None else None
     result = {}
-    if "log_probs" in outputs:
+    if "log_probs" in spec.outputs:
         result["log_probs"] = torch.where(valid, log_probs, 0.0)
     if entropy is not None:
         result["entropy"] = torch.where(valid, entropy, 0.0)
@@ -233,13 +250,7 @@ def _forward_padded(
 
 
 def _forward_packed(
-    model: nn.Module,
-    tensors: dict[str, Tensor],
-    outputs: Sequence[str],
-    temperature: float,
-    value_model: bool,
-    head: ChunkedLMHead | None,
-    extra: dict[str, Tensor],
+    spec: _ForwardSpec, tensors: dict[str, Tensor], extra: dict[str, Tensor]
 ) -> dict[str, Tensor]:
     input_ids, attention_mask = tensors["input_ids"], tensors["attention_mask"].bool()
     num_seqs, seq_len = input_ids.shape
@@ -263,51 +274,14 @@ def _forward_packed(
     valid = _response_valid(tensors, resp_len) & (src >= 0)
     keep = src[valid]  # packed positions whose outputs we need, ascending
     kwargs = {"input_ids": packed_ids, "position_ids": packed_pos, "use_cache": False, **extra}
-    result: dict[str, Tensor] = {}
-    if value_model:
-        scores = model(**kwargs).logits[0, :, 0]  # [T]
-        values = torch.zeros((num_seqs, resp_len), dtype=torch.float32, device=scores.device)
-        values = values.masked_scatter(valid, scores[keep].float())
-        return {"values": values}
-    labels = packed_ids[:, keep + 1]  # [1, K]
-    log_probs, entropy = _log_probs_and_entropy(
-        model, kwargs, keep, labels, temperature, "entropy" in outputs, head
-    )
-    log_probs = log_probs[0]
-    entropy = entropy[0] if entropy is not None else None
-    zeros = torch.zeros((num_seqs, resp_len), dtype=torch.float32, device=log_probs.device)
-    if "log_probs" in outputs:
-        result["log_probs"] = zeros.masked_scatter(valid, log_probs)
-    if entropy is not None:
-        result["entropy"] = zeros.masked_scatter(valid, entropy)
-    return result
+    return spec.scattered(kwargs, keep, packed_ids[:, keep + 1], valid)
 
 
-def _forward_shared(
-    model: nn.Module,
-    layout: SharedPromptLayout,
-    outputs: Sequence[str],
-    temperature: float,
-    value_model: bool,
-    head: ChunkedLMHead | None,
-) -> dict[str, Tensor]:
+def _forward_shared(spec: _ForwardSpec, layout: SharedPromptLayout) -> dict[str, Tensor]:
     kwargs = {
         "input_ids": layout.input_ids,
         "position_ids": layout.position_ids,
         "attention_mask": layout.attention_mask,
         "use_cache": False,
     }
-    valid = layout.valid
-    zeros = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
-    if value_model:
-        scores = model(**kwargs).logits[0, :, 0]  # [T]
-        return {"values": zeros.masked_scatter(valid, scores[layout.keep].float())}
-    log_probs, entropy = _log_probs_and_entropy(
-        model, kwargs, layout.keep, layout.labels, temperature, "entropy" in outputs, head
-    )
-    result: dict[str, Tensor] = {}
-    if "log_probs" in outputs:
-        result["log_probs"] = zeros.masked_scatter(valid, log_probs[0])
-    if entropy is not None:
-        result["entropy"] = zeros.masked_scatter(valid, entropy[0])
-    return result
+    return spec.scattered(kwargs, layout.keep, layout.labels, layout.valid)

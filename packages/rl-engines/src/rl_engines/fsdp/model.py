@@ -1,18 +1,7 @@
-"""Build a Hugging Face model and shard it with FSDP2 (`fully_shard`) on a DeviceMesh.
-
-Causal LMs load through ``AutoModelForCausalLM``; vision-language models (a config with a
-``vision_config``, e.g. Qwen2-VL, Qwen2.5-VL) through ``AutoModelForImageTextToText``, their
-vision tower frozen when ``freeze_vision_tower`` is set. Value models (``value_head=True``) load
-through ``AutoModelForTokenClassification`` with ``num_labels=1``: the backbone plus a
-``score`` linear head giving one scalar per token; from a causal-LM checkpoint the head is
-initialised from the engine seed (identically on every rank), and its dropout is set to 0
-so training is deterministic.
-"""
+"""Shard a Hugging Face model (built by `rl_engines.hf_model`) with FSDP2 (`fully_shard`)
+on a DeviceMesh."""
 
 from __future__ import annotations
-
-import os
-from typing import Any
 
 import torch
 from torch import nn
@@ -24,97 +13,9 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from rl_core.engine import ModelConfig, ParallelConfig
-from rl_core.platform import get_platform
-from rl_engines.fsdp.multimodal import freeze_vision_tower
+from rl_core.engine import ParallelConfig
 
-__all__ = [
-    "build_device_mesh",
-    "build_hf_model",
-    "resolve_attn_implementation",
-    "resolve_compute_dtype",
-    "shard_model",
-]
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def resolve_compute_dtype(config: ModelConfig) -> torch.dtype:
-    """``compute_dtype`` with "auto" resolved by the platform: bfloat16 on accelerators,
-    float32 on CPU."""
-    if config.compute_dtype == "auto":
-        return get_platform().auto_dtype
-    return _dtype(config.compute_dtype)
-
-
-def resolve_attn_implementation(attn_implementation: str) -> str:
-    """A Hugging Face ``attn_implementation`` with "auto" resolved by the platform's
-    preference."""
-    if attn_implementation == "auto":
-        return get_platform().preferred_attention()
-    return attn_implementation
-
-
-def _hf_config(config: ModelConfig) -> Any:
-    from transformers import AutoConfig
-
-    if config.path is not None:
-        if not os.path.isdir(config.path):
-            raise FileNotFoundError(
-                f"ModelConfig.path={config.path!r} does not exist or is not a directory: "
-                "expected a local Hugging Face model directory (config.json + weights)"
-            )
-        hf_config = AutoConfig.from_pretrained(
-            config.path, trust_remote_code=config.trust_remote_code
-        )
-    else:
-        fields = dict(config.config or {})
-        model_type = fields.pop("model_type")
-        hf_config = AutoConfig.for_model(model_type, **fields)
-    for key, value in config.override_config.items():
-        setattr(hf_config, key, value)
-    if config.value_head:
-        hf_config.num_labels = 1
-        hf_config.classifier_dropout = 0.0
-    hf_config.use_cache = False
-    return hf_config
-
-
-def build_hf_model(config: ModelConfig, seed: int, attn_implementation: str = "auto") -> nn.Module:
-    """The unsharded model on CPU in ``config.dtype`` (weights from ``path`` or random)."""
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
-        AutoModelForTokenClassification,
-    )
-
-    hf_config = _hf_config(config)
-    if config.value_head:
-        auto = AutoModelForTokenClassification
-    elif getattr(hf_config, "vision_config", None) is not None:
-        auto = AutoModelForImageTextToText
-    else:
-        auto = AutoModelForCausalLM
-    kwargs = {
-        "dtype": _dtype(config.dtype),
-        "attn_implementation": resolve_attn_implementation(attn_implementation),
-        "trust_remote_code": config.trust_remote_code,
-    }
-    torch.manual_seed(seed)  # random init (config models, fresh value heads) equal on all ranks
-    if config.path is not None:
-        model = auto.from_pretrained(config.path, config=hf_config, **kwargs)
-    else:
-        model = auto.from_config(hf_config, **kwargs)
-    if config.value_head and getattr(model, "score", None) is None:
-        raise ValueError(
-            f"ModelConfig.value_head=True but {type(model).__name__} has no 'score' head: "
-            "expected a model with a token-classification head"
-        )
-    if config.freeze_vision_tower:
-        freeze_vision_tower(model)
-    return model
+__all__ = ["build_device_mesh", "shard_model"]
 
 
 def build_device_mesh(parallel: ParallelConfig, device_type: str, world_size: int) -> DeviceMesh:

@@ -20,29 +20,9 @@ from torch import Tensor, nn
 
 from rl_core.protocol import DataProto
 
-__all__ = ["MULTI_MODAL_KEY", "freeze_vision_tower", "multimodal_kwargs", "vision_tower"]
+__all__ = ["MULTI_MODAL_KEY", "multimodal_kwargs"]
 
 MULTI_MODAL_KEY = "multi_modal_inputs"
-
-
-def vision_tower(model: nn.Module) -> nn.Module | None:
-    """The vision encoder of a Hugging Face VLM (``model.model.visual`` or ``model.visual``)."""
-    for owner in (getattr(model, "model", None), model):
-        tower = getattr(owner, "visual", None) if owner is not None else None
-        if isinstance(tower, nn.Module):
-            return tower
-    return None
-
-
-def freeze_vision_tower(model: nn.Module) -> None:
-    """Stop gradients into the vision encoder; raise if the model has none."""
-    tower = vision_tower(model)
-    if tower is None:
-        raise ValueError(
-            f"ModelConfig.freeze_vision_tower=True but {type(model).__name__} has no vision "
-            "tower ('visual' module): expected a vision-language model such as Qwen2.5-VL"
-        )
-    tower.requires_grad_(False)
 
 
 def _rope_index_owner(model: nn.Module) -> Any:

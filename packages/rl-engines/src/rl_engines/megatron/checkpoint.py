@@ -28,15 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rl_engines.checkpointing import (
-    rank_error,
-    rng_state,
-    save_staged,
-    set_rng_state,
-    verified_meta,
-)
+from rl_engines.checkpointing import rank_error, save_staged, verified_meta
 
-__all__ = ["load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = ["load_checkpoint", "save_checkpoint"]
 
 
 def _sharded_state(chunks: list[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -18,7 +18,6 @@ controller's dispatch. `infer_batch` returns the same CPU tensors on every rank.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -27,26 +26,16 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl_core.engine import (
-    INFER_KEYS,
-    TRAIN_KEYS,
     EngineConfig,
     LossContext,
     LossFn,
-    TrainEngine,
-    check_batch,
-    check_outputs,
-    local_micro_batch_count,
     split_micro_batches,
 )
 from rl_core.platform import get_platform
 from rl_core.protocol import DataProto
-from rl_engines.distributed import (
-    all_reduce,
-    device_and_backend,
-    ensure_process_group,
-    local_device,
-)
-from rl_engines.fsdp.model import build_hf_model, resolve_compute_dtype
+from rl_engines.base import EngineBase, init_optimizer_state
+from rl_engines.distributed import all_reduce
+from rl_engines.hf_model import build_hf_model, resolve_compute_dtype
 from rl_engines.megatron import checkpoint as ckpt
 from rl_engines.megatron.config import MegatronConfig
 from rl_engines.megatron.convert import shard_dim
@@ -71,26 +60,10 @@ from rl_engines.moe import RouterStats
 __all__ = ["MegatronEngine"]
 
 
-def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """AdamW state as a fresh optimizer has it (zeros, step 0), so checkpoints can hold it."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    lrs = [g["lr"] for g in optimizer.param_groups]
-    for g in optimizer.param_groups:
-        g["lr"] = 0.0
-    optimizer.step()
-    for g, lr in zip(optimizer.param_groups, lrs):
-        g["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, Tensor):
-                value.zero_()
-
-
-class MegatronEngine(TrainEngine):
+class MegatronEngine(EngineBase):
     """Megatron-core training engine for Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE models."""
+
+    engine_name: ClassVar[str] = "megatron"
 
     options_class: ClassVar[type] = MegatronConfig
 
@@ -100,28 +73,15 @@ class MegatronEngine(TrainEngine):
         return MegatronConfig.from_engine_config(config)
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config.validate()
-        mcfg = config.model
-        if mcfg.path is not None and not os.path.isdir(mcfg.path):
-            raise FileNotFoundError(
-                f"ModelConfig.path={mcfg.path!r} does not exist or is not a directory: expected a "
-                "local Hugging Face model directory (config.json + weights)"
-            )
         if config.parallel.cpu_offload:
             raise ValueError(
                 "ParallelConfig.cpu_offload=True: the megatron engine does not offload during "
                 "training (use offload()/onload() between phases)"
             )
-        self.device_type, backend = device_and_backend()
-        define_missing_te_symbols()
-        if self.device_type == "cpu":
-            install_cpu_shim()
-        self._device = local_device()
-        ensure_process_group(backend, config.timeout_s)
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        super().__init__(config)
+        mcfg = config.model
         self.mcfg = self.parse_options(config).validate(self.world_size, self.device_type)
         self.parallel = ParallelState.ensure(self.mcfg, config.timeout_s, config.seed)
-        self.value_model = mcfg.value_head
         self.layout = Layout(self.value_model)
         self.compute_dtype = resolve_compute_dtype(mcfg)
         hf_model = build_hf_model(mcfg, config.seed)
@@ -144,21 +104,13 @@ class MegatronEngine(TrainEngine):
             self.chunks, hf_model.state_dict(), self.arch, self.layout, self.value_model
         )
         del hf_model
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if config.inference_only:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
         self.params = [p for c in self.chunks for p in c.parameters() if p.requires_grad]
-        if not config.inference_only:
-            opt = config.optim
-            self.optimizer = torch.optim.AdamW(
-                self.params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-            )
-            _init_optimizer_state(self.optimizer)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
-        self._step = 0
-        self._offloaded = False
+        self._build_optimizer(self.params)
+        if self.optimizer is not None:
+            init_optimizer_state(self.optimizer)
         self._grad_groups = self._classify_params()
         self.router_stats: RouterStats | None = None
         if self.arch.num_experts is not None:
@@ -166,11 +118,12 @@ class MegatronEngine(TrainEngine):
             install_router_probes(self.chunks, self.router_stats)
         torch.manual_seed(config.seed + self.rank)
 
-    # ---- layout -------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self._device
+    def _prepare_platform(self) -> None:
+        define_missing_te_symbols()
+        if self.device_type == "cpu":
+            install_cpu_shim()
 
+    # ---- layout -------------------------------------------------------------------
     @property
     def dp_rank(self) -> int:
         return self.layout.dp_rank
@@ -184,39 +137,12 @@ class MegatronEngine(TrainEngine):
         return self.layout.tp_rank == 0 and self.layout.pp_rank == self.layout.pp - 1
 
     @property
-    def global_step(self) -> int:
-        return self._step
-
-    @property
     def is_last_stage(self) -> bool:
         return self.layout.pp_rank == self.layout.pp - 1
 
     # ---- helpers ------------------------------------------------------------------
-    def _require_onloaded(self, what: str) -> None:
-        if self._offloaded:
-            raise RuntimeError(f"{what} called while the engine is offloaded: call onload() first")
-
-    def _require_trainable(self, what: str) -> None:
-        if self.optimizer is None:
-            raise RuntimeError(
-                f"rank {self.rank}: {what} on an engine built with "
-                "EngineConfig.inference_only=True (no optimizer): build it with "
-                "inference_only=False to train or checkpoint it"
-            )
-
-    def _temperature(self, batch: DataProto, temperature: float | None) -> float:
-        if temperature is None:
-            temperature = batch.meta_info.get("temperature", 1.0)
-        if not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature > 0
-        ):
-            raise ValueError(f"temperature={temperature!r} is invalid: expected a number > 0")
-        return float(temperature)
-
     def _num_micro_batches(self, batch: DataProto, train: bool) -> int:
-        cfg = self.config.micro_batch if train else self.config.infer_micro_batch_config
-        count = torch.tensor([local_micro_batch_count(batch, cfg)], device=self.device)
-        count = int(all_reduce(count, dist.ReduceOp.MAX, "the micro-batch count").item())
+        count = super()._num_micro_batches(batch, train)
         if self.mcfg.vpp > 1:  # the interleaved schedule runs micro-batches in groups of PP
             pp = self.layout.pp
             count = -(-count // pp) * pp
@@ -268,10 +194,7 @@ class MegatronEngine(TrainEngine):
             return
         grads = [p.grad for p in params]
         flat = torch._utils._flatten_dense_tensors(grads)
-        try:
-            dist.all_reduce(flat, group=group)
-        except Exception as exc:
-            raise RuntimeError(f"rank {self.rank}: all-reduce of {what} failed: {exc}") from exc
+        all_reduce(flat, dist.ReduceOp.SUM, what, group)
         for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             g.copy_(reduced)
 
@@ -304,13 +227,7 @@ class MegatronEngine(TrainEngine):
             (expert, ps.get_expert_tensor_model_pipeline_parallel_group()),
         ]
         for value, group in groups:
-            if dist.get_world_size(group) > 1:
-                try:
-                    dist.all_reduce(value, group=group)
-                except Exception as exc:
-                    raise RuntimeError(
-                        f"rank {self.rank}: all-reduce of the grad norm failed: {exc}"
-                    ) from exc
+            all_reduce(value, dist.ReduceOp.SUM, "the grad norm", group)
         return float((dense + expert).sqrt().item())
 
     def _run_schedule(
@@ -388,19 +305,9 @@ class MegatronEngine(TrainEngine):
     def train_batch(
         self, batch: DataProto, loss_fn: LossFn, outputs: Sequence[str] | None = None
     ) -> dict[str, float]:
-        self._require_onloaded("train_batch")
-        self._require_trainable("train_batch")
-        check_batch(batch, TRAIN_KEYS)
-        default = ("values",) if self.value_model else ("log_probs",)
-        outputs = check_outputs(outputs or default, self.value_model)
-        temperature = self._temperature(batch, None)
-        counts = torch.tensor(
-            [float(batch.batch["response_mask"].sum()), float(len(batch))],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        if self.layout.dp > 1:
-            self._dp_all_reduce(counts, "the global token/sequence counts")
+        outputs, temperature, counts = self._begin_train_batch(batch, outputs)
+        group = self.layout.dp_group
+        all_reduce(counts, dist.ReduceOp.SUM, "the global token/sequence counts", group)
         num_tokens, num_seqs = int(counts[0].item()), int(counts[1].item())
         num_micro = self._num_micro_batches(batch, train=True)
         micro_batches = split_micro_batches(batch, self.config.micro_batch, num_micro)
@@ -416,11 +323,7 @@ class MegatronEngine(TrainEngine):
 
         def on_outputs(index, outs, mb):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
-            loss, metrics = loss_fn(outs, mb.to(self.device), ctx)  # on our device
-            if not isinstance(loss, Tensor) or loss.dim() != 0:
-                raise TypeError(
-                    f"loss_fn must return a scalar tensor loss, got {type(loss).__name__}"
-                )
+            loss, metrics = self._call_loss(loss_fn, outs, mb.to(self.device), ctx)
             losses.append(float(loss.detach().double()))
             nonfinite[0] += float(not math.isfinite(losses[-1]))
             for key, value in metrics.items():
@@ -444,45 +347,11 @@ class MegatronEngine(TrainEngine):
             reduced.zero_()
         all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
         grad_norm = self._grad_norm()
-        finite = reduced[1].item() == 0 and math.isfinite(grad_norm)
-        lr = self.scheduler.get_last_lr()[0]
-        if finite:
-            max_norm = self.config.optim.grad_clip
-            if max_norm:
-                total = torch.tensor(grad_norm, dtype=torch.float32, device=self.device)
-                torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=True)
-            self.optimizer.step()
-            self.scheduler.step()
-            self._step += 1
-        self.optimizer.zero_grad(set_to_none=True)
         moe_metrics = self._moe_metrics(num_micro)
-        if not finite and self.config.on_nan == "raise":
-            raise FloatingPointError(
-                f"rank {self.rank}: non-finite {'loss' if reduced[1].item() else 'gradient norm'} "
-                f"at step {self._step} (loss={reduced[0].item()}, grad_norm={grad_norm}); the "
-                "optimizer step was not taken (EngineConfig.on_nan='skip' drops such steps)"
-            )
-        result = {
-            "loss": reduced[0].item(),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "num_tokens": float(num_tokens),
-            "num_seqs": float(num_seqs),
-            "num_micro_batches": float(num_micro),
-            "skipped": 0.0 if finite else 1.0,
-        }
-        for i, key in enumerate(keys):
-            if key in result:
-                raise ValueError(f"loss_fn returned metric {key!r}, which the engine reserves")
-            result[key] = reduced[2 + i].item()
-        result.update(moe_metrics)
-        return result
-
-    def _dp_all_reduce(self, tensor: Tensor, what: str) -> None:
-        try:
-            dist.all_reduce(tensor, group=self.layout.dp_group)
-        except Exception as exc:
-            raise RuntimeError(f"rank {self.rank}: all-reduce of {what} failed: {exc}") from exc
+        step_counts = (num_tokens, num_seqs, num_micro)
+        return self._finish_train_batch(
+            reduced, keys, grad_norm, self.params, step_counts, moe_metrics
+        )
 
     def _metric_keys(self, keys: list[str] | None) -> list[str]:
         """The loss function's metric names, from the collect ranks to every rank."""
@@ -528,19 +397,10 @@ class MegatronEngine(TrainEngine):
         return metrics
 
     # ---- inference ----------------------------------------------------------------
-    @torch.no_grad()
-    def infer_batch(
-        self,
-        batch: DataProto,
-        outputs: Sequence[str] = ("log_probs",),
-        temperature: float | None = None,
-    ) -> DataProto:
-        self._require_onloaded("infer_batch")
-        check_batch(batch, INFER_KEYS)
-        outputs = check_outputs(outputs, self.value_model)
-        temperature = self._temperature(batch, temperature)
+    def _infer(
+        self, batch: DataProto, outputs: tuple[str, ...], temperature: float, num_micro: int
+    ) -> dict[str, Tensor]:
         cfg = self.config.infer_micro_batch_config
-        num_micro = self._num_micro_batches(batch, train=False)
         micro_batches = split_micro_batches(batch, cfg, num_micro)
         for chunk in self.chunks:
             chunk.eval()
@@ -564,7 +424,7 @@ class MegatronEngine(TrainEngine):
             result = {k: stacked[i] for i, k in enumerate(outputs)}
         for chunk in self.chunks:
             chunk.train()
-        return DataProto.from_dict(tensors=result, meta_info={"temperature": temperature})
+        return result
 
     # ---- weights ------------------------------------------------------------------
     def export_weights(
@@ -582,29 +442,18 @@ class MegatronEngine(TrainEngine):
         bad = torch.tensor(
             [float(sum(int(not torch.isfinite(p).all()) for p in self.params))], device=self.device
         )
-        if all_reduce(bad, dist.ReduceOp.SUM, "the parameter finiteness check").item():
-            raise FloatingPointError(
-                f"rank {self.rank}: refusing to save {path!r}: parameters hold non-finite values"
-            )
-        extra = {
-            "step": self._step,
-            "scheduler": self.scheduler.state_dict(),
-            "rng": ckpt.rng_state(),
-        }
-        meta = {
-            "engine": "megatron",
-            "step": self._step,
-            "value_model": self.value_model,
-            "hf_config": self.hf_config.to_dict(),  # for offline export (`offline`)
-            "parallel": {
+        self._refuse_nonfinite(bad, path)
+        meta = self._checkpoint_meta(
+            hf_config=self.hf_config.to_dict(),  # for offline export (`offline`)
+            parallel={
                 "tp": self.layout.tp,
                 "pp": self.layout.pp,
                 "ep": self.layout.ep,
                 "etp": self.layout.etp,
                 "vpp": self.mcfg.vpp,
             },
-        }
-        ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta)
+        )
+        ckpt.save_checkpoint(path, self.chunks, self.optimizer, self._train_state(), meta)
 
     @classmethod
     def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
@@ -617,34 +466,10 @@ class MegatronEngine(TrainEngine):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
-        extra, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer)
-        if meta.get("engine") != "megatron":
-            raise ValueError(
-                f"checkpoint {path!r} was written by engine {meta.get('engine')!r}, not 'megatron'"
-            )
-        if bool(meta.get("value_model")) != self.value_model:
-            raise ValueError(
-                f"checkpoint {path!r} has value_model={meta.get('value_model')}, this engine "
-                f"value_model={self.value_model}"
-            )
-        self._step = int(extra["step"])
-        self.scheduler.load_state_dict(extra["scheduler"])
-        if "rng" in extra:
-            ckpt.set_rng_state(extra["rng"])
+        state, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer)
+        self._restore_train_state(path, state, meta)
 
     # ---- memory -------------------------------------------------------------------
-    def offload(self) -> None:
-        if self._offloaded:
-            return
-        self._move("cpu")
-        self._offloaded = True
-
-    def onload(self) -> None:
-        if not self._offloaded:
-            return
-        self._move(self.device)
-        self._offloaded = False
-
     def _move(self, device: torch.device | str) -> None:
         if self.device_type == "cpu":
             return  # already in host memory

@@ -23,7 +23,6 @@ prompt ``n`` times, slicing and chunking a batch copy references, never the pixe
 from __future__ import annotations
 
 import io
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from rl_multimodal.vlm.processor import load_processor
 
 __all__ = ["IMAGE_PLACEHOLDER", "VLMPromptDataset", "load_image"]
 
-log = logging.getLogger(__name__)
 IMAGE_PLACEHOLDER = "<image>"
 QWEN_IMAGE_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
 
@@ -125,20 +123,7 @@ class VLMPromptDataset(PromptDataset):
                     "image_grid_thw": inputs["image_grid_thw"],
                 }
             self.items.append(row)
-        self.num_filtered = self.num_rows - len(self.items)
-        if self.num_filtered:
-            log.warning(
-                "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
-                name,
-                self.num_filtered,
-                self.num_rows,
-                max_prompt_length,
-            )
-        if not self.items:
-            raise ValueError(
-                f"{name}: no prompts left ({self.num_rows} rows, {self.num_filtered} longer than "
-                f"max_prompt_length={max_prompt_length})"
-            )
+        self._count_filtered()
 
     def _images(self, row: dict[str, Any], index: int, key: str, marks: int) -> list[Any]:
         values = row.get(key)

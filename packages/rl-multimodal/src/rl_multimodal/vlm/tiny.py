@@ -34,20 +34,15 @@ def _tokenizer() -> Any:
 def _config(arch: str, tokenizer: Any) -> Any:
     import transformers
 
+    from rl_algos.trainer.model_source import tiny_text_fields
+
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in VISION_TOKENS}
-    text = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    text = tiny_text_fields(tokenizer)
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+    }
     vision = dict(depth=2, num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
     if arch == "qwen2_5_vl":
         vision.update(

@@ -173,6 +173,11 @@ class AgentLoop(ABC):
         self.config = (config or AgentLoopConfig()).validate()
         self.tokenizer = tokenizer
         self.tools = dict(tools or {})
+        self._prepare()
+
+    def _prepare(self) -> None:  # noqa: B027 - optional hook
+        """Subclass hook, run at the end of ``__init__`` (client, config, tokenizer and
+        tools are set): check them and build what the loop needs."""
 
     def prompt_ids(self, sample: AgentInput, tool_schemas: list[dict] | None = None) -> list[int]:
         """The sample's prompt ids, templating its messages when no ids are given."""

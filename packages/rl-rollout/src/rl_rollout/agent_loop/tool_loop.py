@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 from rl_rollout.agent_loop.base import (
     AgentInput,
     AgentLoop,
-    AgentLoopConfig,
     AgentLoopOutput,
-    LLMClient,
 )
 from rl_rollout.agent_loop.chat import ChatTemplate
 from rl_rollout.agent_loop.tool_parsers import ToolCall, build_tool_parser
-from rl_rollout.tools.base import Tool, ToolArgumentError
+from rl_rollout.tools.base import ToolArgumentError
 
 __all__ = ["ToolAgentLoop"]
 
@@ -34,18 +31,13 @@ class ToolAgentLoop(AgentLoop):
     """Multi-turn loop with tools (see module docstring). Needs a tokenizer with a chat
     template; tool schemas are passed to the template when a prompt is built from messages."""
 
-    def __init__(
-        self,
-        client: LLMClient,
-        config: AgentLoopConfig | None = None,
-        tokenizer: Any = None,
-        tools: Mapping[str, Tool] | None = None,
-    ) -> None:
-        super().__init__(client, config, tokenizer, tools)
-        if tokenizer is None:
+    def _prepare(self) -> None:
+        if self.tokenizer is None:
             raise ValueError("the 'tool' agent loop needs a tokenizer (with a chat template)")
         self.tool_schemas = [tool.schema.to_openai() for tool in self.tools.values()]
-        self.chat = ChatTemplate(tokenizer, self.tool_schemas, self.config.chat_template_kwargs)
+        self.chat = ChatTemplate(
+            self.tokenizer, self.tool_schemas, self.config.chat_template_kwargs
+        )
         self.parser = build_tool_parser(self.config.tool_parser)
 
     async def run(self, sample: AgentInput) -> AgentLoopOutput:

@@ -43,10 +43,9 @@ import torch
 from torch import Tensor
 
 from rl_core.platform import get_platform
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
-from rl_core.rollout import check_prompt as _check_prompt
-from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
-from rl_rollout.backends.hf_prefill import left_padded, prefill_text
+from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_rollout.backends.base import BackendEngine, CheckedRequest
+from rl_rollout.backends.hf_prefill import cached_step, left_padded, prefill_text
 from rl_rollout.backends.options import HFRolloutOptions
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
@@ -106,18 +105,16 @@ class _Request:
     error: BaseException | None = None
 
 
-class HFRolloutEngine(RolloutEngine):
+class HFRolloutEngine(BackendEngine):
     """Batched, KV-cached generation with a transformers causal LM (see module docstring)."""
 
+    name = "hf"
     options_class: ClassVar[type] = HFRolloutOptions
 
     def __init__(self, config: RolloutConfig) -> None:
-        try:
-            from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-        except ImportError as exc:
-            raise ImportError(
-                f"the 'hf' rollout engine needs transformers ({exc}): pip install 'rl-rollout[hf]'"
-            ) from exc
+        transformers = self._import_library(
+            "transformers", "transformers", "pip install 'rl-rollout[hf]'"
+        )
 
         config.validate()
         if config.tensor_parallel_size != 1:
@@ -133,9 +130,13 @@ class HFRolloutEngine(RolloutEngine):
         load_format = options.load_format
         dtype = platform.auto_dtype if config.dtype == "auto" else _DTYPES[config.dtype]
         self.config = config
-        hf_config = AutoConfig.from_pretrained(config.model_path)
+        hf_config = transformers.AutoConfig.from_pretrained(config.model_path)
         self.vision = getattr(hf_config, "vision_config", None) is not None
-        auto = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
+        auto = (
+            transformers.AutoModelForImageTextToText
+            if self.vision
+            else transformers.AutoModelForCausalLM
+        )
         if load_format == "dummy":
             self.model = _unloaded_model(auto, hf_config, dtype)
         else:
@@ -168,7 +169,6 @@ class HFRolloutEngine(RolloutEngine):
         self._weights_device = self.device
         self.weight_version = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
 
     # -- event-loop state: rebuilt when the engine is used from a new loop -------------------
 
@@ -187,34 +187,26 @@ class HFRolloutEngine(RolloutEngine):
         self._model_lock = asyncio.Lock()
         self._scheduler = loop.create_task(self._schedule(), name="hf-rollout-scheduler")
 
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
     # -- the contract -------------------------------------------------------------------------
 
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None = None,
-    ) -> list[GenerationOutput]:
+    def _check_ready(self) -> None:
+        super()._check_ready()
         if self._unloaded:
             raise RuntimeError(
                 f"hf rollout engine (load_format='dummy'): {len(self._unloaded)} weights were "
                 f"never loaded (e.g. {sorted(self._unloaded)[0]!r}): call update_weights with "
                 "the full weights before generating"
             )
-        params = sampling_params.validate()
-        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
+
+    async def _generate(self, request: CheckedRequest) -> list[GenerationOutput]:
+        prompt, params, request_id = request.prompt, request.params, request.request_id
+        multi_modal_data = request.multi_modal_data
         vision = self._vision_inputs(prompt, multi_modal_data) if multi_modal_data else None
         if vision is None and self._banned and any(t in self._banned for t in prompt):
             raise ValueError(
                 "prompt_ids hold image/video placeholder tokens but multi_modal_data is empty: "
                 "expected the request's images as multi_modal_data={'image': [...]}"
             )
-        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
         self._ensure_scheduler()
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
@@ -435,15 +427,8 @@ class HFRolloutEngine(RolloutEngine):
         ids, mask = left_padded(contexts, self.device)
         extra = self._prefill_vision(live, ids, mask)
         positions = extra.pop("position_ids")
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
-        return out.logits[:, -1], out.past_key_values, mask, positions
+        logits, cache = cached_step(self.model, ids, mask, positions, None, **extra)
+        return logits, cache, mask, positions
 
     @torch.no_grad()
     def _step(self, seqs: list[_Sequence], state: dict | None) -> dict | None:
@@ -473,15 +458,7 @@ class HFRolloutEngine(RolloutEngine):
             )
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             positions = state["positions"][..., None] + 1  # [B] or [3, B] (multimodal)
-            out = self.model(
-                input_ids=state["next"][:, None],
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            logits, cache = out.logits[:, -1], out.past_key_values
+            logits, cache = cached_step(self.model, state["next"][:, None], mask, positions, cache)
         if self._banned:
             logits[:, self._banned] = float("-inf")
         tokens, log_probs = sample_rows(logits, sampling, self._shared_generator)

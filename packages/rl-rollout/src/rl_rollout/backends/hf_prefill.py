@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["MIN_SHARED_PREFIX", "TextPrefill", "left_padded", "prefill_text"]
+__all__ = ["MIN_SHARED_PREFIX", "TextPrefill", "cached_step", "left_padded", "prefill_text"]
 
 # A shorter common prefix is not worth a forward pass of its own.
 MIN_SHARED_PREFIX = 16
@@ -55,6 +55,24 @@ def left_padded(contexts: list[list[int]], device: torch.device) -> tuple[Tensor
     return ids.to(device), mask.to(device)
 
 
+def cached_step(
+    model: Any, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any, **extra: Any
+) -> tuple[Tensor, Any]:
+    """One forward pass of ``ids`` [B, T] after ``cache`` (None: a fresh one) with the
+    whole ``mask`` and the ids' ``positions``; returns the last position's logits [B, V]
+    and the extended cache. ``extra``: further model inputs (images)."""
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+        **extra,
+    )
+    return out.logits[:, -1], out.past_key_values
+
+
 def prefill_text(model: Any, contexts: list[list[int]], device: torch.device) -> TextPrefill:
     """Run ``contexts`` (token ids, one list per row) through ``model`` with a fresh cache."""
     first: dict[tuple[int, ...], int] = {}
@@ -73,15 +91,7 @@ def prefill_text(model: Any, contexts: list[list[int]], device: torch.device) ->
     else:
         ids, mask = left_padded(distinct, device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    logits, cache = out.logits[:, -1], out.past_key_values
+    logits, cache = cached_step(model, ids, mask, positions, cache)
     if len(distinct) < len(contexts):
         index = torch.tensor(copies, device=device)
         logits, mask, positions = logits[index], mask[index], positions[index]

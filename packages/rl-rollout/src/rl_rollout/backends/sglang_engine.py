@@ -49,9 +49,8 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from rl_core.engine import iter_layer_buckets
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
-from rl_core.rollout import check_prompt as _check_prompt
-from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.nccl_transfer import GROUP_NAME
 from rl_rollout.backends.options import SGLangOptions
@@ -135,9 +134,10 @@ def sglang_output(result: dict[str, Any]) -> GenerationOutput:
     return GenerationOutput(tokens, log_probs, finish)
 
 
-class SGLangRolloutEngine(RolloutEngine):
+class SGLangRolloutEngine(BackendEngine):
     """SGLang `Engine` behind the rollout-engine contract (see module docstring)."""
 
+    name = "sglang"
     options_class: ClassVar[type] = SGLangOptions
 
     @classmethod
@@ -146,19 +146,12 @@ class SGLangRolloutEngine(RolloutEngine):
         return SGLangOptions.from_kwargs(config.engine_kwargs)
 
     def __init__(self, config: RolloutConfig) -> None:
-        try:
-            import sglang
-            from sglang.srt.managers import io_struct
-        except ImportError as exc:
-            raise ImportError(
-                f"the 'sglang' rollout engine needs SGLang ({exc}): "
-                "pip install 'rl-rollout[sglang]' (needs a CUDA machine)"
-            ) from exc
-        config.validate()
-        self.config = config
-        options = SGLangOptions.from_kwargs(config.engine_kwargs)
-        self._bucket_bytes = options.weight_bucket_bytes
-        self._update_timeout_s = float(options.update_timeout_s)
+        sglang = self._import_library(
+            "sglang", "SGLang", "pip install 'rl-rollout[sglang]' (needs a CUDA machine)"
+        )
+        from sglang.srt.managers import io_struct
+
+        self._server_options(config, SGLangOptions)
         kwargs = sglang_engine_kwargs(config)
         self._seeds_honoured = bool(kwargs.get("enable_deterministic_inference", False))
         self._warned_seed = False
@@ -173,24 +166,10 @@ class SGLangRolloutEngine(RolloutEngine):
         self._in_flight: dict[str, list[str]] = {}
         self.weight_version = 0
         self._transfer_ready = False
-        self._closed = False
 
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None = None,
-    ) -> list[GenerationOutput]:
-        if self._closed:
-            raise RuntimeError("the 'sglang' rollout engine was shut down")
-        params = sampling_params.validate()
-        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
-        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
+    async def _generate(self, request: CheckedRequest) -> list[GenerationOutput]:
+        prompt, params, request_id = request.prompt, request.params, request.request_id
+        multi_modal_data = request.multi_modal_data
         if request_id in self._in_flight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         if params.seed is not None and not self._seeds_honoured and not self._warned_seed:

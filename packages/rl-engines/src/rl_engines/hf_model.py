@@ -1,0 +1,140 @@
+"""Hugging Face models as both engines load them: config, dtype, attention kernel, weights.
+
+Causal LMs load through ``AutoModelForCausalLM``; vision-language models (a config with a
+``vision_config``, e.g. Qwen2-VL, Qwen2.5-VL) through ``AutoModelForImageTextToText``, their
+vision tower frozen when ``freeze_vision_tower`` is set. Value models (``value_head=True``) load
+through ``AutoModelForTokenClassification`` with ``num_labels=1``: the backbone plus a
+``score`` linear head giving one scalar per token; from a causal-LM checkpoint the head is
+initialised from the engine seed (identically on every rank), and its dropout is set to 0
+so training is deterministic.
+
+The fsdp engine shards the model built here (`rl_engines.fsdp.model`); the megatron engine
+copies its weights into megatron-core modules (`rl_engines.megatron.weights`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from rl_core.engine import ModelConfig
+from rl_core.platform import get_platform
+
+__all__ = [
+    "build_hf_model",
+    "check_model_path",
+    "freeze_vision_tower",
+    "resolve_attn_implementation",
+    "resolve_compute_dtype",
+    "torch_dtype",
+    "vision_tower",
+]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a `ModelConfig` dtype name ("float32", "bfloat16", "float16")."""
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def check_model_path(path: str | None) -> None:
+    """Refuse a ``ModelConfig.path`` that is set but is not a directory."""
+    if path is not None and not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"ModelConfig.path={path!r} does not exist or is not a directory: expected a "
+            "local Hugging Face model directory (config.json + weights)"
+        )
+
+
+def resolve_compute_dtype(config: ModelConfig) -> torch.dtype:
+    """``compute_dtype`` with "auto" resolved by the platform: bfloat16 on accelerators,
+    float32 on CPU."""
+    if config.compute_dtype == "auto":
+        return get_platform().auto_dtype
+    return torch_dtype(config.compute_dtype)
+
+
+def resolve_attn_implementation(attn_implementation: str) -> str:
+    """A Hugging Face ``attn_implementation`` with "auto" resolved by the platform's
+    preference."""
+    if attn_implementation == "auto":
+        return get_platform().preferred_attention()
+    return attn_implementation
+
+
+def vision_tower(model: nn.Module) -> nn.Module | None:
+    """The vision encoder of a Hugging Face VLM (``model.model.visual`` or ``model.visual``)."""
+    for owner in (getattr(model, "model", None), model):
+        tower = getattr(owner, "visual", None) if owner is not None else None
+        if isinstance(tower, nn.Module):
+            return tower
+    return None
+
+
+def freeze_vision_tower(model: nn.Module) -> None:
+    """Stop gradients into the vision encoder; raise if the model has none."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ValueError(
+            f"ModelConfig.freeze_vision_tower=True but {type(model).__name__} has no vision "
+            "tower ('visual' module): expected a vision-language model such as Qwen2.5-VL"
+        )
+    tower.requires_grad_(False)
+
+
+def _hf_config(config: ModelConfig) -> Any:
+    from transformers import AutoConfig
+
+    if config.path is not None:
+        check_model_path(config.path)
+        hf_config = AutoConfig.from_pretrained(
+            config.path, trust_remote_code=config.trust_remote_code
+        )
+    else:
+        fields = dict(config.config or {})
+        model_type = fields.pop("model_type")
+        hf_config = AutoConfig.for_model(model_type, **fields)
+    for key, value in config.override_config.items():
+        setattr(hf_config, key, value)
+    if config.value_head:
+        hf_config.num_labels = 1
+        hf_config.classifier_dropout = 0.0
+    hf_config.use_cache = False
+    return hf_config
+
+
+def build_hf_model(config: ModelConfig, seed: int, attn_implementation: str = "auto") -> nn.Module:
+    """The unsharded model on CPU in ``config.dtype`` (weights from ``path`` or random)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
+
+    hf_config = _hf_config(config)
+    if config.value_head:
+        auto = AutoModelForTokenClassification
+    elif getattr(hf_config, "vision_config", None) is not None:
+        auto = AutoModelForImageTextToText
+    else:
+        auto = AutoModelForCausalLM
+    kwargs = {
+        "dtype": torch_dtype(config.dtype),
+        "attn_implementation": resolve_attn_implementation(attn_implementation),
+        "trust_remote_code": config.trust_remote_code,
+    }
+    torch.manual_seed(seed)  # random init (config models, fresh value heads) equal on all ranks
+    if config.path is not None:
+        model = auto.from_pretrained(config.path, config=hf_config, **kwargs)
+    else:
+        model = auto.from_config(hf_config, **kwargs)
+    if config.value_head and getattr(model, "score", None) is None:
+        raise ValueError(
+            f"ModelConfig.value_head=True but {type(model).__name__} has no 'score' head: "
+            "expected a model with a token-classification head"
+        )
+    if config.freeze_vision_tower:
+        freeze_vision_tower(model)
+    return model
