@@ -17,6 +17,7 @@ controller's dispatch. `infer_batch` returns the same CPU tensors on every rank.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rl_core.config import ConfigError
 from rl_core.engine import (
     INFER_KEYS,
     TRAIN_KEYS,
@@ -64,6 +66,7 @@ from rl_engines.megatron.model import (
     transformer_config,
 )
 from rl_engines.megatron.parallel import ParallelState
+from rl_engines.megatron.precision import MainParams, check_dtypes, wrap_float16
 from rl_engines.megatron.routing import install_router_probes, routing_padding_mask
 from rl_engines.megatron.weights import Layout, export_hf_weights, load_hf_weights
 from rl_engines.moe import RouterStats
@@ -95,6 +98,12 @@ class MegatronEngine(TrainEngine):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
         mcfg = config.model
+        if mcfg.lora is not None:
+            raise ConfigError(
+                "model.lora",
+                "null: the megatron engine does not train LoRA adapters; use actor.engine=fsdp",
+                value=dataclasses.asdict(mcfg.lora),
+            )
         if mcfg.path is not None and not os.path.isdir(mcfg.path):
             raise FileNotFoundError(
                 f"ModelConfig.path={mcfg.path!r} does not exist or is not a directory: expected a "
@@ -119,14 +128,19 @@ class MegatronEngine(TrainEngine):
         self.value_model = mcfg.value_head
         self.layout = Layout(self.value_model)
         self.compute_dtype = resolve_compute_dtype(mcfg)
+        self.main_dtype = getattr(torch, mcfg.dtype)
+        check_dtypes(mcfg.dtype, mcfg.compute_dtype, self.compute_dtype)
         hf_model = build_hf_model(mcfg, config.seed)
         self.hf_config = hf_model.config
         self.arch = arch_spec(self.hf_config)
         check_divisibility(self.arch, self.mcfg)
+        # megatron-core's mixed precision: the model in the compute dtype (bf16=True,
+        # params_dtype and pipeline_dtype = compute dtype), fp32 main parameters for the
+        # optimizer (`precision`)
         self.tconfig = transformer_config(
             self.arch,
             self.mcfg,
-            params_dtype=getattr(torch, mcfg.dtype),
+            params_dtype=min(self.main_dtype, self.compute_dtype, key=lambda d: d.itemsize),
             compute_dtype=self.compute_dtype,
             rms_norm_eps=float(self.hf_config.rms_norm_eps),
             activation_checkpointing=config.parallel.activation_checkpointing,
@@ -135,16 +149,31 @@ class MegatronEngine(TrainEngine):
         self.chunks = build_model_chunks(self.arch, self.tconfig, self.mcfg, self.value_model)
         for chunk in self.chunks:
             chunk.to(self.device)
-        load_hf_weights(
-            self.chunks, hf_model.state_dict(), self.arch, self.layout, self.value_model
-        )
-        del hf_model
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if config.inference_only:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
-        self.params = [p for c in self.chunks for p in c.parameters() if p.requires_grad]
+        self.main = MainParams(
+            [p for c in self.chunks for p in c.parameters()],
+            self.main_dtype,
+            mixed=not config.inference_only and self.main_dtype != self.compute_dtype,
+        )
+        load_hf_weights(
+            self.chunks,
+            hf_model.state_dict(),
+            self.arch,
+            self.layout,
+            self.value_model,
+            target=self.main.of,
+        )
+        self.main.copy_main_to_model()
+        del hf_model
+        self.models = wrap_float16(self.chunks, self.tconfig)  # what the schedules run
+        self.main.install_grad_hooks()
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.params = [
+            self.main.of(p) for c in self.chunks for p in c.parameters() if p.requires_grad
+        ]
         if not config.inference_only:
             opt = config.optim
             self.optimizer = torch.optim.AdamW(
@@ -231,6 +260,7 @@ class MegatronEngine(TrainEngine):
         sp = self.mcfg.sequence_parallel
         for chunk in self.chunks:
             for name, p in chunk.named_parameters():
+                p = self.main.of(p)  # gradients are reduced and clipped on the main params
                 expert = ".experts." in name
                 groups["expert" if expert else "dense"].append(p)
                 if (
@@ -349,6 +379,8 @@ class MegatronEngine(TrainEngine):
                     model, aligned.padding_mask, self.mcfg.sequence_parallel, self.layout
                 )
                 self.router_stats.skip = kwargs["padding_mask"] is None  # no real token
+            if model is not getattr(model, "module", model):  # Float16Module
+                kwargs["fp32_output"] = False  # logits stay bf16; log-probs upcast per chunk
             output = model(aligned.input_ids, aligned.position_ids, mask, **kwargs)
 
             def loss_func(output_tensor):
@@ -367,12 +399,12 @@ class MegatronEngine(TrainEngine):
 
             return output, loss_func
 
-        iterators = [iter(items) for _ in self.chunks]
+        iterators = [iter(items) for _ in self.models]
         fb = get_forward_backward_func()
         fb(
             forward_step_func=forward_step,
-            data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
-            model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+            data_iterator=iterators if len(self.models) > 1 else iterators[0],
+            model=self.models if len(self.models) > 1 else self.models[0],
             num_microbatches=len(items),
             seq_length=seq_len,
             micro_batch_size=rows,
@@ -447,6 +479,7 @@ class MegatronEngine(TrainEngine):
                 total = torch.tensor(grad_norm, dtype=torch.float32, device=self.device)
                 torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=True)
             self.optimizer.step()
+            self.main.copy_main_to_model()
             self.scheduler.step()
             self._step += 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -567,7 +600,13 @@ class MegatronEngine(TrainEngine):
     ) -> Iterator[list[tuple[str, Tensor]]]:
         self._require_onloaded("export_weights")
         return export_hf_weights(
-            self.chunks, self.arch, self.layout, self.value_model, bucket_bytes, dtype
+            self.chunks,
+            self.arch,
+            self.layout,
+            self.value_model,
+            bucket_bytes,
+            dtype,
+            source=self.main.of,  # the fp32 main weights when training in bf16
         )
 
     # ---- checkpoints --------------------------------------------------------------
@@ -599,7 +638,7 @@ class MegatronEngine(TrainEngine):
                 "vpp": self.mcfg.vpp,
             },
         }
-        ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta)
+        ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta, self.main.of)
 
     @classmethod
     def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
@@ -612,7 +651,8 @@ class MegatronEngine(TrainEngine):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
-        extra, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer)
+        extra, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer, self.main.of)
+        self.main.copy_main_to_model()
         if meta.get("engine") != "megatron":
             raise ValueError(
                 f"checkpoint {path!r} was written by engine {meta.get('engine')!r}, not 'megatron'"
@@ -643,9 +683,10 @@ class MegatronEngine(TrainEngine):
     def _move(self, device: torch.device | str) -> None:
         if self.device_type == "cpu":
             return  # already in host memory
-        for chunk in self.chunks:
-            for p in chunk.parameters():
-                p.data = p.data.to(device)
+        params = {id(p): p for c in self.chunks for p in c.parameters()}
+        params.update((id(p), p) for p in self.main.main)  # the fp32 main copies, if any
+        for p in params.values():
+            p.data = p.data.to(device)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for key, value in state.items():
@@ -656,5 +697,7 @@ class MegatronEngine(TrainEngine):
             get_platform().empty_cache()
 
     def close(self) -> None:
+        self.main.close()
         self.chunks = []
+        self.models = []
         self.optimizer = None  # type: ignore[assignment]
