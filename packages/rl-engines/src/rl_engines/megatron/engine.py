@@ -259,15 +259,17 @@ class MegatronEngine(TrainEngine):
         tied = self.arch.tied_embeddings and not self.value_model and self.layout.pp > 1
         sp = self.mcfg.sequence_parallel
         for chunk in self.chunks:
-            for name, p in chunk.named_parameters():
-                p = self.main.of(p)  # gradients are reduced and clipped on the main params
+            for name, model_param in chunk.named_parameters():
+                # attributes live on the model parameter; gradients are reduced and
+                # clipped on its main parameter
+                p = self.main.of(model_param)
                 expert = ".experts." in name
                 groups["expert" if expert else "dense"].append(p)
                 if (
                     self.layout.tp > 1
                     and not expert
                     and (
-                        (sp and getattr(p, "sequence_parallel", False))
+                        (sp and getattr(model_param, "sequence_parallel", False))
                         or "q_layernorm" in name
                         or "k_layernorm" in name
                     )

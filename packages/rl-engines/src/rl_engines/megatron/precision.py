@@ -94,7 +94,13 @@ class MainParams:
             self.main = []
             for p in self.model:
                 main = nn.Parameter(torch.empty_like(p, dtype=main_dtype), requires_grad=True)
-                for attr in ("tensor_model_parallel", "partition_dim", "partition_stride"):
+                for attr in (
+                    "tensor_model_parallel",
+                    "partition_dim",
+                    "partition_stride",
+                    "sequence_parallel",
+                    "allreduce",
+                ):
                     if hasattr(p, attr):
                         setattr(main, attr, getattr(p, attr))
                 self.main.append(main)
