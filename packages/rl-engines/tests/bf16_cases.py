@@ -67,6 +67,8 @@ def one_step(engine: str, model_dir: str, options: dict[str, Any], grouped: bool
             and {t.dtype for t in as_bf16.values()} == {torch.bfloat16},
             "optimizer_dtypes": _optimizer_dtypes(eng),
         }
+        if engine == "fsdp":
+            result["shared"] = eng.shared_prompts is not None
         if engine == "megatron":
             result["model_dtypes"] = sorted(
                 {str(p.dtype) for c in eng.chunks for p in c.parameters()}

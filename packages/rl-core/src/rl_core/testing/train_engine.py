@@ -171,7 +171,9 @@ def reference_outputs(
     else:
         config = AutoConfig.from_pretrained(model_dir)
         model = auto.from_config(config, dtype=dtype, attn_implementation="eager")
-        result = model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=False)
+        result = model.load_state_dict(
+            {k: v.to(dtype) for k, v in state_dict.items()}, strict=False
+        )
         assert not result.unexpected_keys, f"exported unknown names {result.unexpected_keys}"
         tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
         assert set(result.missing_keys) <= tied, f"export lacks {result.missing_keys}"

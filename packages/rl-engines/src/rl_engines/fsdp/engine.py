@@ -182,6 +182,7 @@ class FSDPEngine(TrainEngine):
     """FSDP2 training engine for Hugging Face causal LMs and value models."""
 
     supports_resharding: ClassVar[bool] = True  # torch.distributed.checkpoint reshards
+    supports_lora: ClassVar[bool] = True  # PEFT adapters (`rl_engines.lora`)
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()

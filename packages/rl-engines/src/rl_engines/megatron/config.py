@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rl_core.config import dataclass_from_dict
+from rl_core.config import ConfigError, dataclass_from_dict
 from rl_core.config import is_int as _is_int
 from rl_core.engine import EngineConfig
 
@@ -119,15 +119,19 @@ class MegatronConfig:
             )
         model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
         if world_size % model_parallel:
-            raise ValueError(
-                f"MegatronConfig: world size {world_size} is not divisible by "
-                f"tensor_parallel_size * pipeline_parallel_size = {model_parallel}"
+            name = "tensor" if self.tensor_parallel_size > 1 else "pipeline"
+            raise ConfigError(
+                f"parallel.{name}_parallel_size",
+                f"tensor_parallel_size * pipeline_parallel_size (now {model_parallel}) to "
+                f"divide the world size {world_size}",
+                value=getattr(self, f"{name}_parallel_size"),
             )
         expert_parallel = self.expert_parallel_size * self.etp * self.pipeline_parallel_size
         if world_size % expert_parallel:
-            raise ValueError(
-                f"MegatronConfig: world size {world_size} is not divisible by "
-                f"expert_parallel_size * expert_tensor_parallel_size * pipeline_parallel_size "
-                f"= {expert_parallel}"
+            raise ConfigError(
+                "parallel.expert_parallel_size",
+                "expert_parallel_size * expert_tensor_parallel_size * pipeline_parallel_size "
+                f"(now {expert_parallel}) to divide the world size {world_size}",
+                value=self.expert_parallel_size,
             )
         return self
