@@ -13,7 +13,7 @@ import pytest
 from rl_core.config import ConfigError
 from rl_core.engine import ENGINES, EngineConfig, build_engine
 from rl_core.testing.spawn import SpawnRunner
-from rl_core.testing.train_engine import save_tiny_model
+from rl_core.testing.train_engine import save_tiny_model, tiny_hf_config
 
 pytestmark = pytest.mark.megatron
 
@@ -74,7 +74,6 @@ def test_unknown_and_duplicated_engine_kwargs():
 
 
 def test_dense_model_with_expert_parallelism_is_rejected(tmp_path):
-    from rl_core.testing.train_engine import save_tiny_model
 
     model_dir = save_tiny_model(str(tmp_path / "m"), "llama")
     with pytest.raises(ConfigError, match=r"dense model 'llama'|divide the world size 1") as err:
@@ -131,7 +130,11 @@ def model_dirs(tmp_path_factory):
     fields = megatron_models.tiny_moe_config(num_experts=3)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     AutoModelForCausalLM.from_config(config).save_pretrained(moe3)
-    return {"llama": save_tiny_model(str(root / "llama"), "llama"), "moe3": moe3}
+    kv1 = str(root / "kv1")  # one KV head: TP=2 does not divide it
+    fields = tiny_hf_config("llama", num_key_value_heads=1)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    AutoModelForCausalLM.from_config(config).save_pretrained(kv1)
+    return {"llama": save_tiny_model(str(root / "llama"), "llama"), "moe3": moe3, "kv1": kv1}
 
 
 LAYOUT_ERRORS = {
@@ -141,11 +144,8 @@ LAYOUT_ERRORS = {
         ("parallel.tensor_parallel_size", 3, "divide the world size 2"),
     ),
     "kv-heads-by-tp": (
-        "llama",
-        {
-            "parallel": {"tensor_parallel_size": 2},
-            "model": {"override_config": {"num_key_value_heads": 1}},
-        },
+        "kv1",
+        {"parallel": {"tensor_parallel_size": 2}},
         ("parallel.tensor_parallel_size", 2, "a divisor of the model's num_key_value_heads=1"),
     ),
     "layers-by-pp-vpp": (
