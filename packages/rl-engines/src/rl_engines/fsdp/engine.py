@@ -60,6 +60,7 @@ from rl_engines.distributed import (
     ensure_process_group,
     local_device,
 )
+from rl_engines.dtypes import check_platform_dtype
 from rl_engines.fsdp.checkpoint import (
     load_checkpoint,
     read_model_weights,
@@ -201,6 +202,7 @@ class FSDPEngine(TrainEngine):
         mcfg = config.model
         self.value_model = mcfg.value_head
         self.compute_dtype = resolve_compute_dtype(mcfg)
+        check_platform_dtype("model.compute_dtype", mcfg.compute_dtype, self.compute_dtype)
         if config.parallel.cpu_offload and self.device_type == "cpu":
             raise ValueError(
                 "ParallelConfig.cpu_offload=True on a CPU device: expected an accelerator "

@@ -35,7 +35,7 @@ def check_dtypes(dtype: str, compute_dtype: str, resolved: torch.dtype) -> None:
     wide as ``model.compute_dtype``; compute in float32 or bfloat16 (float16 needs loss
     scaling, which this engine does not do) that the platform runs."""
     from rl_core.config import ConfigError
-    from rl_core.platform import get_platform
+    from rl_engines.dtypes import check_platform_dtype
 
     if resolved == torch.float16:
         raise ConfigError(
@@ -54,14 +54,7 @@ def check_dtypes(dtype: str, compute_dtype: str, resolved: torch.dtype) -> None:
         raise ConfigError(
             "model.dtype", "float32 or bfloat16 for the megatron engine's main weights", value=dtype
         )
-    platform = get_platform()
-    if not platform.supports_dtype(resolved):
-        raise ConfigError(
-            "model.compute_dtype",
-            f"a dtype the {platform.name} platform computes in (this device has no "
-            f"{str(resolved).removeprefix('torch.')} support); use float32",
-            value=compute_dtype,
-        )
+    check_platform_dtype("model.compute_dtype", compute_dtype, resolved)
 
 
 def wrap_float16(chunks: list[nn.Module], tconfig: object) -> list[nn.Module]:
