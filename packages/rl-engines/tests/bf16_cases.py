@@ -136,7 +136,9 @@ def megatron_checkpoint(model_dir: str, options: dict[str, Any], path: str) -> d
     fresh.load(path)
     loaded = _weights(fresh)
     rounded = all(
-        torch.equal(p, fresh.main.of(p).to(p.dtype)) for c in fresh.chunks for p in c.parameters()
+        torch.equal(p, fresh.main_params.of(p).to(p.dtype))
+        for c in fresh.chunks
+        for p in c.parameters()
     )
     fresh.close()
     return {"saved": saved, "loaded": loaded, "rounded": rounded}

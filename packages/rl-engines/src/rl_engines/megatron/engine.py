@@ -4,7 +4,9 @@ EP, expert-TP, sequence parallel).
 One instance per rank; every public method is collective. The model is built from a
 Hugging Face config and weights (`rl_engines.megatron.model` / `.weights`), trained with
 megatron-core's pipeline schedules (1F1B, interleaved with virtual stages) and a
-``torch.optim.AdamW`` on each rank's shards. Gradients are *summed* over data-parallel
+``torch.optim.AdamW`` on each rank's shards (with a bf16 ``compute_dtype`` the chunks run
+inside megatron-core's ``Float16Module`` and AdamW steps fp32 main copies of the
+parameters: `rl_engines.megatron.precision`). Gradients are *summed* over data-parallel
 ranks (the loss contract: sum-style partial losses), expert gradients over the
 expert-data-parallel ranks, sequence-parallel norm gradients over TP, and the tied
 embedding gradient between first and last pipeline stage. On CPU the engine installs
@@ -152,7 +154,7 @@ class MegatronEngine(TrainEngine):
         if config.inference_only:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
-        self.main = MainParams(
+        self.main_params = MainParams(
             [p for c in self.chunks for p in c.parameters()],
             self.main_dtype,
             mixed=not config.inference_only and self.main_dtype != self.compute_dtype,
@@ -163,16 +165,16 @@ class MegatronEngine(TrainEngine):
             self.arch,
             self.layout,
             self.value_model,
-            target=self.main.of,
+            target=self.main_params.of,
         )
-        self.main.copy_main_to_model()
+        self.main_params.copy_main_to_model()
         del hf_model
         self.models = wrap_float16(self.chunks, self.tconfig)  # what the schedules run
-        self.main.install_grad_hooks()
+        self.main_params.install_grad_hooks()
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.params = [
-            self.main.of(p) for c in self.chunks for p in c.parameters() if p.requires_grad
+            self.main_params.of(p) for c in self.chunks for p in c.parameters() if p.requires_grad
         ]
         if not config.inference_only:
             opt = config.optim
@@ -262,7 +264,7 @@ class MegatronEngine(TrainEngine):
             for name, model_param in chunk.named_parameters():
                 # attributes live on the model parameter; gradients are reduced and
                 # clipped on its main parameter
-                p = self.main.of(model_param)
+                p = self.main_params.of(model_param)
                 expert = ".experts." in name
                 groups["expert" if expert else "dense"].append(p)
                 if (
@@ -481,7 +483,7 @@ class MegatronEngine(TrainEngine):
                 total = torch.tensor(grad_norm, dtype=torch.float32, device=self.device)
                 torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=True)
             self.optimizer.step()
-            self.main.copy_main_to_model()
+            self.main_params.copy_main_to_model()
             self.scheduler.step()
             self._step += 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -608,7 +610,7 @@ class MegatronEngine(TrainEngine):
             self.value_model,
             bucket_bytes,
             dtype,
-            source=self.main.of,  # the fp32 main weights when training in bf16
+            source=self.main_params.of,  # the fp32 main weights when training in bf16
         )
 
     # ---- checkpoints --------------------------------------------------------------
@@ -640,7 +642,7 @@ class MegatronEngine(TrainEngine):
                 "vpp": self.mcfg.vpp,
             },
         }
-        ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta, self.main.of)
+        ckpt.save_checkpoint(path, self.chunks, self.optimizer, extra, meta, self.main_params.of)
 
     @classmethod
     def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
@@ -653,8 +655,8 @@ class MegatronEngine(TrainEngine):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
-        extra, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer, self.main.of)
-        self.main.copy_main_to_model()
+        extra, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer, self.main_params.of)
+        self.main_params.copy_main_to_model()
         if meta.get("engine") != "megatron":
             raise ValueError(
                 f"checkpoint {path!r} was written by engine {meta.get('engine')!r}, not 'megatron'"
@@ -686,7 +688,7 @@ class MegatronEngine(TrainEngine):
         if self.device_type == "cpu":
             return  # already in host memory
         params = {id(p): p for c in self.chunks for p in c.parameters()}
-        params.update((id(p), p) for p in self.main.main)  # the fp32 main copies, if any
+        params.update((id(p), p) for p in self.main_params.main)  # the fp32 main copies, if any
         for p in params.values():
             p.data = p.data.to(device)
         if self.optimizer is not None:
@@ -699,7 +701,7 @@ class MegatronEngine(TrainEngine):
             get_platform().empty_cache()
 
     def close(self) -> None:
-        self.main.close()
+        self.main_params.close()
         self.chunks = []
         self.models = []
         self.optimizer = None  # type: ignore[assignment]
