@@ -1,6 +1,7 @@
 """The built-in CPU platform, platform selection, and the conformance suite run on CPU."""
 
 import pytest
+import torch
 
 from rl_core.platform import (
     PLATFORM_ENV,
@@ -120,3 +121,25 @@ def test_importing_rl_core_platform_is_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_supports_dtype_asks_the_device_module_about_bf16():
+    class _Module:
+        def __init__(self, bf16):
+            self.bf16 = bf16
+
+        def is_bf16_supported(self):
+            return self.bf16
+
+    class _Accel(_FakeAccelerator):
+        module = _Module(False)
+
+        def torch_module(self):
+            return self.module
+
+    accel = _Accel()
+    assert not accel.supports_dtype(torch.bfloat16)  # e.g. a V100
+    assert accel.supports_dtype(torch.float32) and accel.supports_dtype(torch.float16)
+    _Accel.module = _Module(True)
+    assert accel.supports_dtype(torch.bfloat16)
+    assert CpuPlatform().supports_dtype(torch.bfloat16)  # slow on CPU, but it runs

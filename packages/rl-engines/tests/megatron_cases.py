@@ -56,3 +56,15 @@ def update_and_save(model_dir: str, options: dict[str, Any], path: str) -> dict[
     }
     eng.close()
     return result
+
+
+def construction_error(model_dir: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """Build the megatron engine; the ConfigError it raises as plain attributes (None if
+    it was built)."""
+    from rl_core.config import ConfigError
+
+    try:
+        build_engine("megatron", engine_config(model_dir, options)).close()
+    except ConfigError as exc:
+        return {"path": exc.path, "value": exc.value, "expected": exc.expected, "text": str(exc)}
+    return None

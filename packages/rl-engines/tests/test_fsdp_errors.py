@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from rl_core.engine import ENGINES, build_engine
 from rl_core.registry import UnknownPluginError
@@ -77,3 +78,16 @@ def test_bad_moe_aux_loss_coeff_is_named(value):
         options(value)
     assert info.value.path == "engine_kwargs.moe_aux_loss_coeff" and info.value.value == value
     assert options(0.01).moe_aux_loss_coeff == 0.01
+
+
+def test_compute_dtype_the_platform_cannot_run_is_refused(tmp_path, monkeypatch):
+    from rl_core.config import ConfigError
+    from rl_core.platform import CpuPlatform
+    from rl_core.testing.train_engine import save_tiny_model
+
+    model_dir = save_tiny_model(str(tmp_path / "m"), "llama")
+    monkeypatch.setattr(CpuPlatform, "supports_dtype", lambda self, dtype: dtype != torch.bfloat16)
+    with pytest.raises(ConfigError) as err:
+        build_engine("fsdp", {"model": {"path": model_dir, "compute_dtype": "bfloat16"}})
+    assert (err.value.path, err.value.value) == ("model.compute_dtype", "bfloat16")
+    assert "no bfloat16 support" in err.value.expected and "\n" not in str(err.value)

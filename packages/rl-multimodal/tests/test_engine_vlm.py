@@ -32,10 +32,10 @@ def _engine(model_dir: str, packed: bool = False, **model):
     )
 
 
-def _reference_log_probs(model_dir: str, batch) -> torch.Tensor:
+def _reference_log_probs(model_dir: str, batch, dtype=torch.float64) -> torch.Tensor:
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir).double().eval()
+    model = AutoModelForImageTextToText.from_pretrained(model_dir).to(dtype).eval()
     t, rows = batch.batch, []
     resp_len = t["responses"].shape[1]
     for i in range(len(batch)):
@@ -43,12 +43,16 @@ def _reference_log_probs(model_dir: str, batch) -> torch.Tensor:
         ids = t["input_ids"][i][keep][None]
         mm = batch.non_tensor_batch["multi_modal_inputs"][i]
         with torch.no_grad():
-            logits = model(
-                input_ids=ids,
-                pixel_values=mm["pixel_values"].double(),
-                image_grid_thw=mm["image_grid_thw"],
-                mm_token_type_ids=(ids == model.config.image_token_id).int(),
-            ).logits[0]
+            logits = (
+                model(
+                    input_ids=ids,
+                    pixel_values=mm["pixel_values"].to(dtype),
+                    image_grid_thw=mm["image_grid_thw"],
+                    mm_token_type_ids=(ids == model.config.image_token_id).int(),
+                )
+                .logits[0]
+                .double()
+            )
         n_resp = int(t["response_mask"][i].sum())
         prompt_real = ids.shape[1] - n_resp
         lp = logits[prompt_real - 1 : -1].log_softmax(-1)
@@ -141,3 +145,30 @@ def test_packed_layout_falls_back_to_padded_for_unknown_multimodal_positions(
         got = engine.infer_batch(batch).batch["log_probs"]
     assert "qwen2_vl takes multimodal rotary positions that are not known to pack" in caplog.text
     torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+
+
+def test_bf16_is_close_to_fp32_and_trains(vlm_dirs):
+    """compute_dtype=bfloat16: log-probs within twice the Hugging Face model's own
+    bf16-vs-fp32 gap of the fp32 engine's; one finite step with fp32 master weights."""
+    path = vlm_dirs["qwen2_vl"]
+    batch = vlm_rl_batch(path, num_seqs=4, response_len=4, seed=3)
+    mask = batch.batch["response_mask"].bool()
+    hf = {d: _reference_log_probs(path, batch, d) for d in (torch.float32, torch.bfloat16)}
+    gap = float((hf[torch.float32] - hf[torch.bfloat16])[mask].abs().max())
+    assert gap > 1e-4
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        engine = _engine(path, compute_dtype=dtype)
+        out[dtype] = engine.infer_batch(batch, outputs=("log_probs",)).batch["log_probs"]
+    diff = float((out["bfloat16"] - out["float32"])[mask].abs().max())
+    assert 1e-5 < diff <= 2 * gap, (diff, gap)
+    before = {n: t.clone() for b in engine.export_weights() for n, t in b}
+    metrics = engine.train_batch(batch, pg_loss)  # the bf16 engine
+    after = {n: t.clone() for b in engine.export_weights() for n, t in b}
+    assert metrics["skipped"] == 0 and torch.isfinite(torch.tensor(metrics["loss"]))
+    assert _changed(before, after, "model.language_model.")
+    assert {t.dtype for t in after.values()} == {torch.float32}
+    opt = engine.optimizer
+    assert {p.dtype for g in opt.param_groups for p in g["params"]} == {torch.float32}
+    moments = {v.dtype for s in opt.state.values() for k, v in s.items() if k != "step"}
+    assert moments == {torch.float32}

@@ -178,3 +178,44 @@ def test_shutdown_is_idempotent_and_final(tiny_model_path):
             await engine.generate([5], SamplingParams(max_tokens=1), "y")
 
     asyncio.run(run())
+
+
+def test_bf16_rollout_log_probs_and_weight_sync(tiny_model_path):
+    """rollout.dtype=bfloat16: the model runs in bf16; the sampled tokens' log-probs are
+    within twice the plain model's own bf16-vs-fp32 gap of an fp32 teacher-forced forward;
+    fp32 weights sent by the trainer arrive rounded to bf16."""
+    from transformers import AutoModelForCausalLM
+
+    bf16 = HFRolloutEngine(
+        RolloutConfig(model_path=tiny_model_path, max_model_len=256, dtype="bfloat16")
+    )
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    plain = {
+        d: AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=d).eval()
+        for d in (torch.float32, torch.bfloat16)
+    }
+    prompts = [[5, 6, 7, 8, 9], [3, 4], [11] * 7]
+    params = SamplingParams(n=2, max_tokens=6, seed=3)
+
+    async def together():
+        return await asyncio.gather(
+            *(bf16.generate(p, params, f"b{i}") for i, p in enumerate(prompts))
+        )
+
+    gap = diff = 0.0
+    for prompt, outputs in zip(prompts, asyncio.run(together())):
+        for out in outputs:
+            fp32 = _teacher_forced(plain[torch.float32], prompt, out.token_ids)
+            ref16 = _teacher_forced(plain[torch.bfloat16], prompt, out.token_ids)
+            gap = max(gap, float((fp32 - ref16).abs().max()))
+            diff = max(diff, float((torch.as_tensor(out.log_probs) - fp32).abs().max()))
+    assert gap > 1e-4
+    assert 1e-5 < diff <= 2 * gap, (diff, gap)
+    name, weight = "model.norm.weight", torch.full((64,), 1.0 + 2**-12)  # below bf16's step
+    sent = [(name, weight), ("lm_head.weight", plain[torch.float32].lm_head.weight * 1.001)]
+    asyncio.run(bf16.update_weights(iter(sent), version=1))
+    state = bf16.model.state_dict()
+    for key, tensor in sent:
+        assert state[key].dtype == torch.bfloat16
+        assert torch.equal(state[key], tensor.bfloat16())
+    asyncio.run(bf16.shutdown())

@@ -183,6 +183,14 @@ class Platform(ABC):
         """The compute/rollout dtype that "auto" means here: bfloat16 on accelerators."""
         return torch.float32 if self.device_type == "cpu" else torch.bfloat16
 
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        """Whether this platform computes in ``dtype``: bfloat16 on an accelerator needs
+        hardware support (``is_bf16_supported`` of the device module, where it has one)."""
+        if dtype == torch.bfloat16 and self.device_type != "cpu":
+            supported = getattr(self.torch_module(), "is_bf16_supported", None)
+            return bool(supported()) if supported is not None else True
+        return True
+
     def get_rng_state(self) -> torch.Tensor | None:
         """The device RNG state of the current device (None on CPU: torch's own covers it)."""
         return self.torch_module().get_rng_state()

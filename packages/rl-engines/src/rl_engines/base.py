@@ -112,6 +112,9 @@ class EngineBase(TrainEngine):
     def _prepare_platform(self) -> None:
         """Hook run after the device type is known and before the process group exists."""
 
+    def _after_optimizer_step(self) -> None:
+        """Hook run right after each optimizer step (e.g. main weights into the model)."""
+
     def _build_optimizer(self, params: Sequence[Tensor]) -> None:
         """AdamW over ``params`` and the LR schedule, from ``config.optim``; none for an
         ``inference_only`` engine."""
@@ -205,6 +208,7 @@ class EngineBase(TrainEngine):
                 total = torch.tensor(grad_norm, dtype=torch.float32, device=self.device)
                 torch.nn.utils.clip_grads_with_norm_(list(params), max_norm, total, foreach=True)
             self.optimizer.step()
+            self._after_optimizer_step()
             self.scheduler.step()
             self._step += 1
         self.optimizer.zero_grad(set_to_none=True)

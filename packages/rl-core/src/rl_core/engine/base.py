@@ -110,6 +110,10 @@ class TrainEngine(ABC):
     #: Whether `load` restores a checkpoint written at another world size (the
     #: conformance suite then checks 2 -> 1 ranks; otherwise such a load must raise).
     supports_resharding: ClassVar[bool] = False
+    #: Whether the engine trains LoRA adapters (``ModelConfig.lora``) and implements
+    #: `adapters_disabled`; an engine that does not refuses ``model.lora`` when built, and
+    #: a trainer can check this before starting any worker.
+    supports_lora: ClassVar[bool] = False
     #: The dataclass of this engine's own options (``EngineConfig.engine_kwargs``), built
     #: by `parse_options`; None: the engine reads them itself (not checked ahead).
     options_class: ClassVar[type | None] = None

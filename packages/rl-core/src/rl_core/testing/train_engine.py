@@ -158,17 +158,22 @@ def reference_outputs(
     temperature: float = 1.0,
     value_head: bool = False,
     state_dict: dict[str, torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> dict[str, torch.Tensor]:
-    """Float64 single-process Hugging Face forward: [B, R] log_probs/entropy or values."""
+    """Float64 single-process Hugging Face forward: [B, R] log_probs/entropy or values
+    (float64 results; ``dtype`` runs the model in another precision, e.g. the bfloat16
+    gap an engine's bf16 run may show)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
     if state_dict is None:
-        model = auto.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager")
+        model = auto.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")
     else:
         config = AutoConfig.from_pretrained(model_dir)
-        model = auto.from_config(config, dtype=torch.float64, attn_implementation="eager")
-        result = model.load_state_dict({k: v.double() for k, v in state_dict.items()}, strict=False)
+        model = auto.from_config(config, dtype=dtype, attn_implementation="eager")
+        result = model.load_state_dict(
+            {k: v.to(dtype) for k, v in state_dict.items()}, strict=False
+        )
         assert not result.unexpected_keys, f"exported unknown names {result.unexpected_keys}"
         tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
         assert set(result.missing_keys) <= tied, f"export lacks {result.missing_keys}"

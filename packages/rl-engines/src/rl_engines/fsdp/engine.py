@@ -49,6 +49,7 @@ from rl_core.platform import get_platform
 from rl_core.protocol import DataProto
 from rl_engines.base import EngineBase, init_optimizer_state
 from rl_engines.distributed import all_reduce
+from rl_engines.dtypes import check_platform_dtype
 from rl_engines.fsdp.checkpoint import (
     load_checkpoint,
     read_model_weights,
@@ -109,6 +110,7 @@ class FSDPEngine(EngineBase):
     engine_name: ClassVar[str] = "fsdp"
     supports_resharding: ClassVar[bool] = True  # torch.distributed.checkpoint reshards
     options_class: ClassVar[type] = FSDPOptions
+    supports_lora: ClassVar[bool] = True  # PEFT adapters (`rl_engines.lora`)
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -116,6 +118,7 @@ class FSDPEngine(EngineBase):
         self.mesh = build_device_mesh(config.parallel, self.device_type, self.world_size)
         mcfg = config.model
         self.compute_dtype = resolve_compute_dtype(mcfg)
+        check_platform_dtype("model.compute_dtype", mcfg.compute_dtype, self.compute_dtype)
         if config.parallel.cpu_offload and self.device_type == "cpu":
             raise ValueError(
                 "ParallelConfig.cpu_offload=True on a CPU device: expected an accelerator "

@@ -18,28 +18,55 @@ verifies the manifest first: a corrupt or truncated file is named on every rank.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from rl_engines.checkpointing import rank_error, save_staged, verified_meta
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
 
-def _sharded_state(chunks: list[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def _with_main_params(sharded: Any, main_of: Callable[[Tensor], Tensor]) -> Any:
+    """``sharded`` (a model's sharded state dict) with each parameter's data replaced by
+    its main parameter: a bf16 model's checkpoint stores the fp32 main weights (what
+    megatron-core's mixed-precision optimizer stores as its ``fp32_param``)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    if isinstance(sharded, dict):
+        return {k: _with_main_params(v, main_of) for k, v in sharded.items()}
+    if isinstance(sharded, list):
+        return [_with_main_params(v, main_of) for v in sharded]
+    if isinstance(sharded, (ShardedTensor, ShardedTensorFactory)) and sharded.data is not None:
+        main = main_of(sharded.data)
+        if main is sharded.data:
+            return sharded
+        if isinstance(sharded, ShardedTensor):
+            return dataclasses.replace(sharded, data=main, dtype=main.dtype)
+        return dataclasses.replace(sharded, data=main)
+    return sharded
+
+
+def _sharded_state(
+    chunks: list[nn.Module],
+    optimizer: torch.optim.Optimizer,
+    main_of: Callable[[Tensor], Tensor] | None = None,
+) -> dict[str, Any]:
     from megatron.core.dist_checkpointing.optimizer import (
         get_param_id_to_sharded_param_map,
         optim_state_to_sharding_state,
     )
 
     model = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
+    if main_of is not None:
+        model = _with_main_params(model, main_of)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optim = optimizer.state_dict()
     id_map = get_param_id_to_sharded_param_map(model, params)
@@ -84,15 +111,17 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
     meta: dict[str, Any],
+    main_of: Callable[[Tensor], Tensor] | None = None,
 ) -> None:
     """Collective: write model/optimizer shards and per-rank ``extra`` atomically
-    (`rl_engines.checkpointing.save_staged`)."""
+    (`rl_engines.checkpointing.save_staged`). ``main_of``: a parameter's main (fp32)
+    copy, stored in its place."""
     from megatron.core import dist_checkpointing
 
     def write_shards(partial: str) -> None:
         _in_process_results_queue()
         with _writer_processes_allowed():
-            dist_checkpointing.save(_sharded_state(chunks, optimizer), partial)
+            dist_checkpointing.save(_sharded_state(chunks, optimizer, main_of), partial)
         data = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
         torch.save(data, os.path.join(partial, f"extra_rank{dist.get_rank()}.pt"))
 
@@ -100,9 +129,14 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: str, chunks: list[nn.Module], optimizer: torch.optim.Optimizer
+    path: str,
+    chunks: list[nn.Module],
+    optimizer: torch.optim.Optimizer,
+    main_of: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Collective: restore model and optimizer from ``path``; return (extra, meta)."""
+    """Collective: restore model and optimizer from ``path``; return (extra, meta).
+    With ``main_of`` the stored weights go into the main parameters (the caller then
+    copies them into the model)."""
     from megatron.core import dist_checkpointing
 
     path = os.path.abspath(path.rstrip("/"))
@@ -118,9 +152,14 @@ def load_checkpoint(
     extra_file = os.path.join(path, f"extra_rank{rank}.pt")
     try:
         extra = torch.load(extra_file, weights_only=True)
-        state = dist_checkpointing.load(_sharded_state(chunks, optimizer), path)
+        state = dist_checkpointing.load(_sharded_state(chunks, optimizer, main_of), path)
         for i, chunk in enumerate(chunks):
-            chunk.load_state_dict(state["model"][f"model{i}"], strict=False)
+            loaded = state["model"][f"model{i}"]
+            chunk.load_state_dict(loaded, strict=False)
+            if main_of is not None:
+                with torch.no_grad():
+                    for name, param in chunk.named_parameters():
+                        main_of(param).copy_(loaded[name])
         optim = state["optimizer"]
         steps = extra.pop("optimizer_steps")
         for (param_id, param_state), step in zip(sorted(optim["state"].items()), steps):

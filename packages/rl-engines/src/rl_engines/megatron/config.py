@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rl_core.config import build, check
+from rl_core.config import ConfigError, build, check
 from rl_core.engine import EngineConfig
 
 __all__ = ["MegatronConfig"]
@@ -96,13 +96,20 @@ class MegatronConfig:
               "engine_kwargs.moe_token_dispatcher", self.moe_token_dispatcher,
               "'allgather' on CPU (megatron-core's alltoall needs CUDA)")  # fmt: skip
         model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
-        check(world_size % model_parallel == 0, "parallel.tensor_parallel_size",
-              self.tensor_parallel_size,
-              f"tensor_parallel_size * pipeline_parallel_size = {model_parallel} to divide the "
-              f"world size {world_size}")  # fmt: skip
+        if world_size % model_parallel:
+            name = "tensor" if self.tensor_parallel_size > 1 else "pipeline"
+            raise ConfigError(
+                f"parallel.{name}_parallel_size",
+                f"tensor_parallel_size * pipeline_parallel_size (now {model_parallel}) to "
+                f"divide the world size {world_size}",
+                value=getattr(self, f"{name}_parallel_size"),
+            )
         expert_parallel = self.expert_parallel_size * self.etp * self.pipeline_parallel_size
-        check(world_size % expert_parallel == 0, "parallel.expert_parallel_size",
-              self.expert_parallel_size,
-              "expert_parallel_size * expert_tensor_parallel_size * pipeline_parallel_size = "
-              f"{expert_parallel} to divide the world size {world_size}")  # fmt: skip
+        if world_size % expert_parallel:
+            raise ConfigError(
+                "parallel.expert_parallel_size",
+                "expert_parallel_size * expert_tensor_parallel_size * pipeline_parallel_size "
+                f"(now {expert_parallel}) to divide the world size {world_size}",
+                value=self.expert_parallel_size,
+            )
         return self

@@ -4,7 +4,9 @@ EP, expert-TP, sequence parallel).
 One instance per rank; every public method is collective. The model is built from a
 Hugging Face config and weights (`rl_engines.megatron.model` / `.weights`), trained with
 megatron-core's pipeline schedules (1F1B, interleaved with virtual stages) and a
-``torch.optim.AdamW`` on each rank's shards. Gradients are *summed* over data-parallel
+``torch.optim.AdamW`` on each rank's shards (with a bf16 ``compute_dtype`` the chunks run
+inside megatron-core's ``Float16Module`` and AdamW steps fp32 main copies of the
+parameters: `rl_engines.megatron.precision`). Gradients are *summed* over data-parallel
 ranks (the loss contract: sum-style partial losses), expert gradients over the
 expert-data-parallel ranks, sequence-parallel norm gradients over TP, and the tied
 embedding gradient between first and last pipeline stage. On CPU the engine installs
@@ -17,6 +19,7 @@ controller's dispatch. `infer_batch` returns the same CPU tensors on every rank.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rl_core.config import ConfigError
 from rl_core.engine import (
     EngineConfig,
     LossContext,
@@ -53,6 +57,7 @@ from rl_engines.megatron.model import (
     transformer_config,
 )
 from rl_engines.megatron.parallel import ParallelState
+from rl_engines.megatron.precision import MainParams, check_dtypes, wrap_float16
 from rl_engines.megatron.routing import install_router_probes, routing_padding_mask
 from rl_engines.megatron.weights import Layout, export_hf_weights, load_hf_weights
 from rl_engines.moe import RouterStats
@@ -73,6 +78,12 @@ class MegatronEngine(EngineBase):
         return MegatronConfig.from_engine_config(config)
 
     def __init__(self, config: EngineConfig) -> None:
+        if config.model.lora is not None:
+            raise ConfigError(
+                "model.lora",
+                "null: the megatron engine does not train LoRA adapters; use actor.engine=fsdp",
+                value=dataclasses.asdict(config.model.lora),
+            )
         if config.parallel.cpu_offload:
             raise ValueError(
                 "ParallelConfig.cpu_offload=True: the megatron engine does not offload during "
@@ -84,14 +95,19 @@ class MegatronEngine(EngineBase):
         self.parallel = ParallelState.ensure(self.mcfg, config.timeout_s, config.seed)
         self.layout = Layout(self.value_model)
         self.compute_dtype = resolve_compute_dtype(mcfg)
+        self.main_dtype = getattr(torch, mcfg.dtype)
+        check_dtypes(mcfg.dtype, mcfg.compute_dtype, self.compute_dtype)
         hf_model = build_hf_model(mcfg, config.seed)
         self.hf_config = hf_model.config
         self.arch = arch_spec(self.hf_config)
         check_divisibility(self.arch, self.mcfg)
+        # megatron-core's mixed precision: the model in the compute dtype (bf16=True,
+        # params_dtype and pipeline_dtype = compute dtype), fp32 main parameters for the
+        # optimizer (`precision`)
         self.tconfig = transformer_config(
             self.arch,
             self.mcfg,
-            params_dtype=getattr(torch, mcfg.dtype),
+            params_dtype=min(self.main_dtype, self.compute_dtype, key=lambda d: d.itemsize),
             compute_dtype=self.compute_dtype,
             rms_norm_eps=float(self.hf_config.rms_norm_eps),
             activation_checkpointing=config.parallel.activation_checkpointing,
@@ -100,14 +116,29 @@ class MegatronEngine(EngineBase):
         self.chunks = build_model_chunks(self.arch, self.tconfig, self.mcfg, self.value_model)
         for chunk in self.chunks:
             chunk.to(self.device)
-        load_hf_weights(
-            self.chunks, hf_model.state_dict(), self.arch, self.layout, self.value_model
-        )
-        del hf_model
         if config.inference_only:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
-        self.params = [p for c in self.chunks for p in c.parameters() if p.requires_grad]
+        self.main_params = MainParams(
+            [p for c in self.chunks for p in c.parameters()],
+            self.main_dtype,
+            mixed=not config.inference_only and self.main_dtype != self.compute_dtype,
+        )
+        load_hf_weights(
+            self.chunks,
+            hf_model.state_dict(),
+            self.arch,
+            self.layout,
+            self.value_model,
+            target=self.main_params.of,
+        )
+        self.main_params.copy_main_to_model()
+        del hf_model
+        self.models = wrap_float16(self.chunks, self.tconfig)  # what the schedules run
+        self.main_params.install_grad_hooks()
+        self.params = [
+            self.main_params.of(p) for c in self.chunks for p in c.parameters() if p.requires_grad
+        ]
         self._build_optimizer(self.params)
         if self.optimizer is not None:
             init_optimizer_state(self.optimizer)
@@ -117,6 +148,9 @@ class MegatronEngine(EngineBase):
             self.router_stats = RouterStats(self.arch.num_layers, self.arch.num_experts)
             install_router_probes(self.chunks, self.router_stats)
         torch.manual_seed(config.seed + self.rank)
+
+    def _after_optimizer_step(self) -> None:
+        self.main_params.copy_main_to_model()  # the stepped fp32 main weights into the model
 
     def _prepare_platform(self) -> None:
         define_missing_te_symbols()
@@ -161,14 +195,17 @@ class MegatronEngine(EngineBase):
         tied = self.arch.tied_embeddings and not self.value_model and self.layout.pp > 1
         sp = self.mcfg.sequence_parallel
         for chunk in self.chunks:
-            for name, p in chunk.named_parameters():
+            for name, model_param in chunk.named_parameters():
+                # attributes live on the model parameter; gradients are reduced and
+                # clipped on its main parameter
+                p = self.main_params.of(model_param)
                 expert = ".experts." in name
                 groups["expert" if expert else "dense"].append(p)
                 if (
                     self.layout.tp > 1
                     and not expert
                     and (
-                        (sp and getattr(p, "sequence_parallel", False))
+                        (sp and getattr(model_param, "sequence_parallel", False))
                         or "q_layernorm" in name
                         or "k_layernorm" in name
                     )
@@ -271,6 +308,8 @@ class MegatronEngine(EngineBase):
                     model, aligned.padding_mask, self.mcfg.sequence_parallel, self.layout
                 )
                 self.router_stats.skip = kwargs["padding_mask"] is None  # no real token
+            if model is not getattr(model, "module", model):  # Float16Module
+                kwargs["fp32_output"] = False  # logits stay bf16; log-probs upcast per chunk
             output = model(aligned.input_ids, aligned.position_ids, mask, **kwargs)
 
             def loss_func(output_tensor):
@@ -289,12 +328,12 @@ class MegatronEngine(EngineBase):
 
             return output, loss_func
 
-        iterators = [iter(items) for _ in self.chunks]
+        iterators = [iter(items) for _ in self.models]
         fb = get_forward_backward_func()
         fb(
             forward_step_func=forward_step,
-            data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
-            model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+            data_iterator=iterators if len(self.models) > 1 else iterators[0],
+            model=self.models if len(self.models) > 1 else self.models[0],
             num_microbatches=len(items),
             seq_length=seq_len,
             micro_batch_size=rows,
@@ -432,7 +471,13 @@ class MegatronEngine(EngineBase):
     ) -> Iterator[list[tuple[str, Tensor]]]:
         self._require_onloaded("export_weights")
         return export_hf_weights(
-            self.chunks, self.arch, self.layout, self.value_model, bucket_bytes, dtype
+            self.chunks,
+            self.arch,
+            self.layout,
+            self.value_model,
+            bucket_bytes,
+            dtype,
+            source=self.main_params.of,  # the fp32 main weights when training in bf16
         )
 
     # ---- checkpoints --------------------------------------------------------------
@@ -453,7 +498,9 @@ class MegatronEngine(EngineBase):
                 "vpp": self.mcfg.vpp,
             },
         )
-        ckpt.save_checkpoint(path, self.chunks, self.optimizer, self._train_state(), meta)
+        ckpt.save_checkpoint(
+            path, self.chunks, self.optimizer, self._train_state(), meta, self.main_params.of
+        )
 
     @classmethod
     def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
@@ -466,16 +513,18 @@ class MegatronEngine(EngineBase):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
-        state, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer)
+        state, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer, self.main_params.of)
+        self.main_params.copy_main_to_model()
         self._restore_train_state(path, state, meta)
 
     # ---- memory -------------------------------------------------------------------
     def _move(self, device: torch.device | str) -> None:
         if self.device_type == "cpu":
             return  # already in host memory
-        for chunk in self.chunks:
-            for p in chunk.parameters():
-                p.data = p.data.to(device)
+        params = {id(p): p for c in self.chunks for p in c.parameters()}
+        params.update((id(p), p) for p in self.main_params.main)  # the fp32 main copies, if any
+        for p in params.values():
+            p.data = p.data.to(device)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for key, value in state.items():
@@ -486,5 +535,7 @@ class MegatronEngine(EngineBase):
             get_platform().empty_cache()
 
     def close(self) -> None:
+        self.main_params.close()
         self.chunks = []
+        self.models = []
         self.optimizer = None  # type: ignore[assignment]

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rl_core.config import ConfigError
 from rl_engines.megatron.config import MegatronConfig
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ArchSpec", "ValueHead", "arch_spec", "build_model_chunks"]
@@ -102,43 +103,55 @@ def arch_spec(hf_config: Any) -> ArchSpec:
 
 
 def check_divisibility(arch: ArchSpec, cfg: MegatronConfig) -> None:
-    """Sizes the parallel layout must divide; a clear error names the pair."""
+    """Sizes the parallel layout must divide: a `ConfigError` names the parallel field, its
+    value and the model size it must divide."""
     tp = cfg.tensor_parallel_size
+    tp_field = "parallel.tensor_parallel_size"
+    layer_field = (
+        "engine_kwargs.virtual_pipeline_size" if cfg.vpp > 1 else "parallel.pipeline_parallel_size"
+    )
     checks = [
-        ("num_key_value_heads", arch.num_kv_heads, "tensor_parallel_size", tp),
-        ("num_attention_heads", arch.num_heads, "tensor_parallel_size", tp),
-        ("intermediate_size", arch.ffn_hidden_size, "tensor_parallel_size", tp),
-        ("vocab_size", arch.vocab_size, "tensor_parallel_size", tp),
-        (
-            "num_hidden_layers",
-            arch.num_layers,
-            "pipeline_parallel_size * virtual_pipeline_size",
-            cfg.pipeline_parallel_size * cfg.vpp,
-        ),
+        (tp_field, tp, "num_key_value_heads", arch.num_kv_heads),
+        (tp_field, tp, "num_attention_heads", arch.num_heads),
+        (tp_field, tp, "intermediate_size", arch.ffn_hidden_size),
+        (tp_field, tp, "vocab_size", arch.vocab_size),
     ]
     if arch.num_experts is None:
         if cfg.expert_parallel_size != 1 or cfg.etp != 1:
-            raise ValueError(
-                f"MegatronConfig: expert_parallel_size={cfg.expert_parallel_size}, "
-                f"expert_tensor_parallel_size={cfg.expert_tensor_parallel_size} on the dense "
-                f"model {arch.model_type!r}: expected 1 (experts exist only in MoE models)"
+            dense_ep = cfg.expert_parallel_size != 1
+            raise ConfigError(
+                "parallel.expert_parallel_size"
+                if dense_ep
+                else "engine_kwargs.expert_tensor_parallel_size",
+                f"1 on the dense model {arch.model_type!r} (experts exist only in MoE models)",
+                value=cfg.expert_parallel_size if dense_ep else cfg.expert_tensor_parallel_size,
             )
     else:
         checks += [
-            ("num_experts", arch.num_experts, "expert_parallel_size", cfg.expert_parallel_size),
             (
+                "parallel.expert_parallel_size",
+                cfg.expert_parallel_size,
+                "num_experts",
+                arch.num_experts,
+            ),
+            (
+                "engine_kwargs.expert_tensor_parallel_size",
+                cfg.etp,
                 "moe_intermediate_size",
                 arch.moe_ffn_hidden_size,
-                "expert_tensor_parallel_size",
-                cfg.etp,
             ),
         ]
-    for hf_name, value, par_name, size in checks:
+    for field, size, hf_name, value in checks:
         if value % size:
-            raise ValueError(
-                f"{hf_name}={value} is not divisible by {par_name}={size}: expected a layout "
-                "that splits the model evenly"
-            )
+            raise ConfigError(field, f"a divisor of the model's {hf_name}={value}", value=size)
+    stages = cfg.pipeline_parallel_size * cfg.vpp
+    if arch.num_layers % stages:
+        raise ConfigError(
+            layer_field,
+            f"pipeline_parallel_size * virtual_pipeline_size (now {stages}) to divide the "
+            f"model's num_hidden_layers={arch.num_layers}",
+            value=cfg.virtual_pipeline_size if cfg.vpp > 1 else cfg.pipeline_parallel_size,
+        )
 
 
 def transformer_config(

@@ -11,7 +11,7 @@ larger than the budget is split between tensors, never inside a fused tensor.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -108,8 +108,10 @@ def load_hf_weights(
     arch: ArchSpec,
     layout: Layout,
     value_head: bool,
+    target: Callable[[Tensor], Tensor] | None = None,
 ) -> None:
-    """Copy this rank's shards of ``hf_state`` (in-memory HF names) into ``chunks``."""
+    """Copy this rank's shards of ``hf_state`` (in-memory HF names) into ``chunks``, or
+    into ``target(param)`` for each parameter (the fp32 main copies of a bf16 model)."""
     layers, rest = split_hf_layers(hf_state)
     experts_per_rank = (arch.num_experts or 1) // layout.ep
     for chunk in chunks:
@@ -137,7 +139,7 @@ def load_hf_weights(
                     f"Megatron parameter {name!r} has shape {tuple(param.shape)}, the converted "
                     f"Hugging Face weight's shard {tuple(shard.shape)}"
                 )
-            param.copy_(shard)
+            (param if target is None else target(param)).copy_(shard)
 
 
 def _unit_of(name: str, chunk: nn.Module) -> tuple[int, int]:
@@ -151,12 +153,13 @@ def _unit_of(name: str, chunk: nn.Module) -> tuple[int, int]:
 
 
 def _local_units(
-    chunks: list[nn.Module],
+    chunks: list[nn.Module], source: Callable[[Tensor], Tensor] | None = None
 ) -> dict[tuple[int, int], list[tuple[nn.Module, str, Tensor]]]:
     units: dict[tuple[int, int], list[tuple[nn.Module, str, Tensor]]] = {}
     for chunk in chunks:
         for name, param in chunk.named_parameters():
-            units.setdefault(_unit_of(name, chunk), []).append((chunk, name, param))
+            value = param if source is None else source(param)
+            units.setdefault(_unit_of(name, chunk), []).append((chunk, name, value))
     return units
 
 
@@ -229,9 +232,12 @@ def export_hf_weights(
     value_head: bool,
     bucket_bytes: int,
     dtype: torch.dtype | None,
+    source: Callable[[Tensor], Tensor] | None = None,
 ) -> Iterator[list[tuple[str, Tensor]]]:
-    """Full HF-named CPU tensors in buckets of whole units; collective over all ranks."""
-    local = _local_units(chunks)
+    """Full HF-named CPU tensors in buckets of whole units; collective over all ranks.
+    ``source(param)`` gives the tensor exported for a parameter (the fp32 main copy of a
+    bf16 model); ``dtype`` None keeps its dtype."""
+    local = _local_units(chunks, source)
     owners: dict[tuple[int, int], int] = {}
     if layout.pp > 1:
         gathered: list[Any] = [None] * layout.pp
