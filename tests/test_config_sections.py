@@ -125,3 +125,11 @@ def test_greedy_group_training_exits_2_with_one_line_before_any_worker(tmp_path)
     assert lines[0].startswith("rl train: config error: rollout.temperature: invalid value 0.0; ")
     assert not any("ray" in line.lower() for line in lines), lines  # no worker, no Ray
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_lora_on_an_engine_without_adapters_is_refused_before_any_worker():
+    err = _error(["model.lora={rank: 4}", "actor.engine=megatron"], stage="workers")
+    assert err.path == "model.lora" and err.value["rank"] == 4
+    assert "actor.engine='megatron'" in err.expected
+    cfg = load_config(TINY, ["model.lora={rank: 4}"])  # the fsdp engine trains adapters
+    assert actor_worker_config(cfg, "/models/m", 0).engine_config.model.lora.rank == 4
