@@ -56,6 +56,15 @@ class BackendEngine(RolloutEngine):
                 f"the {self.name!r} rollout engine needs {library} ({exc}): {install}"
             ) from exc
 
+    @classmethod
+    def parse_options(cls, config: RolloutConfig) -> Any:
+        """The typed options; a server engine's (`from_kwargs`) pass the keys they do not
+        declare on to the library."""
+        from_kwargs = getattr(cls.options_class, "from_kwargs", None)
+        if from_kwargs is not None:
+            return from_kwargs(config.engine_kwargs)
+        return super().parse_options(config)
+
     def _server_options(self, config: RolloutConfig, options_type: type[OptionsT]) -> OptionsT:
         """Validate and keep ``config``; parse its ``engine_kwargs`` as ``options_type`` and
         keep the weight-update options every server engine has."""

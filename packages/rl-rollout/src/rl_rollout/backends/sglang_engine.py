@@ -140,11 +140,6 @@ class SGLangRolloutEngine(BackendEngine):
     name = "sglang"
     options_class: ClassVar[type] = SGLangOptions
 
-    @classmethod
-    def parse_options(cls, config: RolloutConfig) -> SGLangOptions:
-        """The typed options; the other keys of ``engine_kwargs`` go to the library."""
-        return SGLangOptions.from_kwargs(config.engine_kwargs)
-
     def __init__(self, config: RolloutConfig) -> None:
         sglang = self._import_library(
             "sglang", "SGLang", "pip install 'rl-rollout[sglang]' (needs a CUDA machine)"

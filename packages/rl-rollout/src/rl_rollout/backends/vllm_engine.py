@@ -188,11 +188,6 @@ class VLLMRolloutEngine(BackendEngine):
 
     options_class: ClassVar[type] = VLLMOptions
 
-    @classmethod
-    def parse_options(cls, config: RolloutConfig) -> VLLMOptions:
-        """The typed options; the other keys of ``engine_kwargs`` go to the library."""
-        return VLLMOptions.from_kwargs(config.engine_kwargs)
-
     def __init__(self, config: RolloutConfig) -> None:
         vllm = self._import_library(
             "vllm",
