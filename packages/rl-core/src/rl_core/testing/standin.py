@@ -19,10 +19,10 @@ but report ``device(type='standin', index=0)``, and
 
 Limits: one per process and never in a process with another PrivateUse1 backend (e.g.
 torch_npu); `install` changes process-wide state (renames PrivateUse1, wraps
-``torch.tensor``/``torch.as_tensor``/``torch.asarray`` and ``torch.Generator`` so that
-``device="standin"`` gives host generators, and enters a TorchFunctionMode on the calling
-thread so that ``param.data = standin_tensor`` swaps the parameter, as FSDP2 does when it
-moves a module), so run it in a dedicated process (`rl_core.testing.spawn.SpawnRunner`).
+``torch.tensor``/``torch.as_tensor``/``torch.asarray``, ``torch.Generator`` (host
+generators for ``device="standin"``) and FSDP2's private ``_move_states_to_device`` (which
+assigns ``param.data``, impossible between a CPU and a PrivateUse1 tensor: the stand-in
+swaps the tensors instead)), so run it in a dedicated process (`rl_core.testing.spawn.SpawnRunner`).
 It relies on torch's experimental ``_setup_privateuseone_for_python_backend`` (torch 2.15).
 It is slow (every operation goes through Python): tiny models only.
 """
@@ -37,7 +37,6 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 from rl_core.platform import PLATFORMS, MemoryInfo, Platform
@@ -193,27 +192,26 @@ class _HostGenerator(torch._C.Generator):
         pass
 
 
-class _ParameterMoves(TorchFunctionMode):
-    """``tensor.data = standin_tensor`` (FSDP2 moving a module's states) swaps the tensor:
-    a CPU and a PrivateUse1 tensor cannot share a TensorImpl."""
+def _move_states_to_device(params: list, buffers: list, device: torch.device) -> None:
+    """FSDP2's move of a module's parameters and buffers, for the stand-in: a CPU and a
+    PrivateUse1 tensor cannot share a TensorImpl (``param.data = ...``), so each tensor is
+    swapped with its moved copy (as `nn.Module.to` does for tensor subclasses)."""
+    if not _on_standin(device):
+        return _FSDP_MOVE(params, buffers, device)
+    seen: set[int] = set()
+    for tensor in [*params, *buffers]:
+        if id(tensor) in seen or tensor.device == device or tensor.device.type == "meta":
+            continue
+        seen.add(id(tensor))
+        with torch.no_grad():
+            moved = tensor.to(device)
+        if isinstance(tensor, nn.Parameter):
+            moved = nn.Parameter(moved, requires_grad=tensor.requires_grad)
+        torch.utils.swap_tensors(tensor, moved)
+    return None
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if (
-            getattr(func, "__name__", "") == "__set__"
-            and len(args) == 2
-            and isinstance(args[1], StandInTensor)
-            and isinstance(args[0], torch.Tensor)
-            and not isinstance(args[0], StandInTensor)
-        ):
-            old, new = args
-            if isinstance(old, nn.Parameter):
-                replacement = nn.Parameter(new, requires_grad=old.requires_grad)
-            else:
-                replacement = new.detach().requires_grad_(old.requires_grad)
-            torch.utils.swap_tensors(old, replacement)
-            return None
-        return func(*args, **kwargs)
+
+_FSDP_MOVE: Callable = None  # type: ignore[assignment]
 
 
 class _Stream:
@@ -334,12 +332,19 @@ def install() -> torch.device:
         ("empty_strided", torch.ops.aten.empty_strided.default),
     ):
         factories.impl(name, lambda *a, _op=op, **k: _factory(_op, *a, **k), "PrivateUse1")
+    import torch.utils._device
+
+    # `with torch.device(...)` recognises constructors by identity: cache the originals first
+    torch.utils._device._device_constructors()
     for name in ("tensor", "as_tensor", "asarray"):
         setattr(torch, name, _host_then_move(getattr(torch, name)))
     torch.Generator = _HostGenerator  # type: ignore[misc]
-    mode = _ParameterMoves()
-    mode.__enter__()
-    _KEEP.extend([fallback, factories, mode])
+    from torch.distributed.fsdp._fully_shard import _fsdp_init
+
+    global _FSDP_MOVE
+    _FSDP_MOVE = _fsdp_init._move_states_to_device
+    _fsdp_init._move_states_to_device = _move_states_to_device
+    _KEEP.extend([fallback, factories])
     PLATFORMS.register(StandInPlatform.name, StandInPlatform)
     return _DEVICE
 
