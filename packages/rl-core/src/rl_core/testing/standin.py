@@ -332,10 +332,10 @@ def install() -> torch.device:
         ("empty_strided", torch.ops.aten.empty_strided.default),
     ):
         factories.impl(name, lambda *a, _op=op, **k: _factory(_op, *a, **k), "PrivateUse1")
-    import torch.utils._device
+    from torch.utils import _device as device_context
 
     # `with torch.device(...)` recognises constructors by identity: cache the originals first
-    torch.utils._device._device_constructors()
+    device_context._device_constructors()
     for name in ("tensor", "as_tensor", "asarray"):
         setattr(torch, name, _host_then_move(getattr(torch, name)))
     torch.Generator = _HostGenerator  # type: ignore[misc]
