@@ -130,10 +130,8 @@ _MOVES = {torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default}
 
 
 def _wrap(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and not isinstance(value, StandInTensor):
-        if value.device.type == "cpu":
-            return StandInTensor(value)
-    return value
+    plain = isinstance(value, torch.Tensor) and not isinstance(value, StandInTensor)
+    return StandInTensor(value) if plain and value.device.type == "cpu" else value
 
 
 def _run(func: Any, args: tuple, kwargs: dict) -> Any:
