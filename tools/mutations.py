@@ -136,7 +136,11 @@ def run_tests(repo: Path, tests: tuple[str, ...], timeout_s: float) -> tuple[boo
         )
     except subprocess.TimeoutExpired:
         return False, time.monotonic() - start, "timed out"
-    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    causes = [
+        ln.strip() for ln in lines if ln.lstrip("E ").startswith(("AssertionError", "RuntimeError"))
+    ]
+    tail = "\n".join(list(dict.fromkeys(causes))[:2] + lines[-2:])
     return proc.returncode == 0, time.monotonic() - start, tail
 
 
