@@ -71,12 +71,22 @@ class Outcome:
     passed: bool | None  # None: informational (dry run, not installed)
 
 
-def peak_tflops(device_name: str) -> float:
-    """bf16 dense peak of the card named ``device_name`` (``RL_PEAK_TFLOPS`` overrides)."""
+def device_name() -> str:
+    """The accelerator's name from the platform (``cpu`` on the CPU platform)."""
+    from rl_core.platform import get_platform
+
+    platform = get_platform()
+    if platform.device_type == "cpu" or not platform.is_available():
+        return "cpu"
+    return str(platform.torch_module().get_device_name())
+
+
+def peak_tflops(name: str) -> float:
+    """bf16 dense peak of the card called ``name`` (``RL_PEAK_TFLOPS`` overrides)."""
     if os.environ.get("RL_PEAK_TFLOPS"):
         return float(os.environ["RL_PEAK_TFLOPS"])
     for key, value in PEAKS_TFLOPS:
-        if key.lower() in device_name.lower():
+        if key.lower() in name.lower():
             return value
     return 989.0
 
@@ -201,7 +211,7 @@ def check_engine_vs_plain(dry: bool) -> Outcome:
         + 6 * embed * seqs * (seq_len // 2 + 1)
         + 6 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_len * tokens
     )
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    name = device_name()
     peak = peak_tflops(name) * 1e12
     mfu = flops / engine_s / peak
     speed = plain_s / engine_s
@@ -371,8 +381,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="check names (default: all)")
     parser.add_argument("--no-record", action="store_true", help="do not touch gpu-results.md")
     args = parser.parse_args()
-    if not args.dry_run and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible; use --dry-run on CPU", file=sys.stderr)
+    if not args.dry_run and device_name() == "cpu":
+        print("gpu_check: no accelerator visible to the platform; use --dry-run", file=sys.stderr)
         return 2
     if args.dry_run:
         os.environ.setdefault("RL_PLATFORM", "cpu")
@@ -396,7 +406,7 @@ def main() -> int:
     for row in [("check", "result", "goal", "pass/fail"), *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, width)))
     if not args.dry_run and not args.no_record:
-        record(rows, torch.cuda.get_device_name())
+        record(rows, device_name())
     return 1 if any(r[3] == "FAIL" for r in rows) else 0
 
 

@@ -27,7 +27,7 @@ def _behaviour(tmp: str) -> dict[str, int]:
     assert allocated_bytes() - empty == 6 * 4
     host = torch.ones(2, 3)
     with pytest.raises(RuntimeError, match="same device"):
-        x + host  # noqa: B018 - the mix is the point
+        x + host
     assert float((x * 2 + torch.tensor(1.0)).sum()) == 2 * 15 + 6  # a 0-dim CPU scalar is fine
     back = x.cpu()
     assert type(back) is torch.Tensor and back.device.type == "cpu"

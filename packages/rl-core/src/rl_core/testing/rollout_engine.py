@@ -41,6 +41,8 @@ from rl_core.rollout import (
 __all__ = [
     "AsyncRunner",
     "RolloutEngineConformance",
+    "RolloutEngineDeviceConformance",
+    "check_rollout_on_standin",
     "reference_log_probs",
     "save_tiny_causal_lm",
     "truncated_log_probs",

@@ -50,10 +50,13 @@ from rl_core.testing.spawn import SpawnRunner
 __all__ = [
     "SpawnRunner",
     "TrainEngineConformance",
+    "TrainEngineDeviceConformance",
+    "check_standin_device",
     "engine_config",
     "make_rl_batch",
     "pg_loss",
     "reference_outputs",
+    "run_standin_check",
     "save_tiny_model",
     "tiny_hf_config",
     "value_loss",
