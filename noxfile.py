@@ -66,6 +66,7 @@ def _make_tests_session(key: str, directory: str, extras: tuple[str, ...], marke
     def tests(session: nox.Session) -> None:
         _sync_only(session, directory, extras)
         expr = f"({marker}) and {HARDWARE_MARKERS}" if marker else HARDWARE_MARKERS
+        expr += " and not device"  # the stand-in device checks run in tests-device
         env = {
             "RL_ISOLATED_SESSION": key,
             "RAY_AUTH_MODE": "disabled",
@@ -85,6 +86,23 @@ def tests_repo(session: nox.Session) -> None:
     """Repository-level checks (dependency rule, versions, changelogs) in the full dev env."""
     _sync_all(session)
     session.run("pytest", "tests", "--ignore=tests/integration", *session.posargs)
+
+
+DEVICE_TESTS = (
+    "packages/rl-engines/tests/test_fsdp_device.py",
+    "packages/rl-rollout/tests/test_device_hf.py",
+)
+
+
+@nox.session(name="tests-device", python="3.11")
+def tests_device(session: nox.Session) -> None:
+    """The device contract where host and device differ, on a CPU machine: the fsdp engine
+    and the hf rollout on `rl_core.testing.standin`'s host-backed accelerator (the loss sees
+    the micro-batch on the engine's device, results come back to the host, offload frees
+    the device bytes); tools/mutations.py checks that seeded device bugs fail here."""
+    _sync_all(session)
+    env = {"RAY_AUTH_MODE": "disabled"}
+    session.run("pytest", *DEVICE_TESTS, "-m", "device", *session.posargs, env=env)
 
 
 @nox.session(name="tests-integration", python="3.11")
@@ -246,6 +264,7 @@ nox.options.sessions = [
     "api",
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
+    "tests-device",  # fsdp engine + hf rollout on the stand-in accelerator, ~2-3 min on 2 CPUs
     "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)

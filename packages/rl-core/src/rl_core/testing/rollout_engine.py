@@ -42,6 +42,8 @@ __all__ = [
     "AsyncRunner",
     "EngineUnderTest",
     "RolloutEngineConformance",
+    "RolloutEngineDeviceConformance",
+    "check_rollout_on_standin",
     "reference_log_probs",
     "save_tiny_causal_lm",
     "truncated_log_probs",
@@ -509,3 +511,109 @@ class RolloutEngineConformance(EngineUnderTest):
         params = SamplingParams(max_tokens=2, **{field: value})
         with pytest.raises(ValueError, match=rf"SamplingParams\.{field}\b"):
             self.generate(engine, runner, [5, 6], params, f"bad-{field}")
+
+
+# ---- the device contract on a device that is not the host ---------------------------------
+
+
+def _host_values(outputs: list[GenerationOutput], what: str) -> None:
+    """Every value a rollout returns is a host value: ints, floats (no device tensors)."""
+    for i, out in enumerate(outputs):
+        fields = {"token_ids": out.token_ids, "log_probs": out.log_probs}
+        if out.weight_versions is not None:
+            fields["weight_versions"] = out.weight_versions
+        for name, values in fields.items():
+            for j, value in enumerate(values):
+                if isinstance(value, torch.Tensor):
+                    raise AssertionError(
+                        f"{what}: output {i} {name}[{j}] is a tensor on {value.device}: "
+                        "everything a rollout returns must be a host value (int / float)"
+                    )
+                kind = float if name == "log_probs" else int
+                assert isinstance(value, kind) and not isinstance(value, bool), (
+                    f"{what}: output {i} {name}[{j}]={value!r} is a {type(value).__name__}: "
+                    f"expected {kind.__name__}"
+                )
+
+
+def check_rollout_on_standin(spec: dict[str, Any]) -> dict[str, int]:
+    """Rank side of `RolloutEngineDeviceConformance` (a spawned process): the engine runs on
+    `rl_core.testing.standin`'s device (the platform's), its greedy log-probs equal a float64
+    host reference, everything it returns is a host value, and sleep/wake-up keep it
+    working."""
+    import asyncio
+    import os
+
+    import transformers
+
+    from rl_core.platform import get_platform
+    from rl_core.testing.standin import DEVICE_TYPE, install
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(spec["model_path"])
+    reference = reference.double().eval()
+    install()
+    os.environ["RL_PLATFORM"] = DEVICE_TYPE
+    platform = get_platform()
+    prompt = torch.randint(3, TINY_VOCAB, (6,), generator=torch.Generator().manual_seed(5))
+    prompt_ids = prompt.tolist()
+
+    async def run() -> dict[str, int]:
+        config = RolloutConfig(
+            model_path=spec["model_path"],
+            backend=spec["backend"],
+            max_model_len=spec["max_model_len"],
+            **spec["config_overrides"],
+        )
+        engine = build_rollout_engine(config)
+        try:
+            on_device = platform.memory_allocated()
+            assert on_device > 0, (
+                "nothing on the platform's device after building the engine: expected the "
+                "model there"
+            )
+            greedy = SamplingParams(temperature=0.0, max_tokens=8)
+            (out,) = await engine.generate(prompt_ids, greedy, "standin-greedy")
+            _host_values([out], "greedy generation")
+            ref, _ = reference_log_probs(reference, prompt_ids, out.token_ids, 0.0)
+            got = torch.tensor(out.log_probs, dtype=torch.float64)
+            assert torch.allclose(got, ref, atol=spec["logprob_atol"]), (got, ref)
+            sampled = SamplingParams(temperature=1.0, n=2, max_tokens=6, seed=3)
+            outs = await engine.generate(prompt_ids, sampled, "standin-sampled")
+            _host_values(outs, "seeded sampling, n=2")
+            await engine.sleep()
+            asleep = platform.memory_allocated()
+            await engine.wake_up()
+            (again,) = await engine.generate(prompt_ids, greedy, "standin-after-wake")
+            _host_values([again], "generation after sleep/wake_up")
+            assert again.token_ids == out.token_ids, (again.token_ids, out.token_ids)
+            return {"on_device": on_device, "asleep": asleep}
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(run())
+
+
+class RolloutEngineDeviceConformance:
+    """The rollout's device contract on a device that is not the host
+    (`rl_core.testing.standin`), so it fails on a CPU machine too: subclass with
+    ``backend`` (and ``config_overrides``). The engine runs in a spawned process (the
+    stand-in changes process-wide torch state)."""
+
+    backend: ClassVar[str]
+    config_overrides: ClassVar[dict[str, Any]] = {}
+    max_model_len: ClassVar[int] = 256
+    logprob_atol: ClassVar[float] = 1e-4
+
+    def test_rollout_on_standin(self, tmp_path) -> None:
+        from rl_core.testing.spawn import SpawnRunner
+
+        spec = {
+            "backend": self.backend,
+            "config_overrides": dict(self.config_overrides),
+            "max_model_len": self.max_model_len,
+            "logprob_atol": self.logprob_atol,
+            "model_path": save_tiny_causal_lm(tmp_path / "model"),
+        }
+        with SpawnRunner(1, timeout_s=300.0) as runner:
+            (result,) = runner.run(check_rollout_on_standin, spec)
+        assert result["on_device"] > 0, result

@@ -50,10 +50,13 @@ from rl_core.testing.spawn import SpawnRunner
 __all__ = [
     "SpawnRunner",
     "TrainEngineConformance",
+    "TrainEngineDeviceConformance",
+    "check_standin_device",
     "engine_config",
     "make_rl_batch",
     "pg_loss",
     "reference_outputs",
+    "run_standin_check",
     "save_tiny_model",
     "tiny_hf_config",
     "value_loss",
@@ -521,6 +524,81 @@ def check_device_contract(spec: dict[str, Any]) -> None:
         )
 
 
+def _host_bytes(model_dir: str) -> int:
+    """Bytes of the model's parameters as saved (float32): the least the device holds."""
+    from safetensors import safe_open
+
+    total = 0
+    for name in os.listdir(model_dir):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(model_dir, name), "pt") as f:
+                for key in f.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+                    total += _numel(f.get_slice(key).get_shape()) * 4
+    return total
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    return n
+
+
+def check_standin_device(spec: dict[str, Any]) -> dict[str, int]:
+    """The device contract on `rl_core.testing.standin`'s host-backed accelerator, where
+    host and device differ (on a CPU machine they do not): the engine takes the platform's
+    device; the loss sees the micro-batch there; `infer_batch` returns host tensors equal to
+    the float64 reference; offload frees the device memory of parameters and optimizer
+    state (by the platform's memory query, >= 90%) and onload brings it back."""
+    from rl_core.platform import get_platform
+    from rl_core.testing.standin import DEVICE_TYPE, install
+
+    install()
+    os.environ["RL_PLATFORM"] = DEVICE_TYPE
+    platform = get_platform()
+    engine = build_engine(spec["engine"], engine_config(spec["model_dir"], spec["options"]))
+    assert engine.device.type == DEVICE_TYPE, (
+        f"engine.device is {engine.device}: expected the platform's device {DEVICE_TYPE}"
+    )
+    local = _shard(make_rl_batch(), engine)
+    out = engine.infer_batch(local, outputs=("log_probs", "entropy"))
+    ref = reference_outputs(spec["model_dir"], local)
+    for key in ("log_probs", "entropy"):
+        got = out.batch[key]
+        assert got.device.type == "cpu" and type(got) is torch.Tensor, (
+            f"infer_batch returned {key} on {got.device} ({type(got).__name__}): expected "
+            "plain CPU tensors"
+        )
+        torch.testing.assert_close(got.double(), ref[key], atol=2e-5, rtol=1e-4, msg=key)
+    loss = _DeviceCheckingLoss(engine.device, value=False)
+    engine.train_batch(local, loss)
+    trained = engine.infer_batch(local, outputs=("log_probs",)).batch["log_probs"]
+    on_device = platform.memory_allocated()
+    least = _host_bytes(spec["model_dir"]) // engine.dp_size
+    assert on_device >= least, (
+        f"{on_device} bytes on the device after a step: expected at least the parameters' "
+        f"{least} bytes (is the model on engine.device?)"
+    )
+    engine.offload()
+    offloaded = platform.memory_allocated()
+    freed = on_device - offloaded
+    assert freed >= 0.9 * on_device, (
+        f"offload() freed {freed} of {on_device} device bytes ({offloaded} left): expected "
+        ">= 90% (parameters, gradients and optimizer state off the device)"
+    )
+    engine.onload()
+    onloaded = platform.memory_allocated()
+    assert onloaded >= least, (
+        f"onload() brought {onloaded} bytes back to the device: expected at least the "
+        f"parameters' {least} bytes"
+    )
+    again = engine.infer_batch(local, outputs=("log_probs",)).batch["log_probs"]
+    assert torch.equal(again, trained), "offload/onload changed the log-probs"
+    engine.train_batch(local, loss)  # optimizer state came back to the device too
+    engine.close()
+    return {"on_device": on_device, "offloaded": offloaded, "onloaded": onloaded}
+
+
 def check_inference_only(spec: dict[str, Any]) -> None:
     cfg = engine_config(spec["model_dir"], spec["options"], inference_only=True)
     engine = build_engine(spec["engine"], cfg)
@@ -564,6 +642,14 @@ def run_check(name: str, spec: dict[str, Any]) -> Any:
     if spec.get("engine_module"):
         __import__(spec["engine_module"])
     return CHECKS[name](spec)
+
+
+def run_standin_check(spec: dict[str, Any]) -> dict[str, int]:
+    """Rank side of `TrainEngineDeviceConformance`: import ``spec["engine_module"]`` (if
+    any), then `check_standin_device`."""
+    if spec.get("engine_module"):
+        __import__(spec["engine_module"])
+    return check_standin_device(spec)
 
 
 def engine_class(name: str, engine_module: str = "") -> Any:
@@ -659,3 +745,28 @@ class TrainEngineConformance:
         loaded = SpawnRunner.shared(1).run(dist_checks.check_reshard_load, spec)[0]
         if spec["supports_resharding"]:
             dist_checks.assert_resumed_alike(saved[0], loaded, "saved at world size 2, loaded at 1")
+
+
+class TrainEngineDeviceConformance:
+    """The device contract on a device that is not the host (`rl_core.testing.standin`), so
+    it fails on a CPU machine too: subclass with ``engine_name`` set (``engine_options``,
+    ``engine_module`` as in `TrainEngineConformance`). The check runs in its own spawned
+    processes (the stand-in changes process-wide torch state), world size 1 and 2."""
+
+    engine_name: ClassVar[str] = ""
+    engine_options: ClassVar[dict[str, Any]] = {}
+    engine_module: ClassVar[str] = ""
+
+    @pytest.mark.parametrize("world_size", [1, 2], ids=lambda n: f"world{n}")
+    def test_device_contract_on_standin(self, world_size, tmp_path) -> None:
+        if not self.engine_name:
+            pytest.fail(f"{type(self).__name__} must set engine_name")
+        spec = {
+            "engine": self.engine_name,
+            "engine_module": self.engine_module,
+            "options": dict(self.engine_options),
+            "model_dir": save_tiny_model(str(tmp_path / "lm"), "qwen2"),
+        }
+        with SpawnRunner(world_size, timeout_s=300.0) as runner:
+            results = runner.run(run_standin_check, spec)
+        assert all(r["offloaded"] < r["on_device"] for r in results), results

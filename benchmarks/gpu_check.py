@@ -1,0 +1,414 @@
+"""One command for a lent GPU: every GPU check in at most ~5 minutes, one table, one row
+appended to docs/gpu-results.md.
+
+    bash .device/run.sh python3 benchmarks/gpu_check.py            # on the GPU machine
+    uv run python benchmarks/gpu_check.py --dry-run                # CPU half, in CI
+
+Checks (goal in brackets):
+
+* ``gpu-tests``: ``pytest -m "gpu and not vllm and not sglang"`` over the packages' test
+  files that mark tests ``gpu`` [all pass];
+* ``grpo``: ``rl train examples/grpo_tiny.yaml`` on the accelerator with the hf rollout,
+  3 steps, one worker [exits 0];
+* ``fsdp-vs-plain``: the FSDP2 engine vs a plain PyTorch loop (same sdpa attention, fused
+  AdamW, autocast bf16, the same tokens) on the Qwen2-0.5B shape at 16 x 2048 tokens
+  [engine >= 1.0x the plain loop's speed and MFU >= 25%]. MFU = model FLOPs per step /
+  step time / peak, model FLOPs = 6 * N_non-embedding * tokens + 6 * N_embedding * response
+  tokens (the tied LM head runs on the response positions only) + 6 * layers * hidden *
+  seq_len * tokens (attention; `benchmarks/fsdp2_step.py`); peak = bf16 dense of the card,
+  detected by name: H100 SXM / H200 989 TFLOP/s, H100 PCIe 756, A100 312
+  (``RL_PEAK_TFLOPS`` overrides);
+* ``offload``: device bytes freed by the engine's ``offload()`` over its parameters +
+  optimizer state [>= 90%];
+* ``megatron``: one bf16 step of the megatron engine [runs; "not installed" without
+  megatron-core];
+* ``vlm``: one bf16 step of the FSDP2 engine on a tiny Qwen2.5-VL with images [finite loss];
+* ``lora``: one bf16 LoRA step (adapters change, the base weights do not) [as stated].
+
+``--dry-run`` lists the checks and runs their CPU half on CPU: pytest collects the gpu
+tests, the GRPO config is loaded and validated, engine vs plain runs a tiny shape, the
+offload check runs on `rl_core.testing.standin`'s host-backed device, megatron reports
+whether it is importable, VLM and LoRA steps run in float32 on tiny models. Nothing is
+appended to docs/gpu-results.md in a dry run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+RESULTS = ROOT / "docs" / "gpu-results.md"
+GPU_TEST_DIRS = [
+    "packages/rl-core/tests",
+    "packages/rl-engines/tests",
+    "packages/rl-rollout/tests",
+    "packages/rl-algos/tests",
+    "packages/rl-multimodal/tests",
+    "integrations/nvidia/tests",
+]
+PEAKS_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0))
+
+
+@dataclass
+class Outcome:
+    result: str
+    passed: bool | None  # None: informational (dry run, not installed)
+
+
+def device_name() -> str:
+    """The accelerator's name from the platform (``cpu`` on the CPU platform)."""
+    from rl_core.platform import get_platform
+
+    platform = get_platform()
+    if platform.device_type == "cpu" or not platform.is_available():
+        return "cpu"
+    return str(platform.torch_module().get_device_name())
+
+
+def peak_tflops(name: str) -> float:
+    """bf16 dense peak of the card called ``name`` (``RL_PEAK_TFLOPS`` overrides)."""
+    if os.environ.get("RL_PEAK_TFLOPS"):
+        return float(os.environ["RL_PEAK_TFLOPS"])
+    for key, value in PEAKS_TFLOPS:
+        if key.lower() in name.lower():
+            return value
+    return 989.0
+
+
+def _run(cmd: list[str], timeout_s: float) -> tuple[int, str]:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {timeout_s:.0f} s"
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return proc.returncode, lines[-1] if lines else ""
+
+
+# ---- checks -------------------------------------------------------------------------
+
+
+def gpu_test_files() -> list[str]:
+    """Test files that mark tests ``gpu`` (collecting every package's tests is slow)."""
+    files = []
+    for directory in GPU_TEST_DIRS:
+        for path in sorted((ROOT / directory).glob("test_*.py")):
+            if "mark.gpu" in path.read_text():
+                files.append(str(path.relative_to(ROOT)))
+    return files
+
+
+def check_gpu_tests(dry: bool) -> Outcome:
+    files = gpu_test_files()
+    marker = "gpu and not vllm and not sglang"  # neither fits the device image
+    base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", marker, *files]
+    if dry:
+        code, last = _run([*base, "--collect-only"], 240)
+        return Outcome(f"{len(files)} files, {last}", None if code == 0 else False)
+    code, last = _run(base, 150)
+    return Outcome(last or f"exit {code}", code == 0)
+
+
+def check_grpo(dry: bool) -> Outcome:
+    overrides = ["trainer.num_workers=1", "trainer.total_steps=3", "trainer.val_every=3"]
+    if dry:
+        from rl_algos.cli import _load
+
+        config = _load(str(ROOT / "examples" / "grpo_tiny.yaml"), overrides)
+        return Outcome(f"config valid ({config.rollout.backend} rollout)", None)
+    out = tempfile.mkdtemp(prefix="gpu-check-grpo-")
+    cmd = ["rl", "train", "examples/grpo_tiny.yaml", *overrides, f"trainer.output_dir={out}"]
+    start = time.monotonic()
+    code, last = _run(cmd, 120)
+    return Outcome(f"exit {code} in {time.monotonic() - start:.0f} s; {last[:60]}", code == 0)
+
+
+QWEN2_05B = {
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
+TINY = {
+    "model_type": "qwen2",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
+
+
+def _timed(step: Callable[[], None], steps: int) -> float:
+    step()  # warm-up
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def check_engine_vs_plain(dry: bool) -> Outcome:
+    import fsdp2_step as bench
+
+    from rl_core.engine import build_engine
+    from rl_core.platform import get_platform
+    from rl_core.testing.train_engine import pg_loss
+
+    platform = get_platform()
+    shape, seqs, seq_len, micro, steps = (TINY, 2, 64, 1, 1) if dry else (QWEN2_05B, 16, 2048, 4, 3)
+    bench.PROMPT_LEN, bench.RESPONSE_LEN = seq_len // 2, seq_len // 2
+    batch = bench.make_batch(shape["vocab_size"], num_seqs=seqs)
+    plain_step, params = bench._plain_accelerator_step(shape, batch, micro)
+    plain_s = _timed(plain_step, steps)
+    del plain_step
+    platform.empty_cache()
+    config = {
+        "model": {"config": shape, "compute_dtype": "bfloat16"},
+        "engine_kwargs": {"attn_implementation": "sdpa"},
+        "optim": bench.OPTIM,
+        "micro_batch": {"micro_batch_size": micro},
+    }
+    engine = build_engine("fsdp", config)
+
+    def step() -> None:
+        engine.train_batch(batch, pg_loss)
+        platform.synchronize()
+
+    engine_s = _timed(step, steps)
+    engine.close()
+    tokens = seqs * seq_len
+    embed = shape["vocab_size"] * shape["hidden_size"]
+    flops = (
+        6 * (params - embed) * tokens
+        + 6 * embed * seqs * (seq_len // 2 + 1)
+        + 6 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_len * tokens
+    )
+    name = device_name()
+    peak = peak_tflops(name) * 1e12
+    mfu = flops / engine_s / peak
+    speed = plain_s / engine_s
+    result = (
+        f"{speed:.2f}x plain ({engine_s:.3f} vs {plain_s:.3f} s/step), MFU {100 * mfu:.1f}% "
+        f"of {peak / 1e12:.0f} TFLOP/s ({name})"
+    )
+    return Outcome(result, None if dry else (speed >= 1.0 and mfu >= 0.25))
+
+
+def check_offload(dry: bool) -> Outcome:
+    if dry:  # the same engine code path, on a device that is not the host
+        from rl_core.testing.spawn import SpawnRunner
+        from rl_core.testing.train_engine import run_standin_check, save_tiny_model
+
+        with tempfile.TemporaryDirectory() as tmp, SpawnRunner(1, timeout_s=300) as runner:
+            spec = {
+                "engine": "fsdp",
+                "engine_module": "",
+                "options": {},
+                "model_dir": save_tiny_model(os.path.join(tmp, "lm"), "qwen2"),
+            }
+            (r,) = runner.run(run_standin_check, spec)
+        freed = (r["on_device"] - r["offloaded"]) / r["on_device"]
+        return Outcome(f"stand-in device: {100 * freed:.0f}% of {r['on_device']} B freed", None)
+    from rl_core.engine import build_engine
+    from rl_core.platform import get_platform
+    from rl_core.testing.train_engine import make_rl_batch, pg_loss
+
+    platform = get_platform()
+    engine = build_engine(
+        "fsdp", {"model": {"config": dict(QWEN2_05B, vocab_size=32000)}, "optim": {"lr": 1e-6}}
+    )
+    engine.train_batch(make_rl_batch(), pg_loss)  # creates the optimizer state
+    platform.synchronize()
+    params = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    optim = sum(
+        t.numel() * t.element_size()
+        for state in engine.optimizer.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu"
+    )
+    before = platform.memory_allocated()
+    engine.offload()
+    after = platform.memory_allocated()
+    engine.onload()
+    engine.close()
+    freed = (before - after) / (params + optim)
+    result = f"{100 * freed:.0f}% of {(params + optim) / 2**30:.2f} GiB params+optimizer freed"
+    return Outcome(result, freed >= 0.9)
+
+
+def _tiny_dir(tmp: str) -> str:
+    from rl_core.testing.train_engine import save_tiny_model
+
+    return save_tiny_model(os.path.join(tmp, "lm"), "qwen2")
+
+
+def check_megatron(dry: bool) -> Outcome:
+    if importlib.util.find_spec("megatron") is None or (
+        importlib.util.find_spec("megatron.core") is None
+    ):
+        return Outcome("not installed", None)
+    if dry:
+        return Outcome(
+            "installed (bf16 step needs CUDA; CPU runs in tests-rl-engines-megatron)", None
+        )
+    from rl_core.engine import build_engine
+    from rl_core.testing.train_engine import engine_config, make_rl_batch, pg_loss
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = engine_config(_tiny_dir(tmp), {"model": {"compute_dtype": "bfloat16"}})
+        engine = build_engine("megatron", cfg)
+        m = engine.train_batch(make_rl_batch(), pg_loss)
+        engine.close()
+    return Outcome(
+        f"loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}", math.isfinite(m["loss"])
+    )
+
+
+def check_vlm(dry: bool) -> Outcome:
+    sys.path.insert(0, str(ROOT / "packages" / "rl-multimodal" / "tests"))
+    from vlm_cases import vlm_rl_batch
+
+    from rl_core.engine import EngineConfig, build_engine
+    from rl_core.testing.train_engine import pg_loss
+    from rl_multimodal.vlm.tiny import build_tiny_vlm
+
+    dtype = "float32" if dry else "bfloat16"
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(build_tiny_vlm("qwen2_5_vl", Path(tmp) / "vlm"))
+        batch = vlm_rl_batch(model_dir, num_seqs=4, response_len=8)
+        config = {"model": {"path": model_dir, "compute_dtype": dtype}, "optim": {"lr": 1e-3}}
+        engine = build_engine("fsdp", EngineConfig.from_dict(config))
+        m = engine.train_batch(batch, pg_loss)
+        engine.close()
+    ok = math.isfinite(m["loss"]) and m["grad_norm"] > 0
+    return Outcome(
+        f"{dtype} step: loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}",
+        ok if not dry else None,
+    )
+
+
+def check_lora(dry: bool) -> Outcome:
+    from rl_core.engine import build_engine
+    from rl_core.testing.train_engine import engine_config, make_rl_batch, pg_loss
+
+    dtype = "float32" if dry else "bfloat16"
+    with tempfile.TemporaryDirectory() as tmp:
+        lora = {"rank": 8, "alpha": 16.0, "target_modules": ["all-linear"]}
+        cfg = engine_config(_tiny_dir(tmp), {"model": {"lora": lora, "compute_dtype": dtype}})
+        engine = build_engine("fsdp", cfg)
+
+        def weights() -> dict[str, torch.Tensor]:
+            return {
+                n: (p.full_tensor() if hasattr(p, "full_tensor") else p)
+                .detach()
+                .float()
+                .cpu()
+                .clone()
+                for n, p in engine.model.named_parameters()
+            }
+
+        before = weights()
+        m = engine.train_batch(make_rl_batch(), pg_loss)
+        after = weights()
+        engine.close()
+    adapters = [n for n in before if "lora_" in n]
+    changed = [n for n in adapters if not torch.equal(before[n], after[n])]
+    base_changed = [n for n in before if "lora_" not in n and not torch.equal(before[n], after[n])]
+    ok = bool(changed) and not base_changed and math.isfinite(m["loss"])
+    result = f"{dtype}: {len(changed)}/{len(adapters)} adapters changed, {len(base_changed)} base"
+    return Outcome(result, ok if not dry else None)
+
+
+CHECKS: list[tuple[str, str, Callable[[bool], Outcome]]] = [
+    ("gpu-tests", "all pass", check_gpu_tests),
+    ("grpo", "3 steps, exit 0", check_grpo),
+    ("fsdp-vs-plain", ">= 1.0x plain, MFU >= 25%", check_engine_vs_plain),
+    ("offload", ">= 90% freed", check_offload),
+    ("megatron", "bf16 step runs", check_megatron),
+    ("vlm", "bf16 step, finite loss", check_vlm),
+    ("lora", "adapters move, base frozen", check_lora),
+]
+
+
+def record(rows: list[tuple[str, str, str, str]], machine: str) -> None:
+    """Append a dated row to the Sessions table of docs/gpu-results.md."""
+    text = RESULTS.read_text()
+    summary = "; ".join(f"{name}: {verdict} ({result})" for name, result, _, verdict in rows)
+    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    row = f"| {today} | {machine} | `benchmarks/gpu_check.py` | {summary.replace('|', '/')} |"
+    lines = text.splitlines()
+    start = lines.index("## Sessions")
+    end = start + 1
+    while end < len(lines) and not lines[end].startswith("|"):
+        end += 1
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    lines.insert(end, row)
+    RESULTS.write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU half of every check")
+    parser.add_argument("--only", nargs="*", help="check names (default: all)")
+    parser.add_argument("--no-record", action="store_true", help="do not touch gpu-results.md")
+    args = parser.parse_args()
+    if not args.dry_run and device_name() == "cpu":
+        print("gpu_check: no accelerator visible to the platform; use --dry-run", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        os.environ.setdefault("RL_PLATFORM", "cpu")
+    rows = []
+    for name, goal, check in CHECKS:
+        if args.only and name not in args.only:
+            continue
+        start = time.monotonic()
+        try:
+            outcome = check(args.dry_run)
+        except Exception as exc:  # one broken check must not hide the others
+            traceback.print_exc()
+            outcome = Outcome(f"error: {type(exc).__name__}: {str(exc)[:80]}", False)
+        seconds = time.monotonic() - start
+        verdict = {True: "pass", False: "FAIL", None: "-"}[outcome.passed]
+        rows.append((name, f"{outcome.result} [{seconds:.0f} s]", goal, verdict))
+        print(f"{name}: {verdict}: {outcome.result} ({seconds:.0f} s)", file=sys.stderr, flush=True)
+    width = [
+        max(len(r[i]) for r in [("check", "result", "goal", "pass/fail"), *rows]) for i in range(4)
+    ]
+    for row in [("check", "result", "goal", "pass/fail"), *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, width)))
+    if not args.dry_run and not args.no_record:
+        record(rows, device_name())
+    return 1 if any(r[3] == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
