@@ -92,7 +92,7 @@ def test_unknown_engine_or_rollout_fails_before_any_worker_starts(tmp_path, over
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith(f"rl train: config error: {key}: invalid value")
-    assert f"installed: {', '.join(installed)};" in line and "did you mean" in line
+    assert f"({', '.join(installed)};" in line and "did you mean" in line
     assert "Ray" not in proc.stderr + proc.stdout  # nothing started
     assert not out.exists()
 
