@@ -157,6 +157,7 @@ def test_precision_and_placement_fields_reach_the_workers():
     overrides = [
         "model.compute_dtype=bfloat16",
         "rollout.dtype=bfloat16",
+        "rollout.backend=vllm",  # its options are checked on the driver (vLLM not needed)
         "rollout.gpu_memory_utilization=0.4",
         "model.attn_implementation=eager",
         "model.use_remove_padding=true",

@@ -91,7 +91,7 @@ CASES = {
     "NaN error score": (
         None,
         ["reward.error_score=nan"],
-        "rl train: config error: reward.error_score: invalid value nan; expected a finite number",
+        "rl train: config error: reward.error_score: invalid value 'nan'; expected a finite number",
     ),
 }
 
