@@ -63,10 +63,20 @@ def _train(tmp_path: Path, overrides: list[str]) -> list[dict]:
     return steps
 
 
-def test_grpo_tiny_moe_trains_with_megatron_expert_parallelism(tmp_path):
+def test_grpo_tiny_moe_trains_in_bf16_with_megatron_expert_parallelism(tmp_path):
+    """``model.compute_dtype=bfloat16`` (the accelerators' default) on CPU: megatron-core's
+    Float16Module with fp32 main weights; the EP=2 checkpoint holds the fp32 main weights
+    (never rounded through bf16), and `rl export` turns it into a Hugging Face model that
+    transformers loads. (The fp32 path of the same layout is the conformance suite's.)"""
     pytest.importorskip("megatron.core")
-    _train(tmp_path, [])
-    # `rl export` turns the EP=2 checkpoint into a Hugging Face model that transformers loads
+    _train(tmp_path, ["model.compute_dtype=bfloat16"])
+    from rl_engines.megatron import MegatronEngine
+
+    actor = next((tmp_path / "run" / "checkpoints" / "step_2").glob("**/meta.json")).parent
+    weights = MegatronEngine.read_checkpoint_weights(str(actor))
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    embed = weights["model.embed_tokens.weight"]
+    assert not torch.equal(embed, embed.bfloat16().float())  # not rounded through bf16
     hf = tmp_path / "hf"
     proc = subprocess.run(
         [str(RL), "export", str(tmp_path / "run"), str(hf)],
@@ -82,20 +92,6 @@ def test_grpo_tiny_moe_trains_with_megatron_expert_parallelism(tmp_path):
     assert model.config.model_type == "qwen3_moe" and model.config.num_experts == 4
     assert AutoTokenizer.from_pretrained(hf)("1+2").input_ids
     assert (hf / "generation_config.json").is_file()
-
-
-def test_grpo_tiny_moe_trains_in_bf16_with_megatron_expert_parallelism(tmp_path):
-    """``model.compute_dtype=bfloat16`` on CPU: megatron-core's Float16Module with fp32
-    main weights; the checkpoint holds the fp32 main weights."""
-    pytest.importorskip("megatron.core")
-    _train(tmp_path, ["model.compute_dtype=bfloat16"])
-    from rl_engines.megatron import MegatronEngine
-
-    actor = next((tmp_path / "run" / "checkpoints" / "step_2").glob("**/meta.json")).parent
-    weights = MegatronEngine.read_checkpoint_weights(str(actor))
-    assert {t.dtype for t in weights.values()} == {torch.float32}
-    embed = weights["model.embed_tokens.weight"]
-    assert not torch.equal(embed, embed.bfloat16().float())  # not rounded through bf16
 
 
 def test_grpo_tiny_moe_trains_with_fsdp_when_megatron_settings_are_reset(tmp_path):
