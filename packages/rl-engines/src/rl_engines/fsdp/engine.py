@@ -62,6 +62,13 @@ from rl_engines.fsdp.forward import (
 )
 from rl_engines.fsdp.model import build_device_mesh, shard_model
 from rl_engines.fsdp.multimodal import multimodal_kwargs
+from rl_engines.fsdp.sharded_load import (
+    EAGER_INIT_ENV,
+    adapters_on_host,
+    fill_sharded_model,
+    load_local_shards,
+    to_meta_skeleton,
+)
 from rl_engines.fsdp.shared_prompts import DENSE_MASK_ATTENTION, group_rows_by_prompt
 from rl_engines.hf_model import build_hf_model, resolve_attn_implementation, resolve_compute_dtype
 from rl_engines.lora import adapter_tensors, apply_lora, merge_lora_weights
@@ -136,14 +143,27 @@ class FSDPEngine(EngineBase):
             if self.options.use_remove_padding is not None
             else varlen_attention_available(attention)
         )
-        model = build_hf_model(mcfg, config.seed, attention)
+        # Each rank loads only its shards (`rl_engines.fsdp.sharded_load`); the eager path
+        # (whole model per rank, then shard) stays selectable for comparisons.
+        sources = None
+        if os.environ.get(EAGER_INIT_ENV) == "1":
+            model = build_hf_model(mcfg, config.seed, attention)
+        else:
+            model, sources = load_local_shards(
+                lambda: build_hf_model(mcfg, config.seed, attention),
+                self.mesh,
+                from_checkpoint=mcfg.path is not None,
+            )
         self.lora = mcfg.lora
         if self.lora is not None:
-            model = apply_lora(model, self.lora)  # base frozen; only adapters train
+            with adapters_on_host(sources) if sources is not None else nullcontext():
+                model = apply_lora(model, self.lora)  # base frozen; only adapters train
         if config.inference_only:
             model.requires_grad_(False)
         self.hf_config = model.config
         self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        if sources is not None:
+            to_meta_skeleton(model, sources, self.mesh)
         self.model = shard_model(
             model,
             self.mesh,
@@ -154,6 +174,9 @@ class FSDPEngine(EngineBase):
             reshard_after_forward=config.parallel.reshard_after_forward,
             device=self.device,
         )
+        if sources is not None:
+            on_host = config.parallel.cpu_offload or self.device_type == "cpu"
+            fill_sharded_model(self.model, sources, torch.device("cpu") if on_host else self.device)
         self.head = (
             None
             if self.value_model

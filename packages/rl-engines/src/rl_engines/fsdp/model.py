@@ -85,8 +85,8 @@ def shard_model(
             reshard_after_forward=reshard_after_forward,
         )
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
-    if not cpu_offload and device.type != "cpu":
-        model.to(device)
+    if not cpu_offload and device.type != "cpu" and not next(model.parameters()).is_meta:
+        model.to(device)  # a meta model is materialised on the device by its loader
     # The loss contract sums gradients over data-parallel ranks (losses carry the global
     # normalisation), so FSDP must not average them.
     # Plain SUM collectives (no AVG/PREMUL_SUM, which gloo lacks), divided by nothing.
