@@ -723,16 +723,9 @@ class TrainEngineConformance:
         """World size 2 against a single process; see `train_engine_distributed`."""
         from rl_core.testing import train_engine_distributed as dist_checks
 
-        if not self.engine_name:
-            pytest.fail(f"{type(self).__name__} must set engine_name")
+        spec = _spawn_spec(self, model_dirs["lm"])
         if not self.distributed:
             pytest.skip(f"{type(self).__name__} sets distributed = False")
-        spec = {
-            "engine": self.engine_name,
-            "engine_module": self.engine_module,
-            "options": dict(self.engine_options),
-            "model_dir": model_dirs["lm"],
-        }
         if case == "gradient_sync":
             results = SpawnRunner.shared(2).run(dist_checks.check_gradient_sync, spec)
             dist_checks.assert_same_weights(results, "after one step at world size 2")
@@ -747,6 +740,19 @@ class TrainEngineConformance:
             dist_checks.assert_resumed_alike(saved[0], loaded, "saved at world size 2, loaded at 1")
 
 
+def _spawn_spec(suite: Any, model_dir: str) -> dict[str, Any]:
+    """What a suite's checks in spawned processes build the engine from (fails when the
+    suite has no ``engine_name``)."""
+    if not suite.engine_name:
+        pytest.fail(f"{type(suite).__name__} must set engine_name")
+    return {
+        "engine": suite.engine_name,
+        "engine_module": suite.engine_module,
+        "options": dict(suite.engine_options),
+        "model_dir": model_dir,
+    }
+
+
 class TrainEngineDeviceConformance:
     """The device contract on a device that is not the host (`rl_core.testing.standin`), so
     it fails on a CPU machine too: subclass with ``engine_name`` set (``engine_options``,
@@ -759,14 +765,7 @@ class TrainEngineDeviceConformance:
 
     @pytest.mark.parametrize("world_size", [1, 2], ids=lambda n: f"world{n}")
     def test_device_contract_on_standin(self, world_size, tmp_path) -> None:
-        if not self.engine_name:
-            pytest.fail(f"{type(self).__name__} must set engine_name")
-        spec = {
-            "engine": self.engine_name,
-            "engine_module": self.engine_module,
-            "options": dict(self.engine_options),
-            "model_dir": save_tiny_model(str(tmp_path / "lm"), "qwen2"),
-        }
+        spec = _spawn_spec(self, save_tiny_model(str(tmp_path / "lm"), "qwen2"))
         with SpawnRunner(world_size, timeout_s=300.0) as runner:
             results = runner.run(run_standin_check, spec)
         assert all(r["offloaded"] < r["on_device"] for r in results), results
