@@ -67,7 +67,7 @@ def test_engine_config_from_nested_dict():
     [
         (
             {"model": {"path": "/m", "dtyp": "float32"}},
-            r"^EngineConfig.model.dtyp: unknown key 'dtyp'.*did you mean 'dtype'\?$",
+            r"^EngineConfig.model.dtyp: unknown key 'dtyp'; did you mean 'dtype'\? \(EngineConfig.model has: ",
         ),
         ({"model": {}}, r"^EngineConfig.model.path: missing; expected exactly one of path"),
         ({"model": {"path": "/m", "config": {"model_type": "llama"}}}, "exactly one"),
