@@ -143,16 +143,15 @@ class FSDPEngine(EngineBase):
             if self.options.use_remove_padding is not None
             else varlen_attention_available(attention)
         )
-        # Each rank loads only its shards (`rl_engines.fsdp.sharded_load`); the eager path
-        # (whole model per rank, then shard) stays selectable for comparisons.
+        # Each rank loads only its shards of a checkpoint (`rl_engines.fsdp.sharded_load`).
+        # A model from a config alone is random-initialised whole on every rank anyway, so
+        # it takes the eager path (whole model, then shard), which also serves comparisons.
         sources = None
-        if os.environ.get(EAGER_INIT_ENV) == "1":
+        if os.environ.get(EAGER_INIT_ENV) == "1" or mcfg.path is None:
             model = build_hf_model(mcfg, config.seed, attention)
         else:
             model, sources = load_local_shards(
-                lambda: build_hf_model(mcfg, config.seed, attention),
-                self.mesh,
-                from_checkpoint=mcfg.path is not None,
+                lambda: build_hf_model(mcfg, config.seed, attention), self.mesh, True
             )
         self.lora = mcfg.lora
         if self.lora is not None:
