@@ -161,11 +161,11 @@ def test_remote_manager_reproduces_the_local_scripted_engine(server):
     policy run in-process by the local scripted engine: identical tensors."""
     prompts = [[11, 12, 13], [21], [31, 32, 33, 34, 35]]
 
-    def config(mode: str, **kw) -> RolloutManagerConfig:
+    def config(placement: str, **kw) -> RolloutManagerConfig:
         return RolloutManagerConfig(
             rollout=RolloutConfig(model_path="scripted", max_model_len=4096),
             num_replicas=1,
-            mode=mode,
+            placement=placement,
             loop=AgentLoopConfig(response_length=8),
             sampling=SamplingParams(max_tokens=64, stop_token_ids=(IM_END,)),
             **kw,
@@ -174,7 +174,7 @@ def test_remote_manager_reproduces_the_local_scripted_engine(server):
     def batch() -> DataProto:
         return DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts, "uid": ["a", "b", "c"]})
 
-    with RolloutManager(config("local"), None, ScriptedRolloutEngine) as manager:
+    with RolloutManager(config("colocated"), None, ScriptedRolloutEngine) as manager:
         local = manager.generate_sequences(batch())
     remote_cfg = config("remote", remote_urls=[server.url], remote_model=MODEL)
     with RolloutManager(remote_cfg, None) as manager:
