@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FSDP_ENGINE = "packages/rl-engines/src/rl_engines/fsdp/engine.py"
+ENGINE_BASE = "packages/rl-engines/src/rl_engines/base.py"  # offload/onload of both engines
 HF_ROLLOUT = "packages/rl-rollout/src/rl_rollout/backends/hf_engine.py"
 FSDP_TEST = "packages/rl-engines/tests/test_fsdp_device.py"
 HF_TEST = "packages/rl-rollout/tests/test_device_hf.py"
@@ -59,19 +60,19 @@ MUTATIONS = [
     ),
     Mutation(
         "offload-noop",
-        FSDP_ENGINE,
+        ENGINE_BASE,
         '        self._move("cpu")\n        self._offloaded = True\n',
         "        self._offloaded = True\n",
         (FSDP_TEST,),
-        "fsdp: offload() moves nothing",
+        "fsdp (EngineBase): offload() moves nothing",
     ),
     Mutation(
         "onload-noop",
-        FSDP_ENGINE,
+        ENGINE_BASE,
         "        self._move(self.device)\n        self._offloaded = False\n",
         "        self._offloaded = False\n",
         (FSDP_TEST,),
-        "fsdp: onload() moves nothing",
+        "fsdp (EngineBase): onload() moves nothing",
     ),
     Mutation(
         "rollout-logprobs-on-device",
