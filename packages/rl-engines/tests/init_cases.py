@@ -19,7 +19,7 @@ from rl_core.testing.train_engine import (
     tiny_hf_config,
     value_loss,
 )
-from rl_engines.fsdp.sharded_load import EAGER_INIT_ENV
+from rl_engines.hf_model import EAGER_INIT_ENV
 
 
 def save_moe_model(directory: str) -> str:

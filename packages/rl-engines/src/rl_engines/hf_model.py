@@ -15,20 +15,26 @@ copies its weights into megatron-core modules (`rl_engines.megatron.weights`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from rl_core.engine import ModelConfig
 from rl_core.platform import get_platform
 
 __all__ = [
+    "EAGER_INIT_ENV",
     "build_hf_model",
     "check_model_path",
     "freeze_vision_tower",
+    "hf_model_config",
     "resolve_attn_implementation",
     "resolve_compute_dtype",
+    "streamed_checkpoint_tensors",
     "torch_dtype",
     "vision_tower",
 ]
@@ -84,7 +90,8 @@ def freeze_vision_tower(model: nn.Module) -> None:
     tower.requires_grad_(False)
 
 
-def _hf_config(config: ModelConfig) -> Any:
+def hf_model_config(config: ModelConfig) -> Any:
+    """The Hugging Face config `build_hf_model` builds ``config``'s model from."""
     from transformers import AutoConfig
 
     if config.path is not None:
@@ -113,7 +120,7 @@ def build_hf_model(config: ModelConfig, seed: int, attn_implementation: str = "a
         AutoModelForTokenClassification,
     )
 
-    hf_config = _hf_config(config)
+    hf_config = hf_model_config(config)
     if config.value_head:
         auto = AutoModelForTokenClassification
     elif getattr(hf_config, "vision_config", None) is not None:
@@ -138,3 +145,43 @@ def build_hf_model(config: ModelConfig, seed: int, attn_implementation: str = "a
     if config.freeze_vision_tower:
         freeze_vision_tower(model)
     return model
+
+
+# Set to 1, the engines build the whole Hugging Face model on every rank and shard it
+# (the start-up path before per-rank loading; for comparisons, `benchmarks/init_memory.py`).
+EAGER_INIT_ENV = "RL_ENGINES_EAGER_INIT"
+
+
+@contextmanager
+def streamed_checkpoint_tensors(sink: Callable[[str, Tensor], None]) -> Iterator[None]:
+    """While active, Hugging Face's ``from_pretrained`` hands each checkpoint tensor (after
+    its key renames and conversions, in the model's dtype) to ``sink(name, tensor)`` one at
+    a time and gives the model a meta tensor, marked as loaded, in its place. Parameters
+    missing from the checkpoint and buffers are initialised by Hugging Face as usual."""
+    import transformers.core_model_loading as loading
+
+    original = getattr(loading, "set_param_for_module", None)
+    if original is None:
+        raise RuntimeError(
+            "transformers.core_model_loading.set_param_for_module is missing: this "
+            "transformers version is not supported by the per-rank loader (set "
+            f"{EAGER_INIT_ENV}=1 to build the whole model per rank)"
+        )
+
+    def capture(model: Any, target_name: str, value: Tensor, *args: Any, **kwargs: Any) -> None:
+        if isinstance(value, DTensor):
+            raise RuntimeError(f"{target_name}: unexpected DTensor from the checkpoint loader")
+        sink(target_name, value)
+        original(model, target_name, torch.empty_like(value, device="meta"), *args, **kwargs)
+
+    previous_async = os.environ.get("HF_DEACTIVATE_ASYNC_LOAD")
+    os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = "1"  # one tensor at a time, not a prefetch pool
+    loading.set_param_for_module = capture
+    try:
+        yield
+    finally:
+        loading.set_param_for_module = original
+        if previous_async is None:
+            os.environ.pop("HF_DEACTIVATE_ASYNC_LOAD", None)
+        else:
+            os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = previous_async

@@ -63,14 +63,18 @@ from rl_engines.fsdp.forward import (
 from rl_engines.fsdp.model import build_device_mesh, shard_model
 from rl_engines.fsdp.multimodal import multimodal_kwargs
 from rl_engines.fsdp.sharded_load import (
-    EAGER_INIT_ENV,
     adapters_on_host,
     fill_sharded_model,
     load_local_shards,
     to_meta_skeleton,
 )
 from rl_engines.fsdp.shared_prompts import DENSE_MASK_ATTENTION, group_rows_by_prompt
-from rl_engines.hf_model import build_hf_model, resolve_attn_implementation, resolve_compute_dtype
+from rl_engines.hf_model import (
+    EAGER_INIT_ENV,
+    build_hf_model,
+    resolve_attn_implementation,
+    resolve_compute_dtype,
+)
 from rl_engines.lora import adapter_tensors, apply_lora, merge_lora_weights
 from rl_engines.moe import HFRouterProbe
 

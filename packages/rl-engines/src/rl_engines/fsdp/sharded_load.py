@@ -25,8 +25,7 @@ The resulting weights are bit-identical to the eager path's.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,21 +36,20 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from rl_engines.hf_model import streamed_checkpoint_tensors
+
 __all__ = [
-    "EAGER_INIT_ENV",
     "ShardSources",
     "adapters_on_host",
     "fill_sharded_model",
     "fsdp_placements",
     "load_local_shards",
-    "streamed_checkpoint_tensors",
     "to_meta_skeleton",
 ]
 
 # Set to "1" for main's start-up path, kept to compare with (`benchmarks/init_memory.py`,
 # the bit-identity tests): the whole model built on every rank before sharding; in the
 # megatron engine also a full AdamW state on every data-parallel rank.
-EAGER_INIT_ENV = "RL_ENGINES_EAGER_INIT"
 
 
 def fsdp_placements(mesh: DeviceMesh) -> tuple[Any, ...]:
@@ -128,41 +126,6 @@ class ShardSources:
     # (id(owning module), parameter name) -> (the module, kept alive; the initial value) for
     # host-built tensors that were later moved to the meta device (LoRA adapters)
     host_values: dict[tuple[int, str], tuple[nn.Module, Tensor]] = field(default_factory=dict)
-
-
-@contextmanager
-def streamed_checkpoint_tensors(sink: Callable[[str, Tensor], None]) -> Iterator[None]:
-    """While active, Hugging Face's ``from_pretrained`` hands each checkpoint tensor (after
-    its key renames and conversions, in the model's dtype) to ``sink(name, tensor)`` one at
-    a time and gives the model a meta tensor, marked as loaded, in its place. Parameters
-    missing from the checkpoint and buffers are initialised by Hugging Face as usual."""
-    import transformers.core_model_loading as loading
-
-    original = getattr(loading, "set_param_for_module", None)
-    if original is None:
-        raise RuntimeError(
-            "transformers.core_model_loading.set_param_for_module is missing: this "
-            "transformers version is not supported by the per-rank loader (set "
-            f"{EAGER_INIT_ENV}=1 to build the whole model per rank)"
-        )
-
-    def capture(model: Any, target_name: str, value: Tensor, *args: Any, **kwargs: Any) -> None:
-        if isinstance(value, DTensor):
-            raise RuntimeError(f"{target_name}: unexpected DTensor from the checkpoint loader")
-        sink(target_name, value)
-        original(model, target_name, torch.empty_like(value, device="meta"), *args, **kwargs)
-
-    previous_async = os.environ.get("HF_DEACTIVATE_ASYNC_LOAD")
-    os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = "1"  # one tensor at a time, not a prefetch pool
-    loading.set_param_for_module = capture
-    try:
-        yield
-    finally:
-        loading.set_param_for_module = original
-        if previous_async is None:
-            os.environ.pop("HF_DEACTIVATE_ASYNC_LOAD", None)
-        else:
-            os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = previous_async
 
 
 def load_local_shards(

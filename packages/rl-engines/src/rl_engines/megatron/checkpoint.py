@@ -5,6 +5,8 @@ Layout of a checkpoint directory::
     <path>/                 dist_checkpointing files: model and AdamW state (sharded tensors
                             with global offsets, so TP/PP/EP shards are stored once)
     <path>/extra_rank{r}.pt step, LR scheduler, optimizer step count, RNG states of rank r
+    <path>/optim_rank{r}.pt the AdamW state of rank r's range (`ShardedAdamW`; the model is
+                            then the only content of the dist_checkpointing files)
     <path>/meta.json        engine, parallel layout, world size, step (written last)
 
 The integrity rules are rl-core's (`rl_core.checkpoint`), implemented for both engines
@@ -30,6 +32,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rl_engines.checkpointing import rank_error, save_staged, verified_meta
+from rl_engines.megatron.sharded_optimizer import ShardedAdamW
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -67,6 +70,8 @@ def _sharded_state(
     model = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
     if main_of is not None:
         model = _with_main_params(model, main_of)
+    if isinstance(optimizer, ShardedAdamW):
+        return {"model": model}  # its state is per rank: ``optim_rank{r}.pt``
     params = [p for group in optimizer.param_groups for p in group["params"]]
     optim = optimizer.state_dict()
     id_map = get_param_id_to_sharded_param_map(model, params)
@@ -122,8 +127,13 @@ def save_checkpoint(
         _in_process_results_queue()
         with _writer_processes_allowed():
             dist_checkpointing.save(_sharded_state(chunks, optimizer, main_of), partial)
-        data = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
-        torch.save(data, os.path.join(partial, f"extra_rank{dist.get_rank()}.pt"))
+        rank = dist.get_rank()
+        if isinstance(optimizer, ShardedAdamW):
+            data = extra
+            torch.save(optimizer.state_dict(), os.path.join(partial, f"optim_rank{rank}.pt"))
+        else:
+            data = {**extra, "optimizer_steps": _optimizer_steps(optimizer)}
+        torch.save(data, os.path.join(partial, f"extra_rank{rank}.pt"))
 
     save_staged(path, write_shards, meta)
 
@@ -160,6 +170,10 @@ def load_checkpoint(
                 with torch.no_grad():
                     for name, param in chunk.named_parameters():
                         main_of(param).copy_(loaded[name])
+        if isinstance(optimizer, ShardedAdamW):
+            optim_file = os.path.join(path, f"optim_rank{rank}.pt")
+            optimizer.load_state_dict(torch.load(optim_file, weights_only=True))
+            return extra, meta
         optim = state["optimizer"]
         steps = extra.pop("optimizer_steps")
         for (param_id, param_state), step in zip(sorted(optim["state"].items()), steps):

@@ -29,6 +29,7 @@ __all__ = [
     "fuse_checkpoint_experts",
     "gate_up_from_megatron",
     "gate_up_to_megatron",
+    "hf_layer_keys",
     "hf_layer_to_megatron",
     "megatron_layer_to_hf",
     "qkv_from_megatron",
@@ -104,6 +105,20 @@ _NORMS = {
     "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
     "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
 }
+
+
+def hf_layer_keys(arch: ArchSpec) -> set[str]:
+    """The HF short names `hf_layer_to_megatron` reads for one layer of ``arch``."""
+    attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    keys = {"input_layernorm.weight", "post_attention_layernorm.weight"}
+    keys |= {f"self_attn.{name}.weight" for name in attn}
+    if arch.qkv_bias:
+        keys |= {f"self_attn.{name}.bias" for name in attn[:3]}
+    if arch.qk_norm:
+        keys |= {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}
+    if arch.num_experts is None:
+        return keys | {f"mlp.{name}.weight" for name in ("gate_proj", "up_proj", "down_proj")}
+    return keys | {"mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"}
 
 
 def hf_layer_to_megatron(

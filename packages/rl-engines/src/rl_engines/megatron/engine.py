@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -39,10 +40,16 @@ from rl_core.platform import get_platform
 from rl_core.protocol import DataProto
 from rl_engines.base import EngineBase, init_optimizer_state
 from rl_engines.distributed import all_reduce
-from rl_engines.hf_model import build_hf_model, resolve_compute_dtype
+from rl_engines.hf_model import (
+    EAGER_INIT_ENV,
+    build_hf_model,
+    hf_model_config,
+    resolve_compute_dtype,
+    streamed_checkpoint_tensors,
+)
 from rl_engines.megatron import checkpoint as ckpt
 from rl_engines.megatron.config import MegatronConfig
-from rl_engines.megatron.convert import shard_dim
+from rl_engines.megatron.convert import hf_layer_keys, shard_dim
 from rl_engines.megatron.cpu_shim import define_missing_te_symbols, install_cpu_shim
 from rl_engines.megatron.forward import (
     align_micro_batch,
@@ -59,7 +66,8 @@ from rl_engines.megatron.model import (
 from rl_engines.megatron.parallel import ParallelState
 from rl_engines.megatron.precision import MainParams, check_dtypes, wrap_float16
 from rl_engines.megatron.routing import install_router_probes, routing_padding_mask
-from rl_engines.megatron.weights import Layout, export_hf_weights, load_hf_weights
+from rl_engines.megatron.sharded_optimizer import ShardedAdamW
+from rl_engines.megatron.weights import HFWeightLoader, Layout, export_hf_weights, load_hf_weights
 from rl_engines.moe import RouterStats
 
 __all__ = ["MegatronEngine"]
@@ -97,8 +105,10 @@ class MegatronEngine(EngineBase):
         self.compute_dtype = resolve_compute_dtype(mcfg)
         self.main_dtype = getattr(torch, mcfg.dtype)
         check_dtypes(mcfg.dtype, mcfg.compute_dtype, self.compute_dtype)
-        hf_model = build_hf_model(mcfg, config.seed)
-        self.hf_config = hf_model.config
+        # main's start-up path (whole HF model on every rank, a full AdamW state on every
+        # data-parallel rank) stays selectable for comparisons (`benchmarks/init_memory.py`)
+        self.legacy_init = os.environ.get(EAGER_INIT_ENV) == "1"
+        self.hf_config = hf_model_config(mcfg)
         self.arch = arch_spec(self.hf_config)
         check_divisibility(self.arch, self.mcfg)
         # megatron-core's mixed precision: the model in the compute dtype (bf16=True,
@@ -124,30 +134,62 @@ class MegatronEngine(EngineBase):
             self.main_dtype,
             mixed=not config.inference_only and self.main_dtype != self.compute_dtype,
         )
-        load_hf_weights(
-            self.chunks,
-            hf_model.state_dict(),
-            self.arch,
-            self.layout,
-            self.value_model,
-            target=self.main_params.of,
-        )
+        self._load_weights()
         self.main_params.copy_main_to_model()
-        del hf_model
         self.models = wrap_float16(self.chunks, self.tconfig)  # what the schedules run
         self.main_params.install_grad_hooks()
         self.params = [
             self.main_params.of(p) for c in self.chunks for p in c.parameters() if p.requires_grad
         ]
+        self._grad_groups = self._classify_params()
         self._build_optimizer(self.params)
         if self.optimizer is not None:
             init_optimizer_state(self.optimizer)
-        self._grad_groups = self._classify_params()
         self.router_stats: RouterStats | None = None
         if self.arch.num_experts is not None:
             self.router_stats = RouterStats(self.arch.num_layers, self.arch.num_experts)
             install_router_probes(self.chunks, self.router_stats)
         torch.manual_seed(config.seed + self.rank)
+
+    def _load_weights(self) -> None:
+        """Fill the main parameters from the Hugging Face model: a checkpoint is streamed
+        one tensor at a time and each rank keeps only its TP/PP/EP shards
+        (`HFWeightLoader`); a config-only model (random init) or the legacy path builds the
+        whole Hugging Face model first."""
+        mcfg, seed, target = self.config.model, self.config.seed, self.main_params.of
+        if self.legacy_init or mcfg.path is None:
+            hf_model = build_hf_model(mcfg, seed)
+            state = hf_model.state_dict()
+            load_hf_weights(self.chunks, state, self.arch, self.layout, self.value_model, target)
+            return
+        keys = hf_layer_keys(self.arch)
+        loader = HFWeightLoader(
+            self.chunks, self.arch, self.layout, self.value_model, keys, target=target
+        )
+        with streamed_checkpoint_tensors(loader.add):
+            skeleton = build_hf_model(mcfg, seed)
+        rest = {n: t for n, t in skeleton.state_dict().items() if not t.is_meta}
+        loader.finish(rest)  # e.g. a value head initialised from the seed
+
+    def _build_optimizer(self, params: Sequence[Tensor]) -> None:
+        """Each data-parallel rank holds the AdamW state of 1/DP of the (main) parameters
+        (`ShardedAdamW`; expert parameters over the expert-data-parallel group); the legacy
+        path keeps a full AdamW per rank."""
+        if self.config.inference_only or self.legacy_init:
+            super()._build_optimizer(params)
+            return
+        opt = self.config.optim
+        trainable = {id(p) for p in params}
+        dense = [p for p in self._grad_groups["dense"] if id(p) in trainable]
+        expert = [p for p in self._grad_groups["expert"] if id(p) in trainable]
+        self.optimizer = ShardedAdamW(
+            [(dense, self.layout.dp_group), (expert, self.layout.edp_group)],
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
 
     def _after_optimizer_step(self) -> None:
         self.main_params.copy_main_to_model()  # the stepped fp32 main weights into the model
@@ -523,6 +565,12 @@ class MegatronEngine(EngineBase):
             return  # already in host memory
         params = {id(p): p for c in self.chunks for p in c.parameters()}
         params.update((id(p), p) for p in self.main_params.main)  # the fp32 main copies, if any
+        sharded = self.optimizer if isinstance(self.optimizer, ShardedAdamW) else None
+        if sharded is not None:  # its parameters view its flat buffers: move those once
+            sharded.relocate(device)
+            for part in sharded.partitions:
+                for p in part.params:
+                    params.pop(id(p), None)
         for p in params.values():
             p.data = p.data.to(device)
         if self.optimizer is not None:

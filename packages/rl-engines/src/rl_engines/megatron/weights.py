@@ -20,14 +20,14 @@ from torch import Tensor, nn
 
 from rl_core.engine import iter_layer_buckets
 from rl_engines.megatron.convert import (
+    HF_LAYER,
     hf_layer_to_megatron,
     megatron_layer_to_hf,
     shard_dim,
-    split_hf_layers,
 )
 from rl_engines.megatron.model import ArchSpec
 
-__all__ = ["Layout", "export_hf_weights", "load_hf_weights"]
+__all__ = ["HFWeightLoader", "Layout", "export_hf_weights", "load_hf_weights"]
 
 M_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 M_EXPERT = re.compile(r"^(mlp\.experts\.local_experts)\.(\d+)\.(.+)$")
@@ -101,6 +101,101 @@ def _non_layer_source(name: str, arch: ArchSpec, value_head: bool) -> str | None
     return None
 
 
+class HFWeightLoader:
+    """Fills this rank's Megatron parameters from Hugging Face tensors (in-memory HF names)
+    handed over one at a time (`add`), e.g. streamed from the checkpoint.
+
+    Tensors of layers this pipeline stage does not hold are dropped at once; a layer's
+    tensors wait until all of them arrived (``layer_keys``: the HF short names of every
+    layer, None: wait for `finish`), then the layer is converted, each parameter takes its
+    TP/ETP shard (into ``target(param)`` when given: the fp32 main copies of a bf16 model),
+    and the layer's HF tensors are released. Experts are mapped by global index."""
+
+    def __init__(
+        self,
+        chunks: list[nn.Module],
+        arch: ArchSpec,
+        layout: Layout,
+        value_head: bool,
+        layer_keys: set[str] | None = None,
+        target: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
+        self.arch, self.layout, self.layer_keys = arch, layout, layer_keys
+        self.target = target  # a parameter's fp32 main copy (bf16 models), or None
+        experts_per_rank = (arch.num_experts or 1) // layout.ep
+        # global layer -> [(parameter, Megatron name, converted short name)]
+        self.layer_params: dict[int, list[tuple[Tensor, str, str]]] = {}
+        # HF name -> [(parameter, Megatron name)] for embedding, final norm, head
+        self.other_params: dict[str, list[tuple[Tensor, str]]] = {}
+        self.pending: dict[int, dict[str, Tensor]] = {}
+        self.unfilled: set[str] = set()
+        for index, chunk in enumerate(chunks):
+            for name, param in chunk.named_parameters():
+                self.unfilled.add(f"{index}:{name}")
+                match = M_LAYER.match(name)
+                if match is None:
+                    source = _non_layer_source(name, arch, value_head)
+                    if source is None:
+                        raise KeyError(f"no Hugging Face weight for Megatron parameter {name!r}")
+                    self.other_params.setdefault(source, []).append((param, f"{index}:{name}"))
+                    continue
+                g = _global_layer(chunk, int(match.group(1)))
+                short = match.group(2)
+                expert = M_EXPERT.match(short)
+                if expert:
+                    e = layout.ep_rank * experts_per_rank + int(expert.group(2))
+                    short = f"{expert.group(1)}.{e}.{expert.group(3)}"
+                self.layer_params.setdefault(g, []).append((param, f"{index}:{name}", short))
+
+    @torch.no_grad()
+    def _copy(self, param: Tensor, key: str, full: Tensor) -> None:
+        name = key.split(":", 1)[1]
+        shard = self.layout.shard(full, name)
+        if shard.shape != param.shape:
+            raise ValueError(
+                f"Megatron parameter {name!r} has shape {tuple(param.shape)}, the converted "
+                f"Hugging Face weight's shard {tuple(shard.shape)}"
+            )
+        (param if self.target is None else self.target(param)).copy_(shard)
+        self.unfilled.discard(key)
+
+    def _flush(self, layer: int) -> None:
+        hf = self.pending.pop(layer)
+        converted = hf_layer_to_megatron(hf, self.arch, self.layout.tp, self.layout.etp)
+        for param, key, short in self.layer_params[layer]:
+            self._copy(param, key, converted[short])
+
+    def add(self, name: str, tensor: Tensor) -> None:
+        """Take one HF tensor (kept only as long as this rank needs it)."""
+        match = HF_LAYER.match(name)
+        if match is None:
+            for param, key in self.other_params.get(name, ()):
+                self._copy(param, key, tensor)
+            return
+        layer = int(match.group(1))
+        if layer not in self.layer_params:
+            return  # another pipeline stage's layer
+        self.pending.setdefault(layer, {})[match.group(2)] = tensor
+        if self.layer_keys is not None and self.layer_keys <= self.pending[layer].keys():
+            self._flush(layer)
+
+    def finish(self, rest: Mapping[str, Tensor] | None = None) -> None:
+        """Take the tensors that were not streamed (``rest``: e.g. a value head that the
+        model builder initialised), convert the layers still waiting, and check that every
+        parameter was filled."""
+        for name, tensor in (rest or {}).items():
+            match = HF_LAYER.match(name)
+            layer = int(match.group(1)) if match else None
+            if layer is None or layer in self.pending:
+                self.add(name, tensor)
+        for layer in sorted(self.pending):
+            self._flush(layer)
+        missing = sorted(self.unfilled)
+        if missing:
+            names = [key.split(":", 1)[1] for key in missing[:5]]
+            raise KeyError(f"no Hugging Face weight for Megatron parameters {names}")
+
+
 @torch.no_grad()
 def load_hf_weights(
     chunks: list[nn.Module],
@@ -112,34 +207,10 @@ def load_hf_weights(
 ) -> None:
     """Copy this rank's shards of ``hf_state`` (in-memory HF names) into ``chunks``, or
     into ``target(param)`` for each parameter (the fp32 main copies of a bf16 model)."""
-    layers, rest = split_hf_layers(hf_state)
-    experts_per_rank = (arch.num_experts or 1) // layout.ep
-    for chunk in chunks:
-        converted: dict[int, dict[str, Tensor]] = {}
-        for name, param in chunk.named_parameters():
-            match = M_LAYER.match(name)
-            if match is None:
-                source = _non_layer_source(name, arch, value_head)
-                if source is None or source not in rest:
-                    raise KeyError(f"no Hugging Face weight for Megatron parameter {name!r}")
-                full = rest[source]
-            else:
-                g = _global_layer(chunk, int(match.group(1)))
-                if g not in converted:
-                    converted[g] = hf_layer_to_megatron(layers[g], arch, layout.tp, layout.etp)
-                short = match.group(2)
-                expert = M_EXPERT.match(short)
-                if expert:
-                    e = layout.ep_rank * experts_per_rank + int(expert.group(2))
-                    short = f"{expert.group(1)}.{e}.{expert.group(3)}"
-                full = converted[g][short]
-            shard = layout.shard(full, name)
-            if shard.shape != param.shape:
-                raise ValueError(
-                    f"Megatron parameter {name!r} has shape {tuple(param.shape)}, the converted "
-                    f"Hugging Face weight's shard {tuple(shard.shape)}"
-                )
-            (param if target is None else target(param)).copy_(shard)
+    loader = HFWeightLoader(chunks, arch, layout, value_head, target=target)
+    for name, tensor in hf_state.items():
+        loader.add(name, tensor)
+    loader.finish()
 
 
 def _unit_of(name: str, chunk: nn.Module) -> tuple[int, int]:
