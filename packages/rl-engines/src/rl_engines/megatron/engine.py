@@ -154,10 +154,11 @@ class MegatronEngine(EngineBase):
     def _load_weights(self) -> None:
         """Fill the main parameters from the Hugging Face model: a checkpoint is streamed
         one tensor at a time and each rank keeps only its TP/PP/EP shards
-        (`HFWeightLoader`); a config-only model (random init) or the legacy path builds the
-        whole Hugging Face model first."""
+        (`HFWeightLoader`); a config-only model (random init), the legacy path and virtual
+        pipeline stages (streaming left layers of the second model chunk unfilled: not yet
+        supported) build the whole Hugging Face model first."""
         mcfg, seed, target = self.config.model, self.config.seed, self.main_params.of
-        if self.legacy_init or mcfg.path is None:
+        if self.legacy_init or mcfg.path is None or self.mcfg.vpp > 1:
             hf_model = build_hf_model(mcfg, seed)
             state = hf_model.state_dict()
             load_hf_weights(self.chunks, state, self.arch, self.layout, self.value_model, target)
