@@ -141,30 +141,6 @@ def check_grpo(dry: bool) -> Outcome:
     return Outcome(f"exit {code} in {time.monotonic() - start:.0f} s; {last[:60]}", code == 0)
 
 
-QWEN2_05B = {
-    "model_type": "qwen2",
-    "vocab_size": 151936,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
-}
-TINY = {
-    "model_type": "qwen2",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": True,
-}
-
-
 def _timed(step: Callable[[], None], steps: int) -> float:
     step()  # warm-up
     times = []
@@ -180,10 +156,13 @@ def check_engine_vs_plain(dry: bool) -> Outcome:
 
     from rl_core.engine import build_engine
     from rl_core.platform import get_platform
-    from rl_core.testing.train_engine import pg_loss
+    from rl_core.testing.train_engine import pg_loss, tiny_hf_config
 
     platform = get_platform()
-    shape, seqs, seq_len, micro, steps = (TINY, 2, 64, 1, 1) if dry else (QWEN2_05B, 16, 2048, 4, 3)
+    tiny = tiny_hf_config("qwen2")
+    shape, seqs, seq_len, micro, steps = (
+        (tiny, 2, 64, 1, 1) if dry else (bench.QWEN2_05B, 16, 2048, 4, 3)
+    )
     bench.PROMPT_LEN, bench.RESPONSE_LEN = seq_len // 2, seq_len // 2
     batch = bench.make_batch(shape["vocab_size"], num_seqs=seqs)
     plain_step, params = bench._plain_accelerator_step(shape, batch, micro)
@@ -237,13 +216,16 @@ def check_offload(dry: bool) -> Outcome:
             (r,) = runner.run(run_standin_check, spec)
         freed = (r["on_device"] - r["offloaded"]) / r["on_device"]
         return Outcome(f"stand-in device: {100 * freed:.0f}% of {r['on_device']} B freed", None)
+    from fsdp2_step import QWEN2_05B
+
     from rl_core.engine import build_engine
     from rl_core.platform import get_platform
     from rl_core.testing.train_engine import make_rl_batch, pg_loss
 
     platform = get_platform()
     engine = build_engine(
-        "fsdp", {"model": {"config": dict(QWEN2_05B, vocab_size=32000)}, "optim": {"lr": 1e-6}}
+        "fsdp",
+        {"model": {"config": dict(QWEN2_05B, vocab_size=32000)}, "optim": {"lr": 1e-6}},
     )
     engine.train_batch(make_rl_batch(), pg_loss)  # creates the optimizer state
     platform.synchronize()
