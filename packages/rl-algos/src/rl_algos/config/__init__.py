@@ -3,6 +3,7 @@
 cfg = load_config("examples/grpo_tiny.yaml", ["actor.optim.lr=1e-5", "algorithm.preset=dapo"])
 """
 
+from rl_algos.config.env_section import EnvConfig, EnvSpec
 from rl_algos.config.loader import GROUP_ESTIMATORS, check_plugins, load_config
 from rl_algos.config.presets import PRESETS
 from rl_algos.config.schema import (
@@ -32,6 +33,8 @@ __all__ = [
     "CriticConfig",
     "DataConfig",
     "DynamicSamplingConfig",
+    "EnvConfig",
+    "EnvSpec",
     "KLControlConfig",
     "OverlongConfig",
     "PolicyModelConfig",

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from rl_algos.config.env_section import EnvConfig
 from rl_algos.kl import KL_TYPES
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
 from rl_core.config import check
@@ -544,6 +545,9 @@ class RLConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"key": "async"})
     """The ``async`` section (a Python keyword, hence the field name)."""
+    env: EnvConfig | None = None
+    """The environments episodes run in (rl_algos.config.env_section); null: prompts from
+    `data` and a reward function, no environment."""
 
     @property
     def uses_critic(self) -> bool:
