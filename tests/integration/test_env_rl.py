@@ -124,3 +124,77 @@ def test_a_tiny_policy_learns_a_two_turn_environment(tmp_path):
                 inserted = ids[b1 : spans[1][0]]
                 assert inserted == chat.close_ids(ids[a1:b1]) + again
     assert checked_two_turns > 0
+
+
+def _mix_config(output_dir, mode: str, bound: float, steps: int, seed: int):
+    """Half the tasks (by weight, seeded: seed 2 mixes both environments in steps 0 and 1)
+    go to an environment whose first step fails with `mode`."""
+    from rl_algos.config import load_config
+
+    return load_config(
+        {
+            "model": {"path": "tiny-random:qwen2"},
+            "data": {"max_prompt_length": 48, "max_response_length": 40, "train_batch_size": 4},
+            "env": {
+                "mix": [
+                    {"name": ENV, "weight": 1},
+                    {
+                        "name": "rl_core.testing.text_env:FaultyTextEnv",
+                        "options": {"mode": mode},
+                        "weight": 1,
+                    },
+                ],
+                "max_tokens_per_turn": TURN_TOKENS,
+                "max_failure_fraction": bound,
+            },
+            "algorithm": {"preset": "grpo"},
+            "rollout": {"n": 2},
+            "actor": {"mini_batch_size": 4},
+            "trainer": {
+                "output_dir": str(output_dir),
+                "seed": seed,
+                "total_steps": steps,
+                "backend": "local",
+                "num_workers": 1,
+                "progress_bar": False,
+                "loggers": ["jsonl"],
+                "val_every": 0,
+                "val_before_train": False,
+                "save_every": 0,
+            },
+        }
+    )
+
+
+def test_failed_episodes_are_dropped_counted_and_bounded(tmp_path):
+    from rl_algos.trainer.env_episodes import EnvFailureBoundError
+    from rl_algos.trainer.loop import RLTrainer
+
+    faulty = "rl_core.testing.text_env:FaultyTextEnv"
+    trainer = RLTrainer(_mix_config(tmp_path / "a", "raise", 0.9, 2, seed=2))
+    updates: list[DataProto] = []
+    update_actor = trainer.groups.actor.update_actor
+    trainer.groups.actor.update_actor = lambda b: (updates.append(b), update_actor(b))[1]
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    assert len(history) == 2  # the run went on
+    for h, batch in zip(history, updates, strict=True):
+        failed = h[f"env/failed_episodes/{faulty}"]
+        assert failed > 0 and h[f"env/failed_episodes/{ENV}"] == 0
+        assert h["env/failed_episodes"] == failed and h["env/episodes"] == 8
+        names = set(batch.non_tensor_batch["env_name"].tolist())
+        assert names == {ENV}  # the failed samples were dropped, not scored 0
+        assert len(batch) == 8 - failed
+
+    # a worker process that dies, over the bound: the run stops with the env and the turn
+    trainer = RLTrainer(_mix_config(tmp_path / "b", "exit", 0.1, 1, seed=0))
+    try:
+        with pytest.raises(EnvFailureBoundError) as err:
+            trainer.fit()
+    finally:
+        trainer.close()
+    msg = str(err.value)
+    assert "over env.max_failure_fraction=0.1" in msg
+    assert f"environment '{faulty}' turn 1: step(): the environment worker process died" in msg
