@@ -331,6 +331,13 @@ class _RayWorker(_Worker):
         from rl_core.single_controller.ray import ensure_ray
 
         ensure_ray()
+        free = ray.available_resources().get("CPU", 0.0)
+        if free < config.num_cpus_per_worker:
+            raise RuntimeError(
+                f"an environment worker asks for {config.num_cpus_per_worker:g} CPUs "
+                f"(env.cpus_per_worker) but the Ray cluster has {free:g} free: lower it, or "
+                "leave CPUs to the environments (trainer.cpus_per_worker, trainer.ray_num_cpus)"
+            )
         actor_cls = ray.remote(
             num_cpus=config.num_cpus_per_worker,
             max_concurrency=config.max_concurrency + config.max_hung_calls,
