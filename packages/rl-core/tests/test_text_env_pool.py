@@ -151,3 +151,18 @@ def test_unknown_environment_fails_before_any_worker_starts():
 
     with pytest.raises(UnknownEnvError, match="unknown text environment 'nope:x'"):
         pool_of("nope:x")
+
+
+def test_a_worker_is_a_fresh_interpreter():
+    """The caller's modules (torch here) are not in the worker: it imports rl_core and the
+    environment's module only, never the caller's main script."""
+    import sys
+
+    assert "torch" in sys.modules or __import__("torch")
+    name = f"{CASES}:ReportsModules"
+    pool = pool_of(name)
+    try:
+        _, steps, _ = asyncio.run(play(pool, name, ["x"]))
+        assert steps[0].info["heavy"] == [] and steps[0].info["pid"] != os.getpid()
+    finally:
+        pool.shutdown()

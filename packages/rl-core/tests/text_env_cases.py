@@ -70,3 +70,13 @@ class Sleeper(_Base):
     def step(self, turn):
         time.sleep(self.seconds)
         return TextEnvStep([], 1.0, terminated=True, info={"pid": os.getpid()})
+
+
+class ReportsModules(_Base):
+    """Answers with what its worker process has imported."""
+
+    def step(self, turn):
+        import sys
+
+        heavy = sorted(m for m in ("torch", "transformers", "numpy", "pytest") if m in sys.modules)
+        return TextEnvStep([], 1.0, terminated=True, info={"heavy": heavy, "pid": os.getpid()})

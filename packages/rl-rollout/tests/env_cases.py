@@ -36,3 +36,10 @@ class LongReply(CrashOnStep):
 
     def step(self, turn):
         return TextEnvStep([{"role": "user", "content": "word " * 40}], 0.25)
+
+
+class LongPrompt(CrashOnStep):
+    """An initial observation longer than any small context."""
+
+    def reset(self, task, seed):
+        return EnvReset([{"role": "user", "content": "word " * 100}])

@@ -161,3 +161,25 @@ def test_episodes_run_concurrently_up_to_the_bound(
         took = time.monotonic() - start
     assert out.non_tensor_batch["env_error"].tolist() == [None] * 8
     assert slower_than <= took < faster_than, took
+
+
+def test_an_initial_observation_over_the_context_fails_the_episode(tokenizer):
+    tok = tokenizer
+    first = [*chars(tok, "7"), IM_END]
+    name = "env_cases:LongPrompt"
+    config = RolloutManagerConfig(
+        rollout=RolloutConfig(
+            model_path="scripted", max_model_len=64, engine_kwargs={"policy": lambda p: first}
+        ),
+        placement="colocated",
+        loop=AgentLoopConfig(response_length=16),
+        sampling=SamplingParams(max_tokens=16, stop_token_ids=(IM_END,)),
+        env=TextEnvPoolConfig(envs={name: {}, DIGITS: {}}),
+    )
+    with RolloutManager(config, tokenizer=tok, engine_factory=ScriptedRolloutEngine) as m:
+        out = m.generate_sequences(rows([name, DIGITS]))
+    error = out.non_tensor_batch["env_error"].tolist()[0]
+    assert error.startswith(f"environment '{name}' turn 0: the initial observation is ")
+    assert error.endswith("tokens: expected fewer than the context (64)")
+    assert out.non_tensor_batch["env_error"].tolist()[1] is None
+    assert out.batch["response_mask"][0].sum() == 0
