@@ -247,6 +247,7 @@ def compute_gspo_policy_loss(
     metrics = {
         "actor/pg_loss": float(loss.detach().item()),
         "actor/pg_clipfrac": _partial((loss_clipped > loss_unclipped).float(), mask, scale),
+        "actor/pg_clipfrac_lower": 0.0,  # as verl: GSPO has no dual clip
         "actor/ppo_kl": _partial(-log_ratio, mask, scale),
     }
     if weights is not None:

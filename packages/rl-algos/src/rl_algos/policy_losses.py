@@ -51,9 +51,13 @@ def _finish(
     scale: LossScale,
     weights: torch.Tensor | None,
     extra: dict[str, torch.Tensor] | None = None,
+    constant: dict[str, float] | None = None,
 ) -> Result:
     """Weight by the off-policy correction (TIS or decoupled PPO's behaviour weight),
-    aggregate, and add the partial metrics (`extra`: per-token values)."""
+    aggregate, and add the partial metrics (`extra`: per-token values, whose token mean is
+    the metric; `constant`: metrics verl reports as a constant, e.g. a clip fraction of 0
+    for a loss that does not clip). ``actor/ppo_kl`` is the token mean of ``-log_ratio``
+    unless `extra` redefines it."""
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -63,6 +67,7 @@ def _finish(
     }
     for name, value in (extra or {}).items():
         metrics[name] = _partial(value.float(), mask, scale)
+    metrics.update(constant or {})
     if weights is not None:
         metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
@@ -122,7 +127,14 @@ def compute_clip_cov_policy_loss(
         config,
         scale,
         weights,
-        {"actor/pg_clipfrac": clipped, "actor/clip_cov_frac": keep == 0},
+        {
+            # verl's pg_clipfrac of clip_cov: the share of tokens whose gradient the
+            # covariance rule detached (also `clip_cov_frac`); PPO's own clip share, which
+            # every other clipped loss reports as pg_clipfrac, is `pg_clipfrac_ppo`
+            "actor/pg_clipfrac": keep == 0,
+            "actor/pg_clipfrac_ppo": clipped,
+            "actor/clip_cov_frac": keep == 0,
+        },
     )
 
 
@@ -155,9 +167,14 @@ def compute_kl_cov_policy_loss(
     abs_kl = (log_prob - old_log_prob).abs()
     pg_losses = torch.where(penalised, pg_losses + config.ppo_kl_coef * abs_kl, pg_losses)
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
-    return _finish(
-        pg_losses, mask, log_ratio, config, scale, weights, {"actor/kl_cov_frac": penalised}
-    )
+    # verl's ppo_kl of kl_cov is the mean |log pi - log pi_old| (the penalty's term);
+    # the signed mean that every other loss reports as ppo_kl is `ppo_kl_signed`
+    extra = {
+        "actor/kl_cov_frac": penalised,
+        "actor/ppo_kl": abs_kl,
+        "actor/ppo_kl_signed": -log_ratio,
+    }
+    return _finish(pg_losses, mask, log_ratio, config, scale, weights, extra)
 
 
 def compute_reinforce_policy_loss(
@@ -173,18 +190,38 @@ def compute_reinforce_policy_loss(
     """REINFORCE (Williams 1992, "Simple statistical gradient-following algorithms for
     connectionist reinforcement learning"): ``-A log pi`` per token, optionally weighted by
     the truncated importance weight of `tis_cap` (verl's `reinforce` loss; its default
-    aggregation there is `seq-mean-token-sum`, here whatever `agg_mode` says)."""
+    aggregation there is `seq-mean-token-sum`, here whatever `agg_mode` says).
+
+    ``actor/ppo_kl`` is verl's: the token mean of ``log pi_rollout - log pi``, the KL
+    estimate to the policy that sampled the tokens (``rollout_log_probs``; without them,
+    ``old_log_prob``, which is what verl passes in its bypass mode)."""
+    mask = response_mask.to(log_prob.dtype)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    behaviour = old_log_prob if rollout_log_probs is None else rollout_log_probs
+    extra = {"actor/ppo_kl": behaviour - log_prob.detach()}
+    return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights, extra)
+
+
+def compute_gpg_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
+    Model Reasoning", arXiv:2504.02546): the plain policy gradient ``-A log pi``, with no
+    ratio, clipping or reference model, to pair with the `gpg` advantage estimator. verl
+    reports no metric for it; ``actor/ppo_kl`` here is the token mean of
+    ``log pi_old - log pi``, as for the clipped losses."""
     mask = response_mask.to(log_prob.dtype)
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights)
-
-
-# GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
-# Reasoning", arXiv:2504.02546) is this plain policy gradient ``-A log pi``, with no ratio,
-# clipping or reference model; it is registered as `gpg`, to pair with the `gpg` advantage
-# estimator.
-compute_gpg_policy_loss = compute_reinforce_policy_loss
 
 
 def compute_geo_mean_policy_loss(
@@ -258,6 +295,7 @@ def compute_cispo_policy_loss(
         scale,
         weights,
         {"actor/pg_clipfrac": ratio != clipped_ratio},
+        {"actor/pg_clipfrac_lower": 0.0},  # verl reports 0: CISPO has no dual clip
     )
 
 
@@ -286,7 +324,9 @@ def compute_sapo_policy_loss(
     )
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
-    return _finish(-gate * advantages, mask, log_ratio, config, scale, weights)
+    # verl reports both clip fractions as 0: the gate is soft, nothing is clipped
+    no_clip = {"actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 0.0}
+    return _finish(-gate * advantages, mask, log_ratio, config, scale, weights, None, no_clip)
 
 
 def _dppo(
