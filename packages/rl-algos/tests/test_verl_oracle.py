@@ -19,6 +19,7 @@ import torch
 
 from rl_algos.aggregation import LossScale
 from rl_algos.losses import POLICY_LOSSES, PolicyLossConfig
+from rl_algos.rollout_correction import RolloutCorrectionConfig
 
 pytestmark = pytest.mark.verl
 
@@ -158,7 +159,8 @@ def test_loss_gradient_and_metrics_match_verl(verl, name, agg, tis, seed):
     is_weights = None if tis is None else torch.exp(old - rollout).clamp(max=tis) * mask
     cfg = PolicyLossConfig(
         name=name, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c, agg_mode=agg,
-        agg_norm_constant=float(mask.shape[-1]), tis_cap=tis,
+        agg_norm_constant=float(mask.shape[-1]),
+        rollout_correction=None if tis is None else RolloutCorrectionConfig.tis(tis),
         **{k: v for k, v in extra.items() if not k.startswith("clip_ratio")},
     )  # fmt: skip
     vcfg = verl_config(actor, name, verl_name, agg, low, high, c, extra)

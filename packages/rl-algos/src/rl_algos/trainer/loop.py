@@ -38,6 +38,7 @@ from rl_algos.dapo import DynamicSampler
 from rl_algos.errors import USER_ERRORS, ConfigError, InputError
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
+from rl_algos.rollout_correction import apply_rejection
 from rl_algos.trainer.async_rollout import (
     AsyncRolloutBuffer,
     load_batches,
@@ -173,10 +174,12 @@ class RLTrainer:
             kc = cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
-        if cfg.async_.max_staleness > 0 and cfg.async_.correction == "none":
+        correction = cfg.actor.loss.rollout_correction
+        self.rollout_correction = correction if correction and correction.enabled else None
+        if cfg.async_.max_staleness > 0 and self.rollout_correction is None:
             log.warning(
-                "async.max_staleness=%d with async.correction=none: stale samples are trained "
-                "without an off-policy correction",
+                "async.max_staleness=%d with actor.loss.rollout_correction off: stale samples "
+                "are trained without an off-policy correction",
                 cfg.async_.max_staleness,
             )
 
@@ -319,9 +322,12 @@ class RLTrainer:
                 batch = batch.union(old)
         else:  # one optimizer step on fresh samples: the update's forward pass has them
             batch.meta_info["old_log_probs_from_update"] = True
-        # importance ratios too when the old log-probs were recomputed (else the loss's
-        # actor/behav_imp_weight or actor/tis_weight report them)
+        # importance ratios too when the old log-probs were recomputed (else the loss
+        # reports the rollout correction's rollout_corr/* means)
         metrics.update(staleness_metrics(batch, self.rollout.version, cfg.async_.max_staleness))
+        if self.rollout_correction is not None and "old_log_probs" in set(batch.batch.keys()):
+            # verl's order: rejection before the advantages, metrics on the whole batch
+            metrics.update(apply_rejection(batch.batch, self.rollout_correction))
         if groups.critic is not None:
             with timed(timing, "values"):
                 batch = batch.union(groups.critic.compute_values(batch))

@@ -167,14 +167,17 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     of async training too (``async.max_staleness`` > 0): their old log-probs are those of
     the proximal policy, the trainer's current weights (decoupled PPO), while the policy
     that generated them enters through ``rollout_log_probs`` (the behaviour weight, or
-    TIS). A KL penalty in the reward needs them before the update;
+    TIS). A KL penalty in the reward needs them before the update, and so does the
+    rollout correction's rejection (`actor.loss.rollout_correction`: rollout_rs, the veto);
     ``actor.recompute_old_log_probs`` forces either way.
     """
     forced = cfg.actor.recompute_old_log_probs
     if forced is not None:
         return bool(forced)
     one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
-    return not one_step or cfg.algorithm.use_kl_in_reward
+    correction = cfg.actor.loss.rollout_correction
+    rejects = correction is not None and correction.rejects
+    return not one_step or cfg.algorithm.use_kl_in_reward or rejects
 
 
 def _check_lora(cfg: Any) -> None:
