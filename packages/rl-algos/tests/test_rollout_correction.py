@@ -174,6 +174,7 @@ def test_the_loss_is_weighted_once_by_the_correction():
         ({"rollout_rs": "token_k2,seq_max_k3", "rollout_rs_threshold": "1,2,3"},
          "rollout_rs_threshold", "one per"),
         ({"rollout_rs_threshold": 1.0}, "rollout_rs_threshold", "null when rollout_rs is null"),
+        ({"rollout_rs": "token_k1", "rollout_rs_threshold": 0.5}, "rollout_rs_threshold", "U >= 1"),
         ({"rollout_is": "sequence", "rollout_rs": "token_k1", "rollout_rs_threshold": 2.0},
          "rollout_rs", "sequence-level options"),
         ({"rollout_token_veto_threshold": 1.5}, "rollout_token_veto_threshold", "(0, 1)"),

@@ -132,6 +132,8 @@ class RolloutCorrectionConfig:
         for option, part in zip(options, parts, strict=True):
             lower, upper = _bounds(part, "rollout_rs_threshold", False)
             if option.endswith("k1"):
+                check(lower is not None or upper >= 1, "rollout_rs_threshold", spec,
+                      f"a ratio bound U >= 1 for {option} (it means 1/U..U), or 'L_U'")  # fmt: skip
                 bounds[option] = (1.0 / upper if lower is None else lower, upper)
             else:
                 check(lower is None, "rollout_rs_threshold", spec,
