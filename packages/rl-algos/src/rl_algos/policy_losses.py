@@ -55,8 +55,8 @@ def _finish(
 ) -> Result:
     """Weight by the off-policy correction (TIS or decoupled PPO's behaviour weight),
     aggregate, and add the partial metrics (`extra`: per-token values, whose token mean is
-    the metric; `constant`: metrics verl reports as a constant, e.g. a clip fraction of 0
-    for a loss that does not clip). ``actor/ppo_kl`` is the token mean of ``-log_ratio``
+    the metric; `constant`: metrics verl reports as a constant 0, e.g. the clip fraction
+    of a loss that does not clip; only 0 survives the engine's sum over micro-batches). ``actor/ppo_kl`` is the token mean of ``-log_ratio``
     unless `extra` redefines it."""
     if weights is not None:
         pg_losses = pg_losses * weights
