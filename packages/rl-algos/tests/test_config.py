@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rl_algos.config import PRESETS, ConfigError, check_plugins, load_config
@@ -345,3 +347,21 @@ def test_cpus_per_worker_default_splits_a_cpu_node_among_its_workers():
     assert default_cpus_per_worker("cuda", 64.0, 1, 8) == 1.0
     with pytest.raises(ConfigError, match="cpus_per_worker"):
         load(["trainer.cpus_per_worker=0"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "expected"),
+    [
+        (["algorithm.preset=ppo"], "rollout_correction.rollout_rs",
+         "GAE skips masked tokens"),
+        (["actor.recompute_old_log_probs=false"], "actor.recompute_old_log_probs",
+         "rejection needs the old log-probs"),
+    ],
+)  # fmt: skip
+def test_a_rejection_that_cannot_be_used_is_refused_with_one_line(overrides, path, expected):
+    rs = ["actor.loss.rollout_correction.rollout_rs=token_k2",
+          "actor.loss.rollout_correction.rollout_rs_threshold=0.1"]  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"{re.escape(path)}.*{expected}") as info:
+        load([*rs, *overrides])
+    assert "\n" not in str(info.value)
+    assert load(rs).actor.loss.rollout_correction.rejects  # alone it is accepted
