@@ -7,7 +7,7 @@ from typing import Any
 
 from rl_algos.errors import ConfigError, DataError
 
-__all__ = ["check_data_sources", "check_same_tokenizer"]
+__all__ = ["check_data_sources", "check_same_tokenizer", "check_same_vocabulary"]
 
 
 def check_data_sources(*datasets: Any) -> None:
@@ -28,6 +28,43 @@ def check_data_sources(*datasets: Any) -> None:
             except ValueError as exc:
                 raise DataError(dataset.name, item["index"], "data_source", str(exc)) from None
             checked.add(source)
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, Any]:
+    """The named special tokens (bos, eos, pad, ...) and every added special token, with
+    their ids."""
+    named = {k: v for k, v in tokenizer.special_tokens_map.items() if k != "additional_special_tokens"}
+    tokens = sorted(set(tokenizer.all_special_tokens))
+    return {**named, "ids": dict(zip(tokens, tokenizer.convert_tokens_to_ids(tokens), strict=True))}
+
+
+def check_same_vocabulary(policy: Any, other: Any, key: str, role: str) -> None:
+    """``other`` (e.g. a distillation teacher) reads and scores the policy's token ids:
+    its `get_vocab()` and its special tokens must be the policy's (cross-tokenizer
+    distillation is not supported). One `ConfigError` naming ``key`` otherwise."""
+    a, b = policy.get_vocab(), other.get_vocab()
+    problem = None
+    if len(a) != len(b):
+        problem = f"a vocabulary of {len(b)} tokens, the policy's has {len(a)}"
+    else:
+        differ = sorted(token for token, i in a.items() if b.get(token) != i)
+        if differ:
+            problem = f"{len(differ)} tokens map to other ids (e.g. {differ[0]!r})"
+    if problem is None:
+        mine, theirs = _special_tokens(policy), _special_tokens(other)
+        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if differ:
+            problem = (
+                f"other special tokens ({differ[0]}: {theirs.get(differ[0])!r}, the policy's "
+                f"{mine.get(differ[0])!r})"
+            )
+    if problem is not None:
+        raise ConfigError(
+            key,
+            f"a {role} with the policy's tokenizer: the same get_vocab() and special tokens "
+            f"(it has {problem}; cross-tokenizer distillation is not supported)",
+            value=getattr(other, "name_or_path", None),
+        )
 
 
 def check_same_tokenizer(policy: Any, reward_model: Any) -> None:
