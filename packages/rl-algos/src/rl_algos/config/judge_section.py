@@ -12,7 +12,7 @@ its reward sources the same way), or scores alone (``reward.rule_based: false``)
         model_path: smollm2-135m-instruct
         template: "Is this answer to '{prompt}' polite? Answer yes or no.\\n\\n{response}"
         parser: verdict
-        verdicts: {yes: 1.0, no: 0.0}
+        verdicts: {"yes": 1.0, "no": 0.0}
         weight: 0.5
         on_failure: score         # an unparseable answer or a time-out scores ...
         failure_score: 0.0        # ... this (counted in judge/unparseable, judge/timeouts)
