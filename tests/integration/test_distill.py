@@ -153,3 +153,41 @@ def test_student_distils_a_larger_teacher(make_config, tmp_path):
     assert after["reverse_kl"] <= 0.5 * before["reverse_kl"], (before, after)
     assert after["argmax_agreement"] > before["argmax_agreement"], (before, after)
     assert after["greedy_agreement"] >= before["greedy_agreement"], (before, after)
+
+
+def test_rl_train_opd_tiny_example(tmp_path, run_rl):
+    """`rl train examples/opd_tiny.yaml` (in-process backend): the distillation metrics
+    are logged every step."""
+    from rl_algos.trainer.tracking import read_jsonl
+
+    out = tmp_path / "run"
+    example = Path(__file__).resolve().parents[2] / "examples" / "opd_tiny.yaml"
+    result = run_rl("train", str(example), f"trainer.output_dir={out}",
+                    "trainer.backend=local", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [h for h in read_jsonl(out / "metrics.jsonl") if h["step"] > 0]
+    assert [h["step"] for h in steps] == [1, 2]
+    for h in steps:
+        assert h["distill/teacher_log_prob"] < 0 and "distill/reverse_kl" in h
+        assert h["critic/score/mean"] == 0.0  # distillation alone: no task reward
+
+
+def test_a_teacher_with_another_vocabulary_stops_the_run_before_any_worker(make_config, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from rl_algos.errors import ConfigError
+    from rl_algos.trainer.loop import RLTrainer
+    from rl_algos.trainer.model_source import resolve_model_path
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(resolve_model_path("tiny-random:qwen2"), teacher)
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    tokenizer.save_pretrained(teacher)
+    cfg = make_config("grpo", [f"distill.teacher_path={teacher}", "trainer.backend=local",
+                              "trainer.num_workers=1"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^distill\.teacher_path: .*cross-tokenizer") as err:
+        RLTrainer(cfg)
+    assert "\n" not in str(err.value)
