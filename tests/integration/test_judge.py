@@ -128,7 +128,7 @@ def test_a_hanging_judge_times_out_and_its_requests_are_aborted(tiny_path):
         assert [o.status for o in outcomes] == ["timeout"] * 4 and scores == [0.0] * 4
         assert metrics["judge/timeouts"] == 4 and len(engine.aborted) == 4
         judge.config.on_failure = "raise"
-        with pytest.raises(JudgeTimeoutError, match="no answer within 0.5 s"):
+        with pytest.raises(JudgeTimeoutError, match=r"no answer within 0\.5 s"):
             judge.score_texts(["q"], ["a"])
     finally:
         judge.close()
@@ -150,7 +150,7 @@ def test_smollm2_as_the_judge_against_hand_labels():
         assert "Question: What is 2 + 3?\nAnswer: 5\nIs the answer correct?" in text
         assert 2 in judge.stop_token_ids  # <|im_end|>, from its generation config
         start = time.monotonic()
-        scores, outcomes, metrics = judge.score_texts(
+        _, outcomes, metrics = judge.score_texts(
             [q for q, _, _ in HAND_LABELS], [a for _, a, _ in HAND_LABELS]
         )
         seconds = time.monotonic() - start

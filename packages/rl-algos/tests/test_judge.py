@@ -64,7 +64,7 @@ def test_verdict_parser():
             parse_judgment(garbage, cfg)
     pattern = JudgeConfig(parser="verdict", pattern=r"verdict:\s*(\w+)")
     assert parse_judgment("yes or no? Verdict: NO", pattern) == 0.0
-    with pytest.raises(JudgeParseError, match="'maybe' .* is not one of"):
+    with pytest.raises(JudgeParseError, match=r"'maybe' .* is not one of"):
         parse_judgment("Verdict: maybe", pattern)
 
 

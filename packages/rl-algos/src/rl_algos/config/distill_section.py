@@ -40,18 +40,25 @@ __all__ = ["DistillConfig"]
 
 @dataclass
 class DistillConfig:
-    """On-policy distillation (see the module docstring). teacher_path: the teacher model
-    (any reference ``model.path`` takes; null: no distillation); teacher_engine: the
-    inference-only engine that runs it (micro-batching and parallelism as the actor's;
-    `teacher_engine_kwargs`: its own options); coef: weight of the reverse KL; mode:
-    `advantage` or `loss`; kl_type: the estimator of the `loss` mode."""
+    """On-policy distillation (see the module docstring): the reverse KL to a teacher,
+    trained as a per-token advantage or as a loss term."""
 
     teacher_path: str | None = None
+    """The teacher model (any reference `model.path` takes; a different architecture and
+    size are fine, the vocabulary must be the policy's); null: no distillation."""
     teacher_engine: str = "fsdp"
+    """The inference-only engine that runs the teacher on the actor's workers, with the
+    actor's micro-batching and parallelism."""
     teacher_engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The teacher engine's own options (checked by the engine it names)."""
     coef: float = 1.0
+    """Weight of the reverse KL (against the task advantage, or in the loss)."""
     mode: Literal["advantage", "loss"] = "advantage"
+    """`advantage`: -coef x (log pi_old - log pi_teacher) is added to each token's
+    advantage; `loss`: coef x kl(log pi, log pi_teacher) is added to the actor loss."""
     kl_type: str = "k2"
+    """The KL estimator of the `loss` mode (k2 / mse: its gradient on the student's samples
+    is the reverse KL's; k1, k3 / low_var_kl, k3+ ...)."""
 
     def __post_init__(self) -> None:
         check(self.coef > 0, "coef", self.coef, "> 0 (the weight of the reverse KL)")

@@ -38,45 +38,56 @@ DEFAULT_JUDGE_TEMPLATE = (
 
 @dataclass
 class JudgeConfig:
-    """A generative reward model (see the module docstring).
-
-    model_path: the judge (any reference ``model.path`` takes; null: no judge); backend,
-    dtype, engine_kwargs: its rollout engine (`rl.rollouts`), run by the trainer's driver.
-    template: the judge's user message; it must contain ``{response}`` (the decoded
-    response, cut to `max_response_chars`) and may contain ``{prompt}`` (the last user
-    message of the sample's prompt) and ``{ground_truth}``; other braces stay as written.
-    system_prompt: an optional system message; apply_chat_template: wrap the messages in
-    the judge tokenizer's chat template (false: the template is the raw prompt text).
-    parser: `number` (the first number in the answer, or `pattern`'s first group; outside
-    `score_range` it is unparseable) or `verdict` (the first of the `verdicts` words found,
-    whole word, case-insensitive, or `pattern`'s first group; scored by `verdicts`).
-    Generation: `max_new_tokens` at `temperature` (0: greedy); up to `max_concurrency`
-    requests in flight (the engine batches them), each at most `timeout_s` seconds, the
-    step's judgments at most `batch_timeout_s` in all.
-    on_failure: an unparseable answer or a time-out raises (`raise`: `JudgeParseError`,
-    `JudgeTimeoutError`) or scores `failure_score` (`score`); either way it is counted.
-    weight: the judge's score is added to the other rewards times this."""
+    """A generative reward model (see the module docstring): a judge model on a rollout
+    engine, a prompt template, a parser, time limits and what a failed judgment scores."""
 
     model_path: str | None = None
+    """The judge (any reference `model.path` takes; its tokenizer may differ from the
+    policy's: it reads text); null: no judge."""
     backend: str = "hf"
+    """The rollout engine that serves the judge (`rl.rollouts`), run by the driver."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The judge's dtype (auto: bfloat16 on accelerators, float32 on CPU)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The rollout backend's own options."""
     template: str = DEFAULT_JUDGE_TEMPLATE
+    """The judge's user message: must contain {response} (the decoded response, cut to
+    `max_response_chars`); may contain {prompt} (the last user message of the sample's
+    prompt) and {ground_truth}; other braces stay as written."""
     system_prompt: str | None = None
+    """An optional system message."""
     apply_chat_template: bool = True
+    """Wrap the messages in the judge tokenizer's chat template (false: the filled
+    template is the raw prompt text)."""
     parser: Literal["number", "verdict"] = "number"
+    """`number`: the first number in the answer (outside `score_range`: unparseable);
+    `verdict`: the first of the `verdicts` words found (whole word, any case)."""
     pattern: str | None = None
+    """A regular expression whose first group is the number or verdict (null: the
+    parser's default search)."""
     score_range: list[float] = field(default_factory=lambda: [0.0, 10.0])
+    """[low, high]: the numbers the `number` parser accepts."""
     verdicts: dict[str, float] = field(default_factory=lambda: {"yes": 1.0, "no": 0.0})
+    """The `verdict` parser's words and their scores (quote yes/no in YAML)."""
     max_new_tokens: int = 16
+    """The longest answer the judge writes."""
     temperature: float = 0.0
+    """The judge's sampling temperature (0: greedy)."""
     max_response_chars: int = 4000
+    """Responses are cut to this many characters in the template."""
     max_concurrency: int = 64
+    """The most judgments in flight at once (the engine batches them)."""
     timeout_s: float = 60.0
+    """The longest one judgment may take (then it is aborted)."""
     batch_timeout_s: float = 600.0
+    """The longest a step's judgments may take in all."""
     on_failure: Literal["raise", "score"] = "raise"
+    """An unparseable answer or a time-out: `raise` (JudgeParseError, JudgeTimeoutError)
+    or `score` (`failure_score`); either way counted (judge/unparseable, judge/timeouts)."""
     failure_score: float | None = None
+    """What a failed judgment scores with on_failure=score (never an implicit 0)."""
     weight: float = 1.0
+    """The judge's score is added to the other rewards times this."""
 
     def __post_init__(self) -> None:
         check(

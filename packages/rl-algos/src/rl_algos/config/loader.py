@@ -225,7 +225,9 @@ def check_plugins(cfg: RLConfig) -> None:
     if cfg.reward.model_path is not None:
         checks.append(("reward.model_engine", cfg.reward.model_engine, ENGINES, "rl-engines[fsdp]"))
     if cfg.reward.judge.enabled:
-        checks.append(("reward.judge.backend", cfg.reward.judge.backend, ROLLOUTS, "rl-rollout[hf]"))
+        checks.append(
+            ("reward.judge.backend", cfg.reward.judge.backend, ROLLOUTS, "rl-rollout[hf]")
+        )
     if cfg.distill.enabled:
         checks.append(("distill.teacher_engine", cfg.distill.teacher_engine, ENGINES,
                        "rl-engines[fsdp]"))  # fmt: skip

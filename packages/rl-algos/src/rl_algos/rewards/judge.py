@@ -84,7 +84,9 @@ def parse_judgment(text: str, config: JudgeConfig) -> float:
         try:
             value = float(found)
         except ValueError:
-            raise JudgeParseError(f"{found!r} in the judge's answer {shown} is not a number") from None
+            raise JudgeParseError(
+                f"{found!r} in the judge's answer {shown} is not a number"
+            ) from None
         low, high = config.score_range
         if not (np.isfinite(value) and low <= value <= high):
             raise JudgeParseError(
@@ -142,7 +144,9 @@ def _prompt_text(raw: Any) -> str:
     if isinstance(raw, np.ndarray):
         raw = raw.tolist()
     if isinstance(raw, list | tuple):
-        users = [m.get("content", "") for m in raw if isinstance(m, dict) and m.get("role") == "user"]
+        users = [
+            m.get("content", "") for m in raw if isinstance(m, dict) and m.get("role") == "user"
+        ]
         return str(users[-1]) if users else ""
     return "" if raw is None else str(raw)
 
@@ -214,7 +218,9 @@ class GenerativeJudge:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         messages = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
         messages.append({"role": "user", "content": text})
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # newer transformers: a BatchEncoding
             ids = ids["input_ids"]
         return [int(t) for t in ids]
@@ -263,7 +269,9 @@ class GenerativeJudge:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        late = JudgeOutcome("timeout", error=f"batch deadline {self.config.batch_timeout_s} s passed")
+        late = JudgeOutcome(
+            "timeout", error=f"batch deadline {self.config.batch_timeout_s} s passed"
+        )
         return [t.result() if t in done else late for t in tasks]
 
     def judge(self, prompts: list[list[int]]) -> list[JudgeOutcome]:

@@ -33,7 +33,9 @@ def check_data_sources(*datasets: Any) -> None:
 def _special_tokens(tokenizer: Any) -> dict[str, Any]:
     """The named special tokens (bos, eos, pad, ...) and every added special token, with
     their ids."""
-    named = {k: v for k, v in tokenizer.special_tokens_map.items() if k != "additional_special_tokens"}
+    named = {
+        k: v for k, v in tokenizer.special_tokens_map.items() if k != "additional_special_tokens"
+    }
     tokens = sorted(set(tokenizer.all_special_tokens))
     return {**named, "ids": dict(zip(tokens, tokenizer.convert_tokens_to_ids(tokens), strict=True))}
 
