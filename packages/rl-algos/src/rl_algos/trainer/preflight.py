@@ -31,8 +31,7 @@ def check_data_sources(*datasets: Any) -> None:
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, Any]:
-    """The named special tokens (bos, eos, pad, ...) and every added special token, with
-    their ids."""
+    """The named special tokens (bos, eos, pad, ...) and every special token's id."""
     named = {
         k: v for k, v in tokenizer.special_tokens_map.items() if k != "additional_special_tokens"
     }
@@ -40,26 +39,31 @@ def _special_tokens(tokenizer: Any) -> dict[str, Any]:
     return {**named, "ids": dict(zip(tokens, tokenizer.convert_tokens_to_ids(tokens), strict=True))}
 
 
-def check_same_vocabulary(policy: Any, other: Any, key: str, role: str) -> None:
-    """``other`` (e.g. a distillation teacher) reads and scores the policy's token ids:
-    its `get_vocab()` and its special tokens must be the policy's (cross-tokenizer
-    distillation is not supported). One `ConfigError` naming ``key`` otherwise."""
+def _tokenizer_difference(policy: Any, other: Any, special_tokens: bool) -> str | None:
+    """How `other`'s vocabulary (and, with ``special_tokens``, its special tokens) differs
+    from the policy's; None when they are the same."""
     a, b = policy.get_vocab(), other.get_vocab()
-    problem = None
     if len(a) != len(b):
-        problem = f"a vocabulary of {len(b)} tokens, the policy's has {len(a)}"
-    else:
-        differ = sorted(token for token, i in a.items() if b.get(token) != i)
-        if differ:
-            problem = f"{len(differ)} tokens map to other ids (e.g. {differ[0]!r})"
-    if problem is None:
+        return f"a vocabulary of {len(b)} tokens, the policy's has {len(a)}"
+    differ = sorted(token for token, i in a.items() if b.get(token) != i)
+    if differ:
+        return f"{len(differ)} tokens map to other ids (e.g. {differ[0]!r})"
+    if special_tokens:
         mine, theirs = _special_tokens(policy), _special_tokens(other)
-        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        if differ:
-            problem = (
-                f"other special tokens ({differ[0]}: {theirs.get(differ[0])!r}, the policy's "
-                f"{mine.get(differ[0])!r})"
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if keys:
+            return (
+                f"other special tokens ({keys[0]}: {theirs.get(keys[0])!r}, the policy's "
+                f"{mine.get(keys[0])!r})"
             )
+    return None
+
+
+def check_same_vocabulary(policy: Any, other: Any, key: str, role: str) -> None:
+    """``other`` (e.g. a distillation teacher) scores the policy's token ids: its
+    `get_vocab()` and its special tokens must be the policy's (cross-tokenizer
+    distillation is not supported). One `ConfigError` naming ``key`` otherwise."""
+    problem = _tokenizer_difference(policy, other, special_tokens=True)
     if problem is not None:
         raise ConfigError(
             key,
@@ -72,14 +76,7 @@ def check_same_vocabulary(policy: Any, other: Any, key: str, role: str) -> None:
 def check_same_tokenizer(policy: Any, reward_model: Any) -> None:
     """The reward model reads the policy's token ids, so both must map every token to
     the same id."""
-    a, b = policy.get_vocab(), reward_model.get_vocab()
-    problem = None
-    if len(a) != len(b):
-        problem = f"vocabulary of {len(b)} tokens, the policy's has {len(a)}"
-    else:
-        differ = [token for token, i in a.items() if b.get(token) != i]
-        if differ:
-            problem = f"{len(differ)} tokens map to other ids (e.g. {differ[0]!r})"
+    problem = _tokenizer_difference(policy, reward_model, special_tokens=False)
     if problem is not None:
         raise ConfigError(
             "reward.model_path",
