@@ -105,6 +105,11 @@ def _check_consistency(cfg: RLConfig) -> None:
             alg.overlong.buffer_length = max(1, max_len // 4)
         check(alg.overlong.buffer_length <= max_len, "algorithm.overlong.buffer_length",
               alg.overlong.buffer_length, f"<= data.max_response_length={max_len}")  # fmt: skip
+    reward = cfg.reward
+    check(reward.rule_based or reward.model_path is not None or reward.judge.enabled
+          or cfg.distill.enabled, "reward.rule_based", reward.rule_based,
+          "true unless reward.model_path, reward.judge.model_path or distill.teacher_path is "
+          "set (something must give the training signal)")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)
@@ -226,6 +231,13 @@ def check_plugins(cfg: RLConfig) -> None:
         checks.append(("critic.engine", cfg.critic.engine, ENGINES, "rl-engines[fsdp]"))
     if cfg.reward.model_path is not None:
         checks.append(("reward.model_engine", cfg.reward.model_engine, ENGINES, "rl-engines[fsdp]"))
+    if cfg.reward.judge.enabled:
+        checks.append(
+            ("reward.judge.backend", cfg.reward.judge.backend, ROLLOUTS, "rl-rollout[hf]")
+        )
+    if cfg.distill.enabled:
+        checks.append(("distill.teacher_engine", cfg.distill.teacher_engine, ENGINES,
+                       "rl-engines[fsdp]"))  # fmt: skip
     for key, name, registry, package in checks:
         names = registry.names()
         check(name in names, key, name,

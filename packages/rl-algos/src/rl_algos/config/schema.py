@@ -12,7 +12,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from rl_algos.config.distill_section import DistillConfig
 from rl_algos.config.env_section import EnvConfig
+from rl_algos.config.judge_section import JudgeConfig
 from rl_algos.kl import KL_TYPES
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
 from rl_core.config import check
@@ -308,16 +310,14 @@ class RewardConfig:
     model_engine: str = "fsdp"
     model_weight: float = 1.0
     rule_based: bool = True
-    """False: the reward model alone scores (no rule-based functions run)."""
+    """False: no rule-based functions run; the reward model, the judge or a distillation
+    teacher alone give the signal."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """A generative reward model (an LLM judge; rl_algos.config.judge_section): its score
+    times `judge.weight` is added (null `judge.model_path`: no judge)."""
 
     def __post_init__(self) -> None:
         check(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0 (0: in-process)")
-        check(
-            self.rule_based or self.model_path is not None,
-            "rule_based",
-            self.rule_based,
-            "true unless reward.model_path is set (something must score the responses)",
-        )
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "> 0 seconds")
         check(
             self.memory_limit_mb is None or self.memory_limit_mb >= 64,
@@ -548,6 +548,8 @@ class RLConfig:
     env: EnvConfig | None = None
     """The environments episodes run in (rl_algos.config.env_section); null: prompts from
     `data` and a reward function, no environment."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """On-policy distillation from a teacher model (rl_algos.config.distill_section)."""
 
     @property
     def uses_critic(self) -> bool:

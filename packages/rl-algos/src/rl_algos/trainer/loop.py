@@ -6,6 +6,7 @@ One step (`RLTrainer.train_step`)::
     batch = reward(batch)                      # rule-based scores, time-limited processes
     batch |= actor.compute_log_prob(batch)     # old log-probs (and entropy)
     batch |= actor.compute_ref_log_prob(batch) # reference, when a KL term is used
+    batch |= actor.compute_teacher_log_prob(batch)  # distillation teacher (distill section)
     batch |= critic.compute_values(batch)      # PPO only
     batch = compute_advantage(batch)           # on the driver: cheap
     critic.update_critic(batch); actor.update_actor(batch)
@@ -98,7 +99,11 @@ class RLTrainer:
         from rl_algos.rewards import RewardManager
         from rl_algos.rewards.manager import ScoreLimits
         from rl_algos.trainer.model_source import resolve_model_path
-        from rl_algos.trainer.preflight import check_data_sources, check_same_tokenizer
+        from rl_algos.trainer.preflight import (
+            check_data_sources,
+            check_same_tokenizer,
+            check_same_vocabulary,
+        )
 
         self.config = cfg = config
         # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
@@ -120,11 +125,22 @@ class RLTrainer:
             self.model_path = resolve_model_path(cfg.model.path)
             if cfg.reward.model_path is not None:
                 cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
+            if cfg.distill.enabled:
+                cfg.distill.teacher_path = resolve_model_path(cfg.distill.teacher_path)
+            if cfg.reward.judge.enabled:
+                cfg.reward.judge.model_path = resolve_model_path(cfg.reward.judge.model_path)
         with timed(setup, "tokenizer"):
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             if cfg.reward.model_path is not None:
                 check_same_tokenizer(
                     self.tokenizer, AutoTokenizer.from_pretrained(cfg.reward.model_path)
+                )
+            if cfg.distill.enabled:
+                check_same_vocabulary(
+                    self.tokenizer,
+                    AutoTokenizer.from_pretrained(cfg.distill.teacher_path),
+                    "distill.teacher_path",
+                    "distillation teacher",
                 )
 
         data = cfg.data
@@ -169,6 +185,12 @@ class RLTrainer:
                     batch_timeout_s=rc.batch_timeout_s,
                 ),
             )
+        self.judge = None
+        if rc.judge.enabled:
+            from rl_algos.rewards.judge import GenerativeJudge
+
+            with timed(setup, "judge"):
+                self.judge = GenerativeJudge(rc.judge, rc.judge.model_path, seed=cfg.trainer.seed)
         self.kl_ctrl = None
         if cfg.algorithm.use_kl_in_reward:
             kc = cfg.algorithm.kl_ctrl
@@ -236,8 +258,9 @@ class RLTrainer:
     def _score(
         self, batch: DataProto, shaping: bool = True
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Token-level scores: rule-based functions and/or the reward model (``shaping``:
-        with training-only reward shaping such as DAPO's overlong penalty)."""
+        """Token-level scores: rule-based functions, the reward model and/or the judge,
+        weighted (``shaping``: with training-only reward shaping such as DAPO's overlong
+        penalty)."""
         cfg = self.config.reward
         scores = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
         metrics: dict[str, float] = {}
@@ -251,6 +274,10 @@ class RLTrainer:
             rm = self.groups.reward_model.compute_rm_score(batch).batch["rm_scores"]
             scores += cfg.model_weight * rm
             metrics["reward/model_score_mean"] = float(rm.sum(-1).mean())
+        if self.judge is not None:
+            judged, judge_metrics = self.judge(batch, self.tokenizer)
+            scores += cfg.judge.weight * judged
+            metrics.update(judge_metrics)
         return scores, metrics
 
     def _rollout(self, timing: dict[str, float], index: int) -> tuple[DataProto, dict[str, float]]:
@@ -313,6 +340,9 @@ class RLTrainer:
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
                 batch = batch.union(groups.actor.compute_ref_log_prob(batch))
+        if cfg.distill.enabled:
+            with timed(timing, "teacher_log_prob"):
+                batch = batch.union(groups.actor.compute_teacher_log_prob(batch))
         if self.recompute_old_log_probs:
             with timed(timing, "old_log_prob"):
                 old = groups.actor.compute_log_prob(batch)
@@ -574,6 +604,8 @@ class RLTrainer:
         if self.buffer is not None:
             self.buffer.close()
         self.reward.close()
+        if self.judge is not None:
+            self.judge.close()
         self.rollout.shutdown()
         self.groups.shutdown()
 

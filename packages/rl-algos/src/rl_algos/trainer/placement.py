@@ -51,6 +51,7 @@ __all__ = [
     "recomputes_old_log_probs",
     "rollout_generator_config",
     "start_role_groups",
+    "teacher_engine_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -205,10 +206,14 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     rollout = None
     if cfg.rollout.placement == "colocated":
         rollout = rollout_generator_config(cfg, model_path, pad_token_id)
+    distill = cfg.distill
     return ActorWorkerConfig(
         engine=cfg.actor.engine,
         engine_config=engine_config,
         ref=_inference_only(engine_config) if cfg.uses_reference else None,
+        teacher=teacher_engine_config(cfg) if distill.enabled else None,
+        teacher_engine=distill.teacher_engine,
+        distill=distill if distill.enabled else None,
         generator=cfg.rollout.generator,
         rollout=rollout,
         # a worker on another node resolves these when it cannot see model_path
@@ -224,6 +229,30 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         ),
         seed=cfg.trainer.seed,
     )
+
+
+def teacher_engine_config(cfg: Any) -> EngineConfig:
+    """The distillation teacher's engine config: inference-only, its own model (any size;
+    `distill.teacher_path`, resolved by the trainer), the actor's micro-batching and
+    parallelism, `distill.teacher_engine_kwargs` (checked by the engine it names)."""
+    distill, actor = cfg.distill, cfg.actor
+    data = {
+        "model": _model_fields(cfg, distill.teacher_path),
+        "parallel": _as_dict(actor.parallel),
+        "micro_batch": {
+            "micro_batch_size": actor.micro_batch_size,
+            "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch,
+        },
+        "seed": cfg.trainer.seed,
+        "timeout_s": cfg.trainer.call_timeout_s,
+        "engine_kwargs": _engine_kwargs(cfg, distill.teacher_engine_kwargs),
+        "inference_only": True,
+        "optim": {"lr": 0.0},
+    }
+    engine_config = build(EngineConfig, data, "distill")
+    _checked("distill", ENGINES.get(distill.teacher_engine).parse_options, engine_config)
+    _checked("distill", engine_config.parallel.dp_layout, _world_size("actor", cfg))
+    return engine_config
 
 
 def _rollout_kwargs(rollout: Any) -> dict[str, Any]:
