@@ -67,6 +67,7 @@ def _make_tests_session(key: str, directory: str, extras: tuple[str, ...], marke
         _sync_only(session, directory, extras)
         expr = f"({marker}) and {HARDWARE_MARKERS}" if marker else HARDWARE_MARKERS
         expr += " and not device"  # the stand-in device checks run in tests-device
+        expr += " and not verl"  # the verl oracle runs in tests-verl-oracle
         env = {
             "RL_ISOLATED_SESSION": key,
             "RAY_AUTH_MODE": "disabled",
@@ -176,6 +177,23 @@ def tests_rl_engines_megatron(session: nox.Session) -> None:
     session.run("pytest", *tests, "-m", "megatron and not gpu", *session.posargs, env=env)
 
 
+# verl's core_algos as the oracle of rl-algos' losses and rollout correction: verl without its
+# dependencies (it pulls ray, vLLM-era pins, wandb...), plus the two modules its
+# `verl.trainer.ppo` imports need beside rl-algos' own (torch, numpy, omegaconf, tensordict).
+VERL_ORACLE = ("verl==0.9.*", "codetiming==1.4.0", "orjson>=3.9")
+
+
+@nox.session(name="tests-verl-oracle", python="3.11")
+def tests_verl_oracle(session: nox.Session) -> None:
+    """rl-algos' policy losses (loss, gradient, verl's metric names and values) and rollout
+    correction against a pinned verl 0.9 from PyPI on the same inputs (tests marked
+    `verl`); verl goes into this session's venv only, never into uv.lock."""
+    _sync_only(session, "packages/rl-algos", ())
+    session.install("--no-deps", *VERL_ORACLE)
+    env = {"RL_VERL_ORACLE": "1"}
+    session.run("pytest", "packages/rl-algos/tests", "-m", "verl", *session.posargs, env=env)
+
+
 THIRD_PARTY_ENGINE = "examples/third_party_engine"
 
 
@@ -264,6 +282,7 @@ nox.options.sessions = [
     "api",
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
+    "tests-verl-oracle",  # verl 0.9 as the oracle of the losses: ~1 minute on 2 CPUs
     "tests-device",  # fsdp engine + hf rollout on the stand-in accelerator, ~2-3 min on 2 CPUs
     "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)

@@ -8,6 +8,8 @@ tests-integration`), never in a package's isolated session.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,3 +115,18 @@ def make_config(prompt_files, tmp_path) -> Callable[..., Any]:
 def raw_config(prompt_files) -> Callable[[Path, str], dict[str, Any]]:
     """raw_config(output_dir, preset) -> the plain config mapping (for YAML files)."""
     return lambda output_dir, preset: base_config(prompt_files, output_dir, preset)
+
+
+@pytest.fixture
+def run_rl() -> Callable[..., subprocess.CompletedProcess]:
+    """run_rl(*args, cwd, timeout=800): the `rl` console script of this environment, as a
+    user runs it (without the test's RAY_ADDRESS)."""
+
+    def run(*args: str, cwd: Path, timeout: float = 800) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        command = [str(Path(sys.executable).with_name("rl")), *args]
+        return subprocess.run(
+            command, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
+        )
+
+    return run

@@ -59,7 +59,8 @@ def test_cli_one_step_off_policy_trains_within_the_staleness_bound(tmp_path):
     for row in steps:
         assert row["async/staleness/max"] <= 1.0
         assert row["async/staleness/hist_0"] + row["async/staleness/hist_1"] == pytest.approx(1)
-        assert "actor/behav_imp_weight" in row  # decoupled PPO chosen by async.correction=auto
+        # decoupled PPO, chosen because actor.loss.rollout_correction is null
+        assert "rollout_corr/rollout_is_oob_ratio" in row
     # the second batch was generated while the first trained: one version behind
     assert steps[1]["async/staleness/mean"] == 1.0
 

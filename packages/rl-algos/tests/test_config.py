@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rl_algos.config import PRESETS, ConfigError, check_plugins, load_config
 from rl_algos.config.loader import AGENT_LOOPS
+from rl_algos.rollout_correction import RolloutCorrectionConfig
 from rl_core.engine import ENGINES
 from rl_core.engine.config import OptimizerConfig
 from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
@@ -238,22 +241,30 @@ def test_plugin_names_are_checked_at_trainer_start():
 
 def test_async_section_uses_its_yaml_name_and_resolves_the_correction(tmp_path):
     cfg = load(["async.max_staleness=2"])
-    assert cfg.async_.max_staleness == 2 and cfg.async_.correction == "decoupled_ppo"
-    assert cfg.actor.loss.behav_imp_weight_cap == 2.0 and cfg.actor.loss.tis_cap is None
-    sync = load()
-    assert sync.async_.correction == "none" and sync.actor.loss.behav_imp_weight_cap is None
-    tis = load(["async.max_staleness=1", "async.correction=tis", "async.imp_weight_cap=3"])
-    assert tis.actor.loss.tis_cap == 3.0 and tis.actor.loss.behav_imp_weight_cap is None
+    corr = cfg.actor.loss.rollout_correction  # null + stale samples: decoupled PPO, cap 2
+    assert cfg.async_.max_staleness == 2 and corr == RolloutCorrectionConfig.decoupled_ppo(2.0)
+    assert (corr.rollout_is, corr.rollout_is_threshold, corr.is_bounds) == (
+        "token",
+        "0_2.0",
+        (0.0, 2.0),
+    )
+    assert load().actor.loss.rollout_correction is None
+    off = load(["async.max_staleness=1", "actor.loss.rollout_correction={}"])
+    assert not off.actor.loss.rollout_correction.enabled  # an explicit {} turns it off
+    tis = load(["async.max_staleness=1", "actor.loss.rollout_correction.rollout_is=token",
+                "actor.loss.rollout_correction.rollout_is_threshold=3"])  # fmt: skip
+    assert tis.actor.loss.rollout_correction == RolloutCorrectionConfig.tis(3.0)
     path = tmp_path / "async.yaml"
     path.write_text(cfg.to_yaml())
     assert "async:" in path.read_text() and "async_" not in path.read_text()
     assert load_config(path) == cfg
     with pytest.raises(ConfigError, match=r"async\.max_staleness.*>= 0"):
         load(["async.max_staleness=-1"])
-    with pytest.raises(ConfigError, match=r"async\.correction.*did you mean 'tis'"):
-        load(["async.correction=tiss"])
-    with pytest.raises(ConfigError, match=r"actor\.loss\.tis_cap.*one off-policy correction"):
-        load(["async.max_staleness=1", "actor.loss.tis_cap=2"])
+    # the settings that moved into actor.loss.rollout_correction say where
+    with pytest.raises(ConfigError, match=r"async\.correction.*actor\.loss\.rollout_correction"):
+        load(["async.correction=tis"])
+    with pytest.raises(ConfigError, match=r"actor\.loss\.tis_cap.*rollout_is: token"):
+        load(["actor.loss.tis_cap=2"])
 
 
 def test_rollout_placement_fields_are_checked():
@@ -336,3 +347,21 @@ def test_cpus_per_worker_default_splits_a_cpu_node_among_its_workers():
     assert default_cpus_per_worker("cuda", 64.0, 1, 8) == 1.0
     with pytest.raises(ConfigError, match="cpus_per_worker"):
         load(["trainer.cpus_per_worker=0"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "expected"),
+    [
+        (["algorithm.preset=ppo"], "rollout_correction.rollout_rs",
+         "GAE skips masked tokens"),
+        (["actor.recompute_old_log_probs=false"], "actor.recompute_old_log_probs",
+         "rejection needs the old log-probs"),
+    ],
+)  # fmt: skip
+def test_a_rejection_that_cannot_be_used_is_refused_with_one_line(overrides, path, expected):
+    rs = ["actor.loss.rollout_correction.rollout_rs=token_k2",
+          "actor.loss.rollout_correction.rollout_rs_threshold=0.1"]  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"{re.escape(path)}.*{expected}") as info:
+        load([*rs, *overrides])
+    assert "\n" not in str(info.value)
+    assert load(rs).actor.loss.rollout_correction.rejects  # alone it is accepted

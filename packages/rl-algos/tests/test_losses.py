@@ -26,6 +26,7 @@ from rl_algos.losses import (
     make_actor_loss_fn,
     make_critic_loss_fn,
 )
+from rl_algos.rollout_correction import RolloutCorrectionConfig, partial_is_metrics
 
 
 def ppo(log_ratios, advantages, mask=None, **config):
@@ -124,8 +125,8 @@ def test_truncated_importance_sampling_weights_are_capped_and_detached():
     old = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
     rollout = torch.tensor([[-2.0, -0.5]], dtype=torch.float64, requires_grad=True)
     mask = torch.ones(1, 2, dtype=torch.float64)
-    cfg = PolicyLossConfig(tis_cap=2.0)
-    loss, metrics = POLICY_LOSSES.get("ppo")(
+    cfg = PolicyLossConfig(rollout_correction=RolloutCorrectionConfig.tis(2.0))
+    loss, _ = POLICY_LOSSES.get("ppo")(
         log_prob=log_prob,
         old_log_prob=old,
         advantages=torch.ones(1, 2, dtype=torch.float64),
@@ -136,7 +137,9 @@ def test_truncated_importance_sampling_weights_are_capped_and_detached():
     )
     weights = [min(math.exp(1.0), 2.0), math.exp(-0.5)]
     assert loss.item() == pytest.approx(-(weights[0] + weights[1]) / 2)
-    assert metrics["actor/tis_weight"] == pytest.approx(sum(weights) / 2)
+    partial = partial_is_metrics(old, rollout, mask, cfg.rollout_correction, 2, 1)
+    assert partial["rollout_corr/rollout_is_mean"] == pytest.approx(sum(weights) / 2)
+    assert partial["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(1 / 2)
     loss.backward()
     assert rollout.grad is None
     assert log_prob.grad[0].tolist() == pytest.approx([-weights[0] / 2, -weights[1] / 2])
@@ -317,8 +320,8 @@ def test_decoupled_ppo_weights_by_behaviour_ratio_and_drops_tokens_above_the_cap
     old = torch.tensor([[-1.0, -1.0, -1.0]], dtype=torch.float64)
     rollout = torch.tensor([[-1.5, -0.7, -2.0]], dtype=torch.float64)  # w = e^.5, e^-.3, e^1
     mask = torch.ones(1, 3, dtype=torch.float64)
-    cfg = PolicyLossConfig(behav_imp_weight_cap=2.0)
-    loss, metrics = POLICY_LOSSES.get("ppo")(
+    cfg = PolicyLossConfig(rollout_correction=RolloutCorrectionConfig.decoupled_ppo(2.0))
+    loss, _ = POLICY_LOSSES.get("ppo")(
         log_prob=log_prob,
         old_log_prob=old,
         advantages=torch.ones(1, 3, dtype=torch.float64),
@@ -329,11 +332,10 @@ def test_decoupled_ppo_weights_by_behaviour_ratio_and_drops_tokens_above_the_cap
     )
     weights = [math.exp(0.5), math.exp(-0.3), 0.0]  # e^1 > 2: dropped
     assert loss.item() == pytest.approx(-sum(weights) / 3)
-    assert metrics["actor/behav_imp_weight"] == pytest.approx(sum(weights) / 3)
-    assert metrics["actor/behav_imp_weight_dropped"] == pytest.approx(1 / 3)
+    partial = partial_is_metrics(old, rollout, mask, cfg.rollout_correction, 3, 1)
+    assert partial["rollout_corr/rollout_is_mean"] == pytest.approx(sum(weights) / 3)
+    assert partial["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(1 / 3)  # dropped
     loss.backward()
     assert log_prob.grad[0].tolist() == pytest.approx([-w / 3 for w in weights])
-    with pytest.raises(ConfigError, match="one off-policy correction"):
-        PolicyLossConfig(tis_cap=2.0, behav_imp_weight_cap=2.0)
-    with pytest.raises(ConfigError, match="behav_imp_weight_cap"):
-        PolicyLossConfig(behav_imp_weight_cap=0.5)
+    with pytest.raises(ConfigError, match="rollout_is_threshold"):
+        RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold="3_2")

@@ -358,3 +358,39 @@ def test_new_fields_are_validated_with_a_clear_error(field, value, expected):
         PolicyLossConfig(**{field: value})
     assert err.value.key == field
     assert f"invalid value {value!r}; expected {expected}" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- verl's metrics
+
+
+def test_metrics_follow_verls_definitions_by_hand():
+    """verl's names and values where they differ from the clipped losses' meaning (the
+    oracle session compares them with verl itself); ours are reported beside them."""
+    lp, old = [-1.0, -0.5, -2.0], [-1.2, -0.5, -1.0]  # log-ratios 0.2, 0, -1
+    _, m, _ = run("kl_cov", lp, old, [1.0, -1.0, 0.5], kl_cov_ratio=0.5)
+    assert m["actor/ppo_kl"] == pytest.approx((0.2 + 0.0 + 1.0) / 3)  # mean |log-ratio|
+    assert m["actor/ppo_kl_signed"] == pytest.approx((-0.2 + 0.0 + 1.0) / 3)
+    for name in ("cispo", "gspo", "sapo"):
+        _, m, _ = run(name, lp, old, [1.0, -1.0, 0.5])
+        assert m["actor/pg_clipfrac_lower"] == 0.0
+    assert run("sapo", lp, old, [1.0, -1.0, 0.5])[1]["actor/pg_clipfrac"] == 0.0
+    # reinforce: the KL to the policy that sampled the tokens (verl's bypass semantics)
+    lp_t = torch.tensor([lp], dtype=torch.float64)
+    rollout = torch.tensor([[-1.1, -0.4, -1.5]], dtype=torch.float64)
+    mask = torch.ones_like(lp_t)
+    _, m = POLICY_LOSSES.get("reinforce")(
+        log_prob=lp_t, old_log_prob=torch.tensor([old], dtype=torch.float64),
+        advantages=torch.ones_like(lp_t), response_mask=mask, config=PolicyLossConfig(),
+        scale=LossScale.whole_batch(mask), rollout_log_probs=rollout,
+    )  # fmt: skip
+    assert m["actor/ppo_kl"] == pytest.approx(((-1.1 + 1.0) + (-0.4 + 0.5) + (-1.5 + 2.0)) / 3)
+
+
+def test_clip_cov_reports_the_detached_share_as_pg_clipfrac():
+    # ratios 1.5 (clipped for A > 0), 1.0, 1.0, 1.0; a covariance window that holds tokens
+    lp = [math.log(1.5), -1.0, -3.0, -0.2]
+    old = [0.0, -1.0, -3.0, -0.2]
+    _, m, _ = run("clip_cov", lp, old, [1.0, 2.0, -2.0, 0.1], clip_cov_ratio=0.25,
+                  clip_cov_lb=-10.0, clip_cov_ub=10.0)  # fmt: skip
+    assert m["actor/pg_clipfrac"] == pytest.approx(1 / 4) == m["actor/clip_cov_frac"]
+    assert m["actor/pg_clipfrac_ppo"] == pytest.approx(1 / 4)  # the ratio 1.5 > 1.2

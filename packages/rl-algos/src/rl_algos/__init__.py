@@ -21,6 +21,7 @@ _EXPORTS = {
     "RLConfig": "rl_algos.config",
     "RLTrainer": "rl_algos.trainer.loop",
     "RewardManager": "rl_algos.rewards",
+    "RolloutCorrectionConfig": "rl_algos.rollout_correction",
     "ValueLossConfig": "rl_algos.losses",
     "compute_advantage": "rl_algos.advantages",
     "load_config": "rl_algos.config",

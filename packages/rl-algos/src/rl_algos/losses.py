@@ -20,12 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from rl_algos.aggregation import AGG_MODES, LossScale, agg_loss
 from rl_algos.kl import KL_TYPES, kl_penalty
+from rl_algos.rollout_correction import (
+    RolloutCorrectionConfig,
+    importance_weights,
+    partial_is_metrics,
+)
 from rl_core.config import check
 from rl_core.registry import Registry
 
@@ -76,13 +81,12 @@ class PolicyLossConfig:
         constant is used by `seq-mean-token-sum-norm` (None: the maximum response length).
     entropy_coeff: weight of the entropy bonus (subtracted from the loss).
     kl_loss_coef / kl_loss_type: KL to the reference as a loss term (0: off).
-    tis_cap: truncated importance sampling against the rollout engine's log-probs: each
-        token's loss is weighted by min(exp(old_log_prob - rollout_log_prob), tis_cap)
-        (None: off).
-    behav_imp_weight_cap: decoupled PPO (AReaL): the clip stays around the proximal policy
-        (``old_log_prob``, recomputed by the trainer) and each token's loss is weighted by
-        the behaviour weight exp(old_log_prob - rollout_log_prob); tokens whose weight
-        exceeds the cap are dropped (None: off). Set from ``async.correction``.
+    rollout_correction: the off-policy correction against the policy that generated the
+        tokens (verl's rollout correction: importance weights, rejection, the veto; see
+        rl_algos.rollout_correction). The one setting for it: truncated IS (TIS) is
+        `{rollout_is: token, rollout_is_threshold: CAP}`, AReaL's decoupled PPO
+        `{rollout_is: token, rollout_is_threshold: "0_CAP"}`. null: none, or decoupled PPO
+        with cap 2 when async.max_staleness > 0 (an explicit `{}` turns that off).
     """
 
     name: str = "ppo"
@@ -94,8 +98,7 @@ class PolicyLossConfig:
     entropy_coeff: float = 0.0
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "k3"
-    tis_cap: float | None = None
-    behav_imp_weight_cap: float | None = None
+    rollout_correction: RolloutCorrectionConfig | None = None
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
@@ -104,6 +107,10 @@ class PolicyLossConfig:
     dro_beta: float = 0.1
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    RENAMED: ClassVar[dict[str, str]] = {
+        "tis_cap": "rollout_correction: {rollout_is: token, rollout_is_threshold: CAP}",
+        "behav_imp_weight_cap": 'rollout_correction: {rollout_is: token, rollout_is_threshold: "0_CAP"}',
+    }
 
     def __post_init__(self) -> None:
         check(
@@ -117,19 +124,6 @@ class PolicyLossConfig:
         _check_choice("agg_mode", self.agg_mode, AGG_MODES)
         check(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, ">= 0")
         _check_choice("kl_loss_type", self.kl_loss_type, KL_TYPES)
-        check(self.tis_cap is None or self.tis_cap > 0, "tis_cap", self.tis_cap, "> 0 or null")
-        check(
-            self.behav_imp_weight_cap is None or self.behav_imp_weight_cap > 1,
-            "behav_imp_weight_cap",
-            self.behav_imp_weight_cap,
-            "> 1 or null",
-        )
-        check(
-            self.tis_cap is None or self.behav_imp_weight_cap is None,
-            "behav_imp_weight_cap",
-            self.behav_imp_weight_cap,
-            "null when tis_cap is set (one off-policy correction)",
-        )
         for name in ("clip_cov_ratio", "kl_cov_ratio"):
             value = getattr(self, name)
             check(0 < value <= 1, name, value, "a share of tokens in (0, 1]")
@@ -147,31 +141,23 @@ class PolicyLossConfig:
 
 
 def _off_policy_weights(
-    old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, config: PolicyLossConfig
+    old_log_prob: torch.Tensor,
+    rollout_log_probs: torch.Tensor | None,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
 ) -> torch.Tensor | None:
-    """Per-token weights of the off-policy correction: truncated IS, min(w, tis_cap), or
-    decoupled PPO's behaviour weight, w where w <= cap and 0 where it exceeds the cap;
-    w = pi_old / pi_rollout. None when neither is configured."""
-    cap = config.tis_cap if config.tis_cap is not None else config.behav_imp_weight_cap
-    if cap is None:
+    """Per-token weights (no gradient) of the rollout correction's importance sampling
+    (`rl_algos.rollout_correction`), pi_old / pi_rollout per token or per sequence,
+    truncated (TIS) or zeroed outside bounds (IcePop, decoupled PPO); None when off."""
+    correction = config.rollout_correction
+    if correction is None or correction.rollout_is is None:
         return None
     if rollout_log_probs is None:
-        raise ValueError("an off-policy correction is set but the batch has no 'rollout_log_probs'")
-    weights = torch.exp((old_log_prob - rollout_log_probs).clamp(-20.0, 20.0)).detach()
-    if config.tis_cap is not None:
-        return weights.clamp(max=cap)
-    return torch.where(weights <= cap, weights, torch.zeros_like(weights))
-
-
-def _weight_metrics(
-    weights: torch.Tensor, mask: torch.Tensor, scale: LossScale, config: PolicyLossConfig
-) -> dict[str, float]:
-    if config.tis_cap is not None:
-        return {"actor/tis_weight": _partial(weights, mask, scale)}
-    return {
-        "actor/behav_imp_weight": _partial(weights, mask, scale),
-        "actor/behav_imp_weight_dropped": _partial((weights == 0).float(), mask, scale),
-    }
+        raise ValueError(
+            "actor.loss.rollout_correction.rollout_is is set but the batch has no "
+            "'rollout_log_probs'"
+        )
+    return importance_weights(old_log_prob, rollout_log_probs, response_mask, correction)
 
 
 def _partial(value: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> float:
@@ -199,7 +185,7 @@ def compute_ppo_policy_loss(
     clip_loss = torch.maximum(loss_unclipped, loss_clipped)
     dual_bound = -advantages * config.clip_ratio_c
     pg_losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -210,8 +196,6 @@ def compute_ppo_policy_loss(
         "actor/pg_clipfrac_lower": _partial(lower.float(), mask, scale),
         "actor/ppo_kl": _partial(-log_ratio, mask, scale),
     }
-    if weights is not None:
-        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -240,17 +224,16 @@ def compute_gspo_policy_loss(
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
     metrics = {
         "actor/pg_loss": float(loss.detach().item()),
         "actor/pg_clipfrac": _partial((loss_clipped > loss_unclipped).float(), mask, scale),
+        "actor/pg_clipfrac_lower": 0.0,  # as verl: GSPO has no dual clip
         "actor/ppo_kl": _partial(-log_ratio, mask, scale),
     }
-    if weights is not None:
-        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -302,7 +285,8 @@ def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
     entropy bonus, plus the KL loss term, each aggregated with the global counts in `ctx`.
 
     Reads `old_log_probs`, `advantages`, `response_mask` (and `ref_log_prob`,
-    `rollout_log_probs` when the KL loss or TIS is on) from the micro-batch, and
+    `rollout_log_probs` when the KL loss or the rollout correction's weights are on) from
+    the micro-batch, and
     `log_probs` (and `entropy`) from the engine's outputs. A batch whose
     ``meta_info["old_log_probs_from_update"]`` is true (one optimizer step on fresh
     samples: see `rl_algos.trainer.placement.recomputes_old_log_probs`) has no
@@ -316,10 +300,15 @@ def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
         mask = _field(batch, "response_mask", "the loss mask")
         scale = LossScale.from_context(ctx, config.agg_norm_constant)
         log_prob = outputs["log_probs"]
-        rollout = None
-        if config.tis_cap is not None or config.behav_imp_weight_cap is not None:
-            rollout = _field(batch, "rollout_log_probs", "the off-policy correction")
-        if micro_batch.meta_info.get("old_log_probs_from_update"):
+        correction = config.rollout_correction
+        weighted = correction is not None and correction.rollout_is is not None
+        if weighted:
+            rollout = _field(batch, "rollout_log_probs", "actor.loss.rollout_correction")
+        else:  # the behaviour policy's log-probs when the rollout sent them (reinforce's KL)
+            present = "rollout_log_probs" in set(batch.keys())  # older TensorDicts refuse `in`
+            rollout = batch["rollout_log_probs"] if present else None
+        from_update = bool(micro_batch.meta_info.get("old_log_probs_from_update"))
+        if from_update:
             old_log_prob = log_prob.detach()  # the proximal policy of decoupled PPO too
         else:
             old_log_prob = _field(batch, "old_log_probs", "the importance ratio")
@@ -332,6 +321,9 @@ def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
             scale=scale,
             rollout_log_probs=rollout,
         )
+        if weighted and from_update:  # else the driver reported them on the whole batch
+            counts = (scale.global_num_tokens, scale.global_num_seqs)
+            metrics.update(partial_is_metrics(old_log_prob, rollout, mask, correction, *counts))
         if "entropy" in outputs:
             entropy = agg_loss(outputs["entropy"], mask, config.agg_mode, scale)
             metrics["actor/entropy"] = _partial(outputs["entropy"], mask, scale)

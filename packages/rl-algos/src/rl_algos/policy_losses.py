@@ -6,9 +6,9 @@ Each one has the calling convention of `rl_algos.losses` (keyword arguments ``lo
 partial metrics). Notation per token t of sample i: ``r = pi / pi_old`` (the importance
 ratio, from the log-ratio clamped to [-20, 20]), ``A`` the advantage, ``sg`` stop-gradient,
 ``eps_low`` / ``eps_high`` = ``config.clip_ratio_low`` / ``clip_ratio_high``. Every per-token
-loss is multiplied by the off-policy correction weight when set (truncated IS,
-``config.tis_cap``, or decoupled PPO's behaviour weight, ``config.behav_imp_weight_cap``), and
-aggregated with ``config.agg_mode`` (``geo_mean`` is sequence-level by construction).
+loss is multiplied by the rollout correction's importance weight when set
+(``config.rollout_correction``: truncated IS, IcePop or decoupled PPO's behaviour weight,
+see `rl_algos.rollout_correction`), and aggregated with ``config.agg_mode`` (``geo_mean`` is sequence-level by construction).
 
 Clip-Cov and KL-Cov pick their tokens within the micro-batch the loss function sees, as
 the reference implementation does (its batch is the micro-batch too); Clip-Cov draws them
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from rl_algos.aggregation import LossScale, agg_loss
-from rl_algos.losses import PolicyLossConfig, _off_policy_weights, _partial, _weight_metrics
+from rl_algos.losses import PolicyLossConfig, _off_policy_weights, _partial
 from rl_algos.masked import masked_mean
 
 __all__ = [
@@ -51,9 +51,13 @@ def _finish(
     scale: LossScale,
     weights: torch.Tensor | None,
     extra: dict[str, torch.Tensor] | None = None,
+    constant: dict[str, float] | None = None,
 ) -> Result:
     """Weight by the off-policy correction (TIS or decoupled PPO's behaviour weight),
-    aggregate, and add the partial metrics (`extra`: per-token values)."""
+    aggregate, and add the partial metrics (`extra`: per-token values, whose token mean is
+    the metric; `constant`: metrics verl reports as a constant 0, e.g. the clip fraction
+    of a loss that does not clip; only 0 survives the engine's sum over micro-batches). ``actor/ppo_kl`` is the token mean of ``-log_ratio``
+    unless `extra` redefines it."""
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -63,8 +67,7 @@ def _finish(
     }
     for name, value in (extra or {}).items():
         metrics[name] = _partial(value.float(), mask, scale)
-    if weights is not None:
-        metrics.update(_weight_metrics(weights, mask, scale, config))
+    metrics.update(constant or {})
     return loss, metrics
 
 
@@ -114,7 +117,7 @@ def compute_clip_cov_policy_loss(
         chosen = candidates[order]
         keep[chosen[:, 0], chosen[:, 1]] = 0.0
     pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     return _finish(
         pg_losses,
         mask,
@@ -122,7 +125,14 @@ def compute_clip_cov_policy_loss(
         config,
         scale,
         weights,
-        {"actor/pg_clipfrac": clipped, "actor/clip_cov_frac": keep == 0},
+        {
+            # verl's pg_clipfrac of clip_cov: the share of tokens whose gradient the
+            # covariance rule detached (also `clip_cov_frac`); PPO's own clip share, which
+            # every other clipped loss reports as pg_clipfrac, is `pg_clipfrac_ppo`
+            "actor/pg_clipfrac": keep == 0,
+            "actor/pg_clipfrac_ppo": clipped,
+            "actor/clip_cov_frac": keep == 0,
+        },
     )
 
 
@@ -154,10 +164,15 @@ def compute_kl_cov_policy_loss(
         penalised.view(-1)[flat] = True
     abs_kl = (log_prob - old_log_prob).abs()
     pg_losses = torch.where(penalised, pg_losses + config.ppo_kl_coef * abs_kl, pg_losses)
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
-    return _finish(
-        pg_losses, mask, log_ratio, config, scale, weights, {"actor/kl_cov_frac": penalised}
-    )
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
+    # verl's ppo_kl of kl_cov is the mean |log pi - log pi_old| (the penalty's term);
+    # the signed mean that every other loss reports as ppo_kl is `ppo_kl_signed`
+    extra = {
+        "actor/kl_cov_frac": penalised,
+        "actor/ppo_kl": abs_kl,
+        "actor/ppo_kl_signed": -log_ratio,
+    }
+    return _finish(pg_losses, mask, log_ratio, config, scale, weights, extra)
 
 
 def compute_reinforce_policy_loss(
@@ -172,19 +187,39 @@ def compute_reinforce_policy_loss(
 ) -> Result:
     """REINFORCE (Williams 1992, "Simple statistical gradient-following algorithms for
     connectionist reinforcement learning"): ``-A log pi`` per token, optionally weighted by
-    the truncated importance weight of `tis_cap` (verl's `reinforce` loss; its default
-    aggregation there is `seq-mean-token-sum`, here whatever `agg_mode` says)."""
+    the rollout correction's importance weight (verl's `reinforce` loss; its default
+    aggregation there is `seq-mean-token-sum`, here whatever `agg_mode` says).
+
+    ``actor/ppo_kl`` is verl's: the token mean of ``log pi_rollout - log pi``, the KL
+    estimate to the policy that sampled the tokens (``rollout_log_probs``; without them,
+    ``old_log_prob``, which is what verl passes in its bypass mode)."""
     mask = response_mask.to(log_prob.dtype)
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    behaviour = old_log_prob if rollout_log_probs is None else rollout_log_probs
+    extra = {"actor/ppo_kl": behaviour - log_prob.detach()}
+    return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights, extra)
+
+
+def compute_gpg_policy_loss(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    rollout_log_probs: torch.Tensor | None = None,
+) -> Result:
+    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
+    Model Reasoning", arXiv:2504.02546): the plain policy gradient ``-A log pi``, with no
+    ratio, clipping or reference model, to pair with the `gpg` advantage estimator. verl
+    reports no metric for it; ``actor/ppo_kl`` here is the token mean of
+    ``log pi_old - log pi``, as for the clipped losses."""
+    mask = response_mask.to(log_prob.dtype)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     return _finish(-advantages * log_prob, mask, log_ratio, config, scale, weights)
-
-
-# GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
-# Reasoning", arXiv:2504.02546) is this plain policy gradient ``-A log pi``, with no ratio,
-# clipping or reference model; it is registered as `gpg`, to pair with the `gpg` advantage
-# estimator.
-compute_gpg_policy_loss = compute_reinforce_policy_loss
 
 
 def compute_geo_mean_policy_loss(
@@ -213,7 +248,7 @@ def compute_geo_mean_policy_loss(
     seq_ratio = torch.exp((pessimistic * mask).sum(dim=-1) / lengths)
     seq_adv = (advantages * mask).sum(dim=-1) / lengths
     seq_losses = -seq_adv * seq_ratio
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     if weights is not None:
         seq_weights = torch.exp((torch.log(weights + 1e-10) * mask).sum(dim=-1) / lengths)
         seq_losses = seq_losses * seq_weights
@@ -225,8 +260,6 @@ def compute_geo_mean_policy_loss(
         "actor/pg_clipfrac": _partial((clipped & (advantages > 0)).float(), mask, scale),
         "actor/pg_clipfrac_lower": _partial((clipped & (advantages < 0)).float(), mask, scale),
     }
-    if weights is not None:
-        metrics.update(_weight_metrics(weights, mask, scale, config))
     return loss, metrics
 
 
@@ -249,7 +282,7 @@ def compute_cispo_policy_loss(
     ratio = log_ratio.exp()
     clipped_ratio = ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = -clipped_ratio.detach() * advantages * log_prob
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     return _finish(
         pg_losses,
         mask,
@@ -258,6 +291,7 @@ def compute_cispo_policy_loss(
         scale,
         weights,
         {"actor/pg_clipfrac": ratio != clipped_ratio},
+        {"actor/pg_clipfrac_lower": 0.0},  # verl reports 0: CISPO has no dual clip
     )
 
 
@@ -285,8 +319,10 @@ def compute_sapo_policy_loss(
         torch.as_tensor(config.tau_neg, dtype=ratio.dtype, device=ratio.device),
     )
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
-    return _finish(-gate * advantages, mask, log_ratio, config, scale, weights)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
+    # verl reports both clip fractions as 0: the gate is soft, nothing is clipped
+    no_clip = {"actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 0.0}
+    return _finish(-gate * advantages, mask, log_ratio, config, scale, weights, None, no_clip)
 
 
 def _dppo(
@@ -306,7 +342,7 @@ def _dppo(
     truncated = ratio.clamp(max=config.clip_ratio_c).detach()
     inside = inside.detach()
     pg_losses = -advantages * truncated * log_prob * inside.to(log_prob.dtype)
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     return _finish(
         pg_losses,
         mask,
@@ -390,5 +426,5 @@ def compute_dro_policy_loss(
     log_ratio = _log_ratio(log_prob, old_log_prob)
     penalty = 0.5 * config.dro_beta * (log_prob - old_log_prob).square()
     pg_losses = -(advantages * log_prob - penalty)
-    weights = _off_policy_weights(old_log_prob, rollout_log_probs, config)
+    weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     return _finish(pg_losses, mask, log_ratio, config, scale, weights)

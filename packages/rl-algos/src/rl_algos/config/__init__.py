@@ -3,7 +3,9 @@
 cfg = load_config("examples/grpo_tiny.yaml", ["actor.optim.lr=1e-5", "algorithm.preset=dapo"])
 """
 
+from rl_algos.config.distill_section import DistillConfig
 from rl_algos.config.env_section import EnvConfig, EnvSpec
+from rl_algos.config.judge_section import JudgeConfig
 from rl_algos.config.loader import GROUP_ESTIMATORS, check_plugins, load_config
 from rl_algos.config.presets import PRESETS
 from rl_algos.config.schema import (
@@ -32,9 +34,11 @@ __all__ = [
     "ConfigError",
     "CriticConfig",
     "DataConfig",
+    "DistillConfig",
     "DynamicSamplingConfig",
     "EnvConfig",
     "EnvSpec",
+    "JudgeConfig",
     "KLControlConfig",
     "OverlongConfig",
     "PolicyModelConfig",

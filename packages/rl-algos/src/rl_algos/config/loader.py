@@ -28,6 +28,7 @@ from rl_algos.config.presets import PRESETS
 from rl_algos.config.schema import RLConfig
 from rl_algos.errors import ConfigError
 from rl_algos.losses import POLICY_LOSSES
+from rl_algos.rollout_correction import RolloutCorrectionConfig
 from rl_core.config import NOTHING, build, check
 from rl_core.registry import Registry
 
@@ -106,6 +107,11 @@ def _check_consistency(cfg: RLConfig) -> None:
             alg.overlong.buffer_length = max(1, max_len // 4)
         check(alg.overlong.buffer_length <= max_len, "algorithm.overlong.buffer_length",
               alg.overlong.buffer_length, f"<= data.max_response_length={max_len}")  # fmt: skip
+    reward = cfg.reward
+    check(reward.rule_based or reward.model_path is not None or reward.judge.enabled
+          or cfg.distill.enabled, "reward.rule_based", reward.rule_based,
+          "true unless reward.model_path, reward.judge.model_path or distill.teacher_path is "
+          "set (something must give the training signal)")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)
@@ -137,19 +143,25 @@ def _check_text_env_run(cfg: RLConfig) -> None:
 
 
 def _check_async(cfg: RLConfig) -> None:
-    """Resolve `async.correction` into the actor loss (one place decides it)."""
-    a = cfg.async_
-    if a.correction == "auto":
-        a.correction = "decoupled_ppo" if a.max_staleness > 0 else "none"
+    """Resolve the rollout correction (one setting: `actor.loss.rollout_correction`):
+    null with async.max_staleness > 0 becomes decoupled PPO with cap 2 (AReaL's default);
+    refuse what cannot use it."""
     loss = cfg.actor.loss
-    if a.correction == "decoupled_ppo":
-        if loss.tis_cap is not None:
-            raise _conflict("actor.loss.tis_cap", loss.tis_cap,
-                            "null with async.correction=decoupled_ppo: one off-policy correction "
-                            "(use async.correction=tis for truncated IS)")  # fmt: skip
-        loss.behav_imp_weight_cap = a.imp_weight_cap
-    elif a.correction == "tis" and loss.tis_cap is None:
-        loss.tis_cap = a.imp_weight_cap
+    if loss.rollout_correction is None and cfg.async_.max_staleness > 0:
+        loss.rollout_correction = RolloutCorrectionConfig.decoupled_ppo(2.0)
+    corr = loss.rollout_correction
+    if corr is None or not corr.rejects:
+        return
+    where = "actor.loss.rollout_correction"
+    check(cfg.actor.recompute_old_log_probs is not False, "actor.recompute_old_log_probs",
+          False, f"null or true with {where} rejecting (rollout_rs or the veto): rejection "
+          "needs the old log-probs before the update")  # fmt: skip
+    token_rs = [o for o in corr.rs_bounds if o.startswith("token")]
+    estimator = cfg.algorithm.adv_estimator
+    check(not (token_rs and estimator == "gae"), f"{where}.rollout_rs", corr.rollout_rs,
+          f"sequence-level options (seq_*) with algorithm.adv_estimator={estimator!r}: GAE "
+          f"skips masked tokens, so {token_rs} would drop the rewards of rejected "
+          "tokens")  # fmt: skip
 
 
 def _as_dict(source: str | Path | Mapping[str, Any] | None) -> DictConfig:
@@ -245,6 +257,13 @@ def check_plugins(cfg: RLConfig) -> None:
         checks.append(("critic.engine", cfg.critic.engine, ENGINES, "rl-engines[fsdp]"))
     if cfg.reward.model_path is not None:
         checks.append(("reward.model_engine", cfg.reward.model_engine, ENGINES, "rl-engines[fsdp]"))
+    if cfg.reward.judge.enabled:
+        checks.append(
+            ("reward.judge.backend", cfg.reward.judge.backend, ROLLOUTS, "rl-rollout[hf]")
+        )
+    if cfg.distill.enabled:
+        checks.append(("distill.teacher_engine", cfg.distill.teacher_engine, ENGINES,
+                       "rl-engines[fsdp]"))  # fmt: skip
     for key, name, registry, package in checks:
         names = registry.names()
         check(name in names, key, name,

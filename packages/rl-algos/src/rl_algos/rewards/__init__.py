@@ -1,5 +1,6 @@
 """Rewards: verifiable math and countdown scoring, format rewards, user reward functions
-from files, and the RewardManager that scores batches in time-limited worker processes.
+from files, the RewardManager that scores batches in time-limited worker processes, and
+the generative reward model (`GenerativeJudge`: an LLM judge on a rollout engine).
 
 Built-in reward functions (entry point group `rl.rewards`): `math`, `gsm8k`, `arithmetic`,
 `countdown`, `format`. `default_compute_score` picks one by the sample's data source.
@@ -16,6 +17,10 @@ _EXPORTS = {
     "CallResult": "rl_algos.rewards.pool",
     "DATA_SOURCE_ALIASES": "rl_algos.rewards.registry",
     "FileRewardFunction": "rl_algos.rewards.user_function",
+    "GenerativeJudge": "rl_algos.rewards.judge",
+    "JudgeError": "rl_algos.rewards.judge",
+    "JudgeParseError": "rl_algos.rewards.judge",
+    "JudgeTimeoutError": "rl_algos.rewards.judge",
     "OverlongBuffer": "rl_algos.rewards.manager",
     "REWARDS": "rl_algos.rewards.registry",
     "RewardManager": "rl_algos.rewards.manager",
@@ -23,6 +28,7 @@ _EXPORTS = {
     "ScoringPool": "rl_algos.rewards.pool",
     "default_compute_score": "rl_algos.rewards.registry",
     "load_reward_function": "rl_algos.rewards.registry",
+    "parse_judgment": "rl_algos.rewards.judge",
     "reward_for_data_source": "rl_algos.rewards.registry",
 }
 

@@ -6,6 +6,7 @@ One step (`RLTrainer.train_step`)::
     batch = reward(batch)                      # rule-based scores, time-limited processes
     batch |= actor.compute_log_prob(batch)     # old log-probs (and entropy)
     batch |= actor.compute_ref_log_prob(batch) # reference, when a KL term is used
+    batch |= actor.compute_teacher_log_prob(batch)  # distillation teacher (distill section)
     batch |= critic.compute_values(batch)      # PPO only
     batch = compute_advantage(batch)           # on the driver: cheap
     critic.update_critic(batch); actor.update_actor(batch)
@@ -38,6 +39,7 @@ from rl_algos.dapo import DynamicSampler
 from rl_algos.errors import USER_ERRORS, ConfigError, InputError
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
+from rl_algos.rollout_correction import apply_rejection
 from rl_algos.trainer.async_rollout import (
     AsyncRolloutBuffer,
     load_batches,
@@ -93,7 +95,7 @@ class RLTrainer:
         from transformers import AutoTokenizer
 
         from rl_algos.trainer.model_source import resolve_model_path
-        from rl_algos.trainer.preflight import check_same_tokenizer
+        from rl_algos.trainer.preflight import check_same_tokenizer, check_same_vocabulary
 
         self.config = cfg = config
         # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
@@ -115,11 +117,22 @@ class RLTrainer:
             self.model_path = resolve_model_path(cfg.model.path)
             if cfg.reward.model_path is not None:
                 cfg.reward.model_path = resolve_model_path(cfg.reward.model_path)
+            if cfg.distill.enabled:
+                cfg.distill.teacher_path = resolve_model_path(cfg.distill.teacher_path)
+            if cfg.reward.judge.enabled:
+                cfg.reward.judge.model_path = resolve_model_path(cfg.reward.judge.model_path)
         with timed(setup, "tokenizer"):
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             if cfg.reward.model_path is not None:
                 check_same_tokenizer(
                     self.tokenizer, AutoTokenizer.from_pretrained(cfg.reward.model_path)
+                )
+            if cfg.distill.enabled:
+                check_same_vocabulary(
+                    self.tokenizer,
+                    AutoTokenizer.from_pretrained(cfg.distill.teacher_path),
+                    "distill.teacher_path",
+                    "distillation teacher",
                 )
 
         self.env_source = None
@@ -132,7 +145,7 @@ class RLTrainer:
                 )
             self.train_loader = self.env_source
             self.train_set = self.val_set = None
-            self.reward = None
+            self.reward = self.judge = None
         else:
             self._prepare_prompts(cfg, setup)
         self.kl_ctrl = None
@@ -140,10 +153,12 @@ class RLTrainer:
             kc = cfg.algorithm.kl_ctrl
             self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
-        if cfg.async_.max_staleness > 0 and cfg.async_.correction == "none":
+        correction = cfg.actor.loss.rollout_correction
+        self.rollout_correction = correction if correction and correction.enabled else None
+        if cfg.async_.max_staleness > 0 and self.rollout_correction is None:
             log.warning(
-                "async.max_staleness=%d with async.correction=none: stale samples are trained "
-                "without an off-policy correction",
+                "async.max_staleness=%d with actor.loss.rollout_correction off: stale samples "
+                "are trained without an off-policy correction",
                 cfg.async_.max_staleness,
             )
 
@@ -197,6 +212,12 @@ class RLTrainer:
                     batch_timeout_s=rc.batch_timeout_s,
                 ),
             )
+        self.judge = None
+        if rc.judge.enabled:
+            from rl_algos.rewards.judge import GenerativeJudge
+
+            with timed(setup, "judge"):
+                self.judge = GenerativeJudge(rc.judge, rc.judge.model_path, seed=cfg.trainer.seed)
 
     # ------------------------------------------------------------------ dataflow
 
@@ -254,8 +275,9 @@ class RLTrainer:
     def _score(
         self, batch: DataProto, shaping: bool = True
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Token-level scores: rule-based functions and/or the reward model (``shaping``:
-        with training-only reward shaping such as DAPO's overlong penalty)."""
+        """Token-level scores: rule-based functions, the reward model and/or the judge,
+        weighted (``shaping``: with training-only reward shaping such as DAPO's overlong
+        penalty)."""
         cfg = self.config.reward
         scores = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
         metrics: dict[str, float] = {}
@@ -269,6 +291,10 @@ class RLTrainer:
             rm = self.groups.reward_model.compute_rm_score(batch).batch["rm_scores"]
             scores += cfg.model_weight * rm
             metrics["reward/model_score_mean"] = float(rm.sum(-1).mean())
+        if self.judge is not None:
+            judged, judge_metrics = self.judge(batch, self.tokenizer)
+            scores += cfg.judge.weight * judged
+            metrics.update(judge_metrics)
         return scores, metrics
 
     def _env_scores(self, out: DataProto, where: str) -> tuple[DataProto, dict[str, float]]:
@@ -346,6 +372,9 @@ class RLTrainer:
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
                 batch = batch.union(groups.actor.compute_ref_log_prob(batch))
+        if cfg.distill.enabled:
+            with timed(timing, "teacher_log_prob"):
+                batch = batch.union(groups.actor.compute_teacher_log_prob(batch))
         if self.recompute_old_log_probs:
             with timed(timing, "old_log_prob"):
                 old = groups.actor.compute_log_prob(batch)
@@ -355,9 +384,12 @@ class RLTrainer:
                 batch = batch.union(old)
         else:  # one optimizer step on fresh samples: the update's forward pass has them
             batch.meta_info["old_log_probs_from_update"] = True
-        # importance ratios too when the old log-probs were recomputed (else the loss's
-        # actor/behav_imp_weight or actor/tis_weight report them)
+        # importance ratios too when the old log-probs were recomputed (else the loss
+        # reports the rollout correction's rollout_corr/* means)
         metrics.update(staleness_metrics(batch, self.rollout.version, cfg.async_.max_staleness))
+        if self.rollout_correction is not None and "old_log_probs" in set(batch.batch.keys()):
+            # verl's order: rejection before the advantages, metrics on the whole batch
+            metrics.update(apply_rejection(batch.batch, self.rollout_correction))
         if groups.critic is not None:
             with timed(timing, "values"):
                 batch = batch.union(groups.critic.compute_values(batch))
@@ -651,6 +683,8 @@ class RLTrainer:
             self.buffer.close()
         if self.reward is not None:
             self.reward.close()
+        if self.judge is not None:
+            self.judge.close()
         if self.env_source is not None:
             self.env_source.close()
         self.rollout.shutdown()

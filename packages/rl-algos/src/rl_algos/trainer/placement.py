@@ -51,6 +51,7 @@ __all__ = [
     "recomputes_old_log_probs",
     "rollout_generator_config",
     "start_role_groups",
+    "teacher_engine_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -167,14 +168,17 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     of async training too (``async.max_staleness`` > 0): their old log-probs are those of
     the proximal policy, the trainer's current weights (decoupled PPO), while the policy
     that generated them enters through ``rollout_log_probs`` (the behaviour weight, or
-    TIS). A KL penalty in the reward needs them before the update;
+    TIS). A KL penalty in the reward needs them before the update, and so does the
+    rollout correction's rejection (`actor.loss.rollout_correction`: rollout_rs, the veto);
     ``actor.recompute_old_log_probs`` forces either way.
     """
     forced = cfg.actor.recompute_old_log_probs
     if forced is not None:
         return bool(forced)
     one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
-    return not one_step or cfg.algorithm.use_kl_in_reward
+    correction = cfg.actor.loss.rollout_correction
+    rejects = correction is not None and correction.rejects
+    return not one_step or cfg.algorithm.use_kl_in_reward or rejects
 
 
 def _check_lora(cfg: Any) -> None:
@@ -202,10 +206,14 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     rollout = None
     if cfg.rollout.placement == "colocated":
         rollout = rollout_generator_config(cfg, model_path, pad_token_id)
+    distill = cfg.distill
     return ActorWorkerConfig(
         engine=cfg.actor.engine,
         engine_config=engine_config,
         ref=_inference_only(engine_config) if cfg.uses_reference else None,
+        teacher=teacher_engine_config(cfg) if distill.enabled else None,
+        teacher_engine=distill.teacher_engine,
+        distill=distill if distill.enabled else None,
         generator=cfg.rollout.generator,
         rollout=rollout,
         # a worker on another node resolves these when it cannot see model_path
@@ -221,6 +229,30 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         ),
         seed=cfg.trainer.seed,
     )
+
+
+def teacher_engine_config(cfg: Any) -> EngineConfig:
+    """The distillation teacher's engine config: inference-only, its own model (any size;
+    `distill.teacher_path`, resolved by the trainer), the actor's micro-batching and
+    parallelism, `distill.teacher_engine_kwargs` (checked by the engine it names)."""
+    distill, actor = cfg.distill, cfg.actor
+    data = {
+        "model": _model_fields(cfg, distill.teacher_path),
+        "parallel": _as_dict(actor.parallel),
+        "micro_batch": {
+            "micro_batch_size": actor.micro_batch_size,
+            "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch,
+        },
+        "seed": cfg.trainer.seed,
+        "timeout_s": cfg.trainer.call_timeout_s,
+        "engine_kwargs": _engine_kwargs(cfg, distill.teacher_engine_kwargs),
+        "inference_only": True,
+        "optim": {"lr": 0.0},
+    }
+    engine_config = build(EngineConfig, data, "distill")
+    _checked("distill", ENGINES.get(distill.teacher_engine).parse_options, engine_config)
+    _checked("distill", engine_config.parallel.dp_layout, _world_size("actor", cfg))
+    return engine_config
 
 
 def _rollout_kwargs(rollout: Any) -> dict[str, Any]:

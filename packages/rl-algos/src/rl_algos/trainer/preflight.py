@@ -7,7 +7,7 @@ from typing import Any
 
 from rl_algos.errors import ConfigError, DataError
 
-__all__ = ["check_data_sources", "check_same_tokenizer"]
+__all__ = ["check_data_sources", "check_same_tokenizer", "check_same_vocabulary"]
 
 
 def check_data_sources(*datasets: Any) -> None:
@@ -30,17 +30,53 @@ def check_data_sources(*datasets: Any) -> None:
             checked.add(source)
 
 
+def _special_tokens(tokenizer: Any) -> dict[str, Any]:
+    """The named special tokens (bos, eos, pad, ...) and every special token's id."""
+    named = {
+        k: v for k, v in tokenizer.special_tokens_map.items() if k != "additional_special_tokens"
+    }
+    tokens = sorted(set(tokenizer.all_special_tokens))
+    return {**named, "ids": dict(zip(tokens, tokenizer.convert_tokens_to_ids(tokens), strict=True))}
+
+
+def _tokenizer_difference(policy: Any, other: Any, special_tokens: bool) -> str | None:
+    """How `other`'s vocabulary (and, with ``special_tokens``, its special tokens) differs
+    from the policy's; None when they are the same."""
+    a, b = policy.get_vocab(), other.get_vocab()
+    if len(a) != len(b):
+        return f"a vocabulary of {len(b)} tokens, the policy's has {len(a)}"
+    differ = sorted(token for token, i in a.items() if b.get(token) != i)
+    if differ:
+        return f"{len(differ)} tokens map to other ids (e.g. {differ[0]!r})"
+    if special_tokens:
+        mine, theirs = _special_tokens(policy), _special_tokens(other)
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if keys:
+            return (
+                f"other special tokens ({keys[0]}: {theirs.get(keys[0])!r}, the policy's "
+                f"{mine.get(keys[0])!r})"
+            )
+    return None
+
+
+def check_same_vocabulary(policy: Any, other: Any, key: str, role: str) -> None:
+    """``other`` (e.g. a distillation teacher) scores the policy's token ids: its
+    `get_vocab()` and its special tokens must be the policy's (cross-tokenizer
+    distillation is not supported). One `ConfigError` naming ``key`` otherwise."""
+    problem = _tokenizer_difference(policy, other, special_tokens=True)
+    if problem is not None:
+        raise ConfigError(
+            key,
+            f"a {role} with the policy's tokenizer: the same get_vocab() and special tokens "
+            f"(it has {problem}; cross-tokenizer distillation is not supported)",
+            value=getattr(other, "name_or_path", None),
+        )
+
+
 def check_same_tokenizer(policy: Any, reward_model: Any) -> None:
     """The reward model reads the policy's token ids, so both must map every token to
     the same id."""
-    a, b = policy.get_vocab(), reward_model.get_vocab()
-    problem = None
-    if len(a) != len(b):
-        problem = f"vocabulary of {len(b)} tokens, the policy's has {len(a)}"
-    else:
-        differ = [token for token, i in a.items() if b.get(token) != i]
-        if differ:
-            problem = f"{len(differ)} tokens map to other ids (e.g. {differ[0]!r})"
+    problem = _tokenizer_difference(policy, reward_model, special_tokens=False)
     if problem is not None:
         raise ConfigError(
             "reward.model_path",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rl_algos.config.distill_section import DistillConfig
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
 from rl_core.engine import EngineConfig
 
@@ -50,11 +51,16 @@ class ActorWorkerConfig(_TrainedRoleConfig):
     generator's name and ``rollout`` its typed config (the class it names declares it),
     or None when the rollout runs outside the training workers (split, remote).
     ``model_reference`` / ``model_files``: how a worker on another node finds the model.
+    ``teacher`` / ``teacher_engine``: the distillation teacher's engine config and engine
+    name (None: no distillation), ``distill`` its loss settings.
     ``sleep_while_training``: None means on accelerators only.
     """
 
     loss: PolicyLossConfig
     ref: EngineConfig | None = None
+    teacher: EngineConfig | None = None
+    teacher_engine: str = "fsdp"
+    distill: DistillConfig | None = None
     generator: str = "agent_loop"
     rollout: Any = None
     model_reference: str | None = None

@@ -2,9 +2,10 @@
 
 * `ActorRolloutWorker`: the hybrid engine: a training engine (the actor), a rollout engine
   with its sequence generator (colocated placement only), and optionally the reference
-  model, in one process. Weights move trainer -> rollout in process (`sync_weights`) or,
-  with a rollout pool of its own (split placement), to that pool's actors (`push_weights`);
-  either way one update session per sync, in whole-layer buckets.
+  model and the distillation teacher (inference-only engines), in one process. Weights
+  move trainer -> rollout in process (`sync_weights`) or, with a rollout pool of its own
+  (split placement), to that pool's actors (`push_weights`); either way one update
+  session per sync, in whole-layer buckets.
 * `CriticWorker`: a value model (PPO's critic).
 * `RewardModelWorker`: a scalar-head model that scores whole responses (RLHF-style).
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rl_algos.distill import TEACHER_LOG_PROB, make_distill_loss_fn
 from rl_algos.losses import make_actor_loss_fn, make_critic_loss_fn
 from rl_algos.trainer.worker_config import (
     ActorWorkerConfig,
@@ -178,6 +180,7 @@ class ActorRolloutWorker(_TrainedRole):
         super().__init__(config)
         self.config: ActorWorkerConfig
         self.ref: TrainEngine | None = None
+        self.teacher: TrainEngine | None = None
         self.generator: Any = None
         self._rollout_asleep = False
 
@@ -192,8 +195,12 @@ class ActorRolloutWorker(_TrainedRole):
                 self.ref_is_base = True
             else:
                 self.ref = build_engine(cfg.engine, cfg.ref)
+        if cfg.teacher is not None:
+            self.teacher = build_engine(cfg.teacher_engine, cfg.teacher)
         self._declare_dp_mesh()
         self.loss_fn = make_actor_loss_fn(cfg.loss)
+        if cfg.distill is not None:
+            self.loss_fn = make_distill_loss_fn(self.loss_fn, cfg.distill, cfg.loss)
         if not cfg.colocated_rollout:
             return  # split/remote placement: the rollout lives outside this process
         from transformers import AutoTokenizer
@@ -259,6 +266,15 @@ class ActorRolloutWorker(_TrainedRole):
             raise RuntimeError(f"rank {self.rank}: no reference model (config.ref is None)")
         out = self.ref.infer_batch(batch, outputs=("log_probs",))
         return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
+
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
+    def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
+        """The distillation teacher's log-prob of every response token (at the batch's
+        ``meta_info["temperature"]``, as the student's)."""
+        if self.teacher is None:
+            raise RuntimeError(f"rank {self.rank}: no teacher model (config.teacher is None)")
+        out = self.teacher.infer_batch(batch, outputs=("log_probs",))
+        return DataProto.from_dict({TEACHER_LOG_PROB: out.batch["log_probs"]})
 
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def update_actor(self, batch: DataProto) -> DataProto:

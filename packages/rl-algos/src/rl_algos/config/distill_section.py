@@ -1,0 +1,72 @@
+"""The ``distill`` section: on-policy distillation from a teacher model.
+
+The student (the policy) samples; the teacher, an inference-only model like the
+reference policy (any architecture and size the engine loads, with the student's exact
+vocabulary), gives the log-prob of every sampled token. The per-token reverse KL
+KL(student || teacher) is estimated on the student's own tokens,
+``log pi_student(y_t) - log pi_teacher(y_t)``, and trained one of two ways:
+
+* ``mode: advantage`` (the default; Thinking Machines' on-policy distillation, slime's
+  ``--opd-kl-coef``, prime-rl's ``teacher_tau``): each token's advantage becomes
+  ``A_t - coef * (log pi_old(y_t) - log pi_teacher(y_t))``, a dense per-token reward the
+  policy loss trains like any advantage; its expected gradient is the reverse KL's.
+* ``mode: loss``: ``coef * kl(log pi, log pi_teacher)`` is added to the actor loss, like
+  the KL-to-reference loss (verl's ``kl_loss_type`` names: ``k2``/``mse``, whose gradient
+  on the student's samples is the reverse KL's; ``k1``, ``k3``/``low_var_kl``,
+  the straight-through ``k3+``...).
+
+Alone (``reward.rule_based: false`` and no reward model or judge: every task reward is 0)
+or mixed with a task reward (the estimator's advantage plus the distillation term).
+TRL's GKD (``lmbda``, ``beta``) mixes teacher-generated data and interpolates a full
+vocabulary JSD; here the data is always on-policy (GKD's ``lmbda=1``) and the divergence is
+the sampled-token reverse KL (GKD's ``beta=1``), which needs only the teacher's log-prob of
+each sampled token, not its whole distribution.
+
+    distill:
+      teacher_path: Qwen/Qwen2.5-7B-Instruct
+      coef: 1.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rl_algos.kl import KL_TYPES
+from rl_core.config import check
+
+__all__ = ["DistillConfig"]
+
+
+@dataclass
+class DistillConfig:
+    """On-policy distillation (see the module docstring): the reverse KL to a teacher,
+    trained as a per-token advantage or as a loss term."""
+
+    teacher_path: str | None = None
+    """The teacher model (any reference `model.path` takes; a different architecture and
+    size are fine, the vocabulary must be the policy's); null: no distillation."""
+    teacher_engine: str = "fsdp"
+    """The inference-only engine that runs the teacher on the actor's workers, with the
+    actor's micro-batching and parallelism."""
+    teacher_engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The teacher engine's own options (checked by the engine it names)."""
+    coef: float = 1.0
+    """Weight of the reverse KL (against the task advantage, or in the loss)."""
+    mode: Literal["advantage", "loss"] = "advantage"
+    """`advantage`: -coef x (log pi_old - log pi_teacher) is added to each token's
+    advantage; `loss`: coef x kl(log pi, log pi_teacher) is added to the actor loss."""
+    kl_type: str = "k2"
+    """The KL estimator of the `loss` mode (k2 / mse: its gradient on the student's samples
+    is the reverse KL's; k1, k3 / low_var_kl, k3+ ...)."""
+
+    def __post_init__(self) -> None:
+        check(self.coef > 0, "coef", self.coef, "> 0 (the weight of the reverse KL)")
+        check(
+            self.kl_type in KL_TYPES, "kl_type", self.kl_type, f"one of {list(KL_TYPES)}", KL_TYPES
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a teacher is configured."""
+        return self.teacher_path is not None

@@ -1,0 +1,101 @@
+"""On-policy distillation: the teacher's per-token log-probs in the actor's loss.
+
+`make_distill_loss_fn` wraps the actor's loss function (`rl_algos.losses.make_actor_loss_fn`)
+so that it also trains the per-token reverse KL to the teacher, estimated on the student's
+own tokens (the `distill` section, `rl_algos.config.distill_section`, explains both modes).
+The micro-batch carries ``teacher_log_prob`` [b, R] (computed by the teacher engine at the
+same temperature as the student's log-probs).
+
+`full_vocab_reverse_kl` is the exact KL(student || teacher) over the whole vocabulary from
+two models' logits: what the sampled-token estimates estimate (tests and evaluation).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from rl_algos.aggregation import LossScale, agg_loss
+from rl_algos.config.distill_section import DistillConfig
+from rl_algos.kl import kl_penalty
+from rl_algos.losses import LossFn, PolicyLossConfig
+
+__all__ = ["TEACHER_LOG_PROB", "full_vocab_reverse_kl", "make_distill_loss_fn"]
+
+TEACHER_LOG_PROB = "teacher_log_prob"
+
+
+def _partial(value: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> float:
+    """This micro-batch's share of a token mean over the mini-batch."""
+    return float((value.detach() * mask).sum().item()) / max(scale.global_num_tokens, 1)
+
+
+def _with_advantages(micro_batch: Any, advantages: torch.Tensor) -> Any:
+    """A shallow copy of the micro-batch whose `advantages` are replaced (the engine's own
+    micro-batch, and the mini-batch it was cut from, stay as they were)."""
+    shaped = copy.copy(micro_batch)
+    shaped.batch = micro_batch.batch.clone(recurse=False)
+    shaped.batch.set("advantages", advantages)
+    return shaped
+
+
+def make_distill_loss_fn(
+    base_loss_fn: LossFn, config: DistillConfig, loss_config: PolicyLossConfig
+) -> LossFn:
+    """The actor's loss with the distillation term (`config.mode`): `advantage` subtracts
+    ``coef * (log pi_old - log pi_teacher)`` from every token's advantage before the policy
+    loss; `loss` adds ``coef * kl(log pi, log pi_teacher)`` (aggregated like the policy
+    loss, `loss_config.agg_mode`). The old log-probs are the batch's ``old_log_probs``, or
+    the update's own log-probs detached when it has none (one optimizer step per batch).
+
+    Metrics: ``distill/reverse_kl`` (the sampled-token estimate, k1, under the current
+    weights) and ``distill/teacher_log_prob`` (the teacher's mean token log-prob)."""
+
+    def loss_fn(
+        outputs: dict[str, torch.Tensor], micro_batch: Any, ctx: Any
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = micro_batch.batch
+        if TEACHER_LOG_PROB not in set(batch.keys()):
+            raise KeyError(
+                f"the micro-batch has no {TEACHER_LOG_PROB!r} (needed for distill.teacher_path)"
+            )
+        teacher = batch[TEACHER_LOG_PROB]
+        log_prob = outputs["log_probs"]
+        mask = batch["response_mask"].to(log_prob.dtype)
+        scale = LossScale.from_context(ctx, loss_config.agg_norm_constant)
+        if config.mode == "advantage":
+            if micro_batch.meta_info.get("old_log_probs_from_update"):
+                old = log_prob.detach()
+            else:
+                old = batch["old_log_probs"]
+            penalty = (old - teacher).detach() * mask
+            shaped = batch["advantages"] - config.coef * penalty
+            loss, metrics = base_loss_fn(outputs, _with_advantages(micro_batch, shaped), ctx)
+        else:
+            loss, metrics = base_loss_fn(outputs, micro_batch, ctx)
+            kl = agg_loss(
+                kl_penalty(log_prob, teacher, config.kl_type), mask, loss_config.agg_mode, scale
+            )
+            loss = loss + config.coef * kl
+            metrics["distill/kl_loss"] = float(kl.detach().item())
+        metrics["distill/reverse_kl"] = _partial(log_prob - teacher, mask, scale)
+        metrics["distill/teacher_log_prob"] = _partial(teacher, mask, scale)
+        return loss, metrics
+
+    return loss_fn
+
+
+def full_vocab_reverse_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """The exact KL(student || teacher) = sum_v p_s(v) (log p_s(v) - log p_t(v)) at every
+    position, averaged over the positions where ``mask`` is 1 (float64). Logits [..., V]
+    (a teacher with more rows, e.g. a padded embedding, is cut to the student's V)."""
+    vocab = student_logits.shape[-1]
+    log_s = torch.log_softmax(student_logits.double(), dim=-1)
+    log_t = torch.log_softmax(teacher_logits[..., :vocab].double(), dim=-1)
+    per_position = (log_s.exp() * (log_s - log_t)).sum(-1)
+    weights = mask.double()
+    return (per_position * weights).sum() / weights.sum().clamp(min=1.0)
