@@ -136,7 +136,10 @@ class AgentInput:
 class AgentLoopOutput:
     """A finished sample. ``finish_reason``: "stop", "length", "abort" or "max_turns".
     ``response_versions``: per token, the policy version it was sampled with (-1 on tokens
-    the loop inserted); None when the engine does not record versions."""
+    the loop inserted); None when the engine does not record versions.
+    ``routed_experts``: the experts of the first tokens of ``prompt_ids + response_ids``
+    ([tokens, layers, top_k], `rl_core.rollout.GenerationOutput.routed_experts` of the last
+    turn, whose prompt held every earlier token); None when not recorded."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -148,6 +151,7 @@ class AgentLoopOutput:
     num_tool_errors: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     response_versions: list[int] | None = None
+    routed_experts: Any = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -33,6 +33,10 @@ Backend options (``RolloutConfig.engine_kwargs``, typed as `VLLMOptions`):
 (True), ``weight_bucket_bytes`` (default 512 MiB), ``update_timeout_s`` (default 600),
 ``weight_transfer`` (``auto``: ``ipc`` on accelerators, ``files`` on CPU); every other key
 goes to `vllm.AsyncEngineArgs`.
+
+Router replay (`RolloutConfig.return_routed_experts`): vLLM's own capture
+(``enable_return_routed_experts``, vLLM >= 0.32); each sample's final output brings the
+experts of its prompt and generated tokens (`rl_rollout.backends.routed_experts`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
 from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.options import VLLMOptions
+from rl_rollout.backends.routed_experts import decode_routed_experts
 from rl_rollout.backends.weight_files import write_bucket
 
 __all__ = ["VLLMRolloutEngine", "vllm_engine_args", "vllm_sampling_kwargs"]
@@ -95,6 +100,8 @@ def vllm_engine_args(
         "enable_sleep_mode": sleep_mode_available,
         "disable_log_stats": True,
     }
+    if config.return_routed_experts:
+        args["enable_return_routed_experts"] = True
     if transfer in ("ipc", "nccl"):
         args["weight_transfer_config"] = {"backend": transfer}
     if cpu:
@@ -143,8 +150,11 @@ class _Streamed:
         self.log_probs: list[float] = []
         self.versions: list[int] = []
         self.finish_reason: str | None = None
+        self.routed: Any = None  # numpy [prompt + generated - 1, layers, top_k] (final output)
 
     def add(self, completion: Any, version: int) -> None:
+        if getattr(completion, "routed_experts", None) is not None:
+            self.routed = completion.routed_experts
         tokens = list(completion.token_ids)
         self.tokens += tokens
         self.log_probs += _sampled_log_probs(tokens, completion.logprobs) if tokens else []
@@ -155,7 +165,13 @@ class _Streamed:
     def output(self) -> GenerationOutput:
         # samples that never started (aborted while queued) come back empty
         reason = self.finish_reason if self.finish_reason in ("stop", "length") else "abort"
-        return GenerationOutput(self.tokens, self.log_probs, reason, self.versions)
+        routed = None
+        if self.routed is not None and len(self.routed):
+            rows = len(self.routed)  # prompt + generated - 1 (fewer if aborted early)
+            routed = decode_routed_experts(self.routed, rows, self.routed.shape[-1], "vLLM")
+        return GenerationOutput(
+            self.tokens, self.log_probs, reason, self.versions, routed_experts=routed
+        )
 
 
 def ipc_update_info(bucket: list[tuple[str, Tensor]], gpu_uuid: str, device_type: str) -> dict:
