@@ -246,6 +246,10 @@ class RolloutEngine(ABC):
     #: built by `parse_options`; None: the backend reads them itself (not checked ahead).
     options_class: ClassVar[type | None] = None
 
+    #: Whether this backend honours `RolloutConfig.return_routed_experts` (router replay);
+    #: a trainer refuses the option for a backend that does not.
+    supports_routed_experts: ClassVar[bool] = False
+
     @classmethod
     def parse_options(cls, config: RolloutConfig) -> Any:
         """This backend's typed options from ``config.engine_kwargs`` (errors name

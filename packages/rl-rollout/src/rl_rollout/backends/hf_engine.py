@@ -122,6 +122,7 @@ class HFRolloutEngine(BackendEngine):
 
     name = "hf"
     options_class: ClassVar[type] = HFRolloutOptions
+    supports_routed_experts: ClassVar[bool] = True  # router replay
 
     def __init__(self, config: RolloutConfig) -> None:
         transformers = self._import_library(

@@ -155,6 +155,7 @@ class SGLangRolloutEngine(BackendEngine):
 
     name = "sglang"
     options_class: ClassVar[type] = SGLangOptions
+    supports_routed_experts: ClassVar[bool] = True  # router replay
 
     def __init__(self, config: RolloutConfig) -> None:
         sglang = self._import_library(

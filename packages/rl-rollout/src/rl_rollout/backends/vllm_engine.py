@@ -203,6 +203,7 @@ class VLLMRolloutEngine(BackendEngine):
     name = "vllm"
 
     options_class: ClassVar[type] = VLLMOptions
+    supports_routed_experts: ClassVar[bool] = True  # router replay
 
     def __init__(self, config: RolloutConfig) -> None:
         vllm = self._import_library(
