@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rl_core.config import ConfigError
 from rl_core.rollout import ROUTED_EXPERTS
 
 __all__ = ["HFRouterReplay", "ReplayCounts", "replayed_topk", "routed_experts_of"]
@@ -118,15 +119,19 @@ class HFRouterReplay:
             config, "num_local_experts", None
         )
         if not routers or not num_experts:
-            raise ValueError(
-                f"EngineConfig.router_replay=True but the model ({model_type}) is dense (no "
-                "MoE router): expected a mixture-of-experts model, or router_replay=false"
+            raise ConfigError(
+                "router_replay",
+                f"false for the dense model {model_type!r} (router replay needs a "
+                "mixture-of-experts model)",
+                value=True,
             )
         rule = SOFTMAX_TOPK_ROUTERS.get(model_type)
         if rule is None:
-            raise ValueError(
-                f"EngineConfig.router_replay=True: the fsdp engine replays the routers of "
-                f"{sorted(SOFTMAX_TOPK_ROUTERS)}, not {model_type!r}"
+            raise ConfigError(
+                "router_replay",
+                f"false for {model_type!r}: the fsdp engine replays the routers of "
+                f"{sorted(SOFTMAX_TOPK_ROUTERS)}",
+                value=True,
             )
         normalise = rule if isinstance(rule, bool) else bool(getattr(config, rule, False))
         return cls(routers, int(num_experts), normalise)
