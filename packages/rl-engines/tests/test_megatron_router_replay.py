@@ -51,6 +51,9 @@ def test_megatron_replays_the_routing_as_the_fsdp_engine_does(layout, moe_dir, f
     assert m["grad_norm"] == pytest.approx(f["grad_norm"], rel=1e-5)
     after = megatron_cases.gather_dp(results, "log_probs_after")
     torch.testing.assert_close(after, fsdp_replayed["log_probs_after"], atol=2e-5, rtol=1e-4)
+    # the router statistics count the replayed experts on both engines
+    for key in ("moe/expert_load_max_over_mean", "moe/router_entropy"):
+        assert m[key] == pytest.approx(f[key], rel=1e-5), key
     # most forced expert sets differ from the router's own choice, on both engines
     assert 0.5 < m["moe/router_replay_changed_fraction"] <= 1.0
     assert 0.5 < f["moe/router_replay_changed_fraction"] <= 1.0

@@ -42,9 +42,10 @@ def test_replay_in_the_padded_and_packed_layouts(moe_dir):
         assert res[f"own/{packed}/counts"]["replayed"] > 100
         # a forced routing moves the log-probs
         assert (res[f"forced/{packed}"] - plain).abs().max() > 1e-3
-        assert res[f"forced/{packed}/counts"]["changed"] > res[f"forced/{packed}/counts"][
-            "replayed"
-        ] / 2
+        assert (
+            res[f"forced/{packed}/counts"]["changed"]
+            > res[f"forced/{packed}/counts"]["replayed"] / 2
+        )
     # ... and the token order is right in both layouts: they agree
     torch.testing.assert_close(res["forced/False"], res["forced/True"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(res["plain/False"], res["plain/True"], atol=1e-5, rtol=1e-5)

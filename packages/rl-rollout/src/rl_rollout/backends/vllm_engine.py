@@ -36,7 +36,9 @@ goes to `vllm.AsyncEngineArgs`.
 
 Router replay (`RolloutConfig.return_routed_experts`): vLLM's own capture
 (``enable_return_routed_experts``, vLLM >= 0.32); each sample's final output brings the
-experts of its prompt and generated tokens (`rl_rollout.backends.routed_experts`).
+experts of its prompt and generated tokens (`rl_rollout.backends.routed_experts`). vLLM runs
+it on its model runner V2 only (the backend sets ``VLLM_USE_V2_MODEL_RUNNER=1`` unless set),
+which needs Triton: refused on CPU, unverified here (no GPU).
 """
 
 from __future__ import annotations
@@ -236,6 +238,16 @@ class VLLMRolloutEngine(BackendEngine):
             # vLLM on CPU refuses to start without an explicit KV-cache size (GiB)
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
             log.info("vllm rollout engine: VLLM_CPU_KVCACHE_SPACE unset, using 1 GiB")
+        if config.return_routed_experts and current_platform.is_cpu():
+            raise ValueError(
+                "RolloutConfig.return_routed_experts=True: vLLM 0.32 captures routing only on "
+                "its model runner V2, which needs Triton (absent on CPU); expected an "
+                "accelerator, or backend 'hf' on CPU"
+            )
+        if config.return_routed_experts and "VLLM_USE_V2_MODEL_RUNNER" not in os.environ:
+            # vLLM 0.32's routing capture (AuxOutput connector) runs on model runner V2 only
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+            log.info("vllm rollout engine: return_routed_experts sets VLLM_USE_V2_MODEL_RUNNER=1")
         self._sleep_supported = bool(current_platform.is_sleep_mode_available())
         args = vllm.AsyncEngineArgs(
             **vllm_engine_args(
