@@ -72,7 +72,8 @@ def _vllm_engine_arg_keys() -> tuple[str, ...]:
     keys: set[str] = set()
     for transfer in ("files", "ipc", "nccl"):
         for cpu in (False, True):
-            keys |= set(vllm_engine_args(_rollout_config(), True, cpu=cpu, transfer=transfer))
+            config = _rollout_config(return_routed_experts=True)  # router replay's key too
+            keys |= set(vllm_engine_args(config, True, cpu=cpu, transfer=transfer))
     return tuple(sorted(keys))
 
 
@@ -86,7 +87,8 @@ def _sglang_engine_keys() -> tuple[str, ...]:
     from rl_rollout.backends.sglang_engine import sglang_engine_kwargs
 
     # enable_deterministic_inference: named in the backend's docs and read back by it
-    return (*sglang_engine_kwargs(_rollout_config()), "enable_deterministic_inference")
+    config = _rollout_config(return_routed_experts=True)  # router replay's key too
+    return (*sglang_engine_kwargs(config), "enable_deterministic_inference")
 
 
 def _sglang_sampling_keys() -> tuple[str, ...]:
@@ -202,6 +204,7 @@ def sglang_api() -> list[Call | Fields]:
                 "rid",
                 "image_data",
                 "video_data",
+                "return_routed_experts",
             ),
             run="await",
         ),

@@ -180,7 +180,11 @@ class HFRouterProbe:
                     f"router of MoE layer {layer} saw {logits.shape[0]} tokens; the micro-batch "
                     f"has {mask.numel()} ({int(mask.sum())} real)"
                 )
-            chosen = torch.topk(logits.detach(), self.topk, dim=-1).indices
+            used = output[2] if isinstance(output, tuple) and len(output) >= 3 else None
+            if isinstance(used, Tensor) and not used.is_floating_point():
+                chosen = used.reshape(-1, self.topk)  # the experts used (router replay too)
+            else:
+                chosen = torch.topk(logits.detach(), self.topk, dim=-1).indices
             routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, chosen, True)
             self.stats.record(layer, logits, routing_map, valid)
             if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:

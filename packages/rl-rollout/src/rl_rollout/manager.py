@@ -27,7 +27,10 @@ clamp(cumsum(attention_mask) - 1, min=0), ``response_mask`` [B, R] (1 on policy 
 tool tokens and padding), ``rollout_log_probs`` [B, R] (0 where the mask is 0); when the
 engines record versions, ``rollout_weight_versions`` [B, R] (the policy version each token was
 sampled with, -1 where the mask is 0) and ``policy_version`` [B] (the oldest version among a
-row's tokens; a row whose generation spanned a weight update is a partial rollout). All the input's
+row's tokens; a row whose generation spanned a weight update is a partial rollout); when the
+engines record routing (`RolloutConfig.return_routed_experts`), ``routed_experts``
+[B, P+R, layers, top_k] int16 aligned with ``input_ids``, -1 where nothing was recorded
+(`rl_core.rollout.ROUTED_EXPERTS`). All the input's
 non-tensor fields are kept; ``num_turns``, ``num_tool_calls``, ``num_tool_errors`` and
 ``finish_reason`` are added per row, and ``meta_info["rollout_metrics"]`` holds batch totals.
 """
@@ -53,7 +56,7 @@ from torch import Tensor
 
 from rl_core.config import check, validate
 from rl_core.protocol import DataProto
-from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_core.rollout import ROUTED_EXPERTS, GenerationOutput, RolloutConfig, SamplingParams
 from rl_core.text_env_pool import TextEnvPool, TextEnvPoolConfig
 from rl_rollout.agent_loop.base import (
     AgentInput,
@@ -441,6 +444,9 @@ class RolloutManager:
             oldest = versions.masked_fill(~policy, 2**62).min(dim=1).values
             tensors["rollout_weight_versions"] = versions
             tensors["policy_version"] = torch.where(policy.any(1), oldest, -1)
+        routed = _routed_experts(outputs, prompt_len, resp_len)
+        if routed is not None:
+            tensors[ROUTED_EXPERTS] = routed
         non_tensors = dict(batch.non_tensor_batch)
         non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
         non_tensors["num_tool_calls"] = np.array(
@@ -613,6 +619,32 @@ def _prompt_ids(batch: DataProto) -> list[list[int]] | None:
             )
         return [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
     return None
+
+
+def _routed_experts(
+    outputs: list[AgentLoopOutput], prompt_len: int, resp_len: int
+) -> Tensor | None:
+    """The rows' recorded routing in the batch layout [B, P+R, layers, top_k] (int16, -1
+    where nothing was recorded); None when no row has any. A row's real tokens are
+    contiguous from column P - p (left-padded prompt, then the response)."""
+    recorded = [o.routed_experts for o in outputs if o.routed_experts is not None]
+    if not recorded:
+        return None
+    layers, topk = recorded[0].shape[1:]
+    routed = torch.full((len(outputs), prompt_len + resp_len, layers, topk), -1, dtype=torch.int16)
+    for i, out in enumerate(outputs):
+        rows = out.routed_experts
+        if rows is None:
+            continue
+        if tuple(rows.shape[1:]) != (layers, topk):
+            raise RuntimeError(
+                f"row {i}: routed_experts of shape {tuple(rows.shape)}; expected [tokens, "
+                f"{layers}, {topk}] like the other rows"
+            )
+        start = prompt_len - len(out.prompt_ids)
+        n = min(rows.shape[0], len(out.prompt_ids) + len(out.response_ids))
+        routed[i, start : start + n] = rows[:n].to(torch.int16)
+    return routed
 
 
 def _batch_metrics(outputs: list[AgentLoopOutput], elapsed: float) -> dict[str, float]:

@@ -158,6 +158,12 @@ class ActorConfig:
     change the result (several mini-batches or epochs, a KL penalty in the reward);
     otherwise the update's own forward pass provides them (detached), as on-policy
     trainers do. true: always (e.g. for the rollout-vs-trainer mismatch metrics)."""
+    router_replay: bool = False
+    """Router replay (R3), mixture-of-experts models only: the rollout records the experts
+    each token was routed to (batch field ``routed_experts``) and every forward pass of the
+    actor and the reference model routes the tokens to those experts (fsdp and megatron
+    engines), so that rollout and trainer compute the same experts. Needs a rollout backend
+    that records routing (hf, vllm, sglang) and a colocated or split placement."""
 
     def __post_init__(self) -> None:
         _positive(self, "mini_batch_size", "epochs")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rl_core.protocol import DataProto
+from rl_core.rollout import ROUTED_EXPERTS
 
 __all__ = [
     "add_group_ids_and_seeds",
@@ -61,8 +62,8 @@ def trim_padding(batch: DataProto) -> DataProto:
         value = t[key]
         if key == "prompts":
             out[key] = value[:, prompt_len - keep_p :]
-        elif key in ("input_ids", "attention_mask", "position_ids"):
-            out[key] = value[:, cols]
+        elif key in ("input_ids", "attention_mask", "position_ids", ROUTED_EXPERTS):
+            out[key] = value[:, cols]  # (routed experts: [B, P+R, layers, top_k])
         elif value.dim() == 2 and value.shape[1] == t["responses"].shape[1]:
             out[key] = value[:, :keep_r]
         else:

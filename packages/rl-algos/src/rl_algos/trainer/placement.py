@@ -16,8 +16,10 @@ or ``local`` (one in-process worker, for debugging).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +122,7 @@ def _engine_config(
         "on_nan": role.on_nan,
         "timeout_s": cfg.trainer.call_timeout_s,
         "engine_kwargs": _engine_kwargs(cfg, getattr(role, "engine_kwargs", None)),
+        "router_replay": bool(getattr(role, "router_replay", False)),
     }
     engine_config = build(EngineConfig, data, key)
     _checked(key, ENGINES.get(role.engine).parse_options, engine_config)
@@ -191,10 +194,34 @@ def _check_lora(cfg: Any) -> None:
           "adapters (use actor.engine=fsdp)")  # fmt: skip
 
 
+# Hugging Face config fields that give a mixture-of-experts model's routed experts per layer.
+MOE_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _check_router_replay(cfg: Any, model_path: str) -> None:
+    """Router replay needs a mixture-of-experts model and a rollout that records routing."""
+    if not cfg.actor.router_replay:
+        return
+    with open(os.path.join(model_path, "config.json")) as f:
+        hf_config = json.load(f)
+    hf_config = hf_config.get("text_config", hf_config)
+    check(any(hf_config.get(key) for key in MOE_EXPERT_FIELDS), "actor.router_replay", True,
+          f"false for the dense model {cfg.model.path!r} (router replay needs a "
+          f"mixture-of-experts model: a config with one of {list(MOE_EXPERT_FIELDS)})")  # fmt: skip
+    backend = cfg.rollout.backend
+    check(getattr(ROLLOUTS.get(backend), "supports_routed_experts", False),
+          "actor.router_replay", True, f"false with rollout.backend={backend!r}, which does "
+          "not record routed experts (hf, vllm and sglang do)")  # fmt: skip
+    check(cfg.rollout.placement != "remote", "actor.router_replay", True,
+          "false with rollout.placement='remote' (an OpenAI-compatible server returns no "
+          "routed experts)")  # fmt: skip
+
+
 def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> ActorWorkerConfig:
     """The typed config an `ActorRolloutWorker` is built from (checked: every engine and
     rollout option is parsed by the class its name resolves to)."""
     _check_lora(cfg)
+    _check_router_replay(cfg, model_path)
     model = _model_fields(
         cfg,
         model_path,
@@ -278,6 +305,7 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
             "seed": cfg.trainer.seed,
             "tensor_parallel_size": rollout.tensor_parallel_size,
             "engine_kwargs": _rollout_kwargs(rollout),
+            "return_routed_experts": cfg.actor.router_replay,
         },
         "placement": rollout.placement,
         "agent_loop": rollout.agent_loop,

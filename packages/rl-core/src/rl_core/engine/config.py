@@ -276,6 +276,10 @@ class EngineConfig(_Checked):
     collective. ``engine_kwargs``: the backend's own options (e.g. the fsdp engine's
     ``attn_implementation``, ``use_remove_padding``, ``logprob_chunk_tokens``; the megatron
     engine's ``sequence_parallel``), which the engine validates into its own typed options.
+    ``router_replay`` (mixture-of-experts models only): every forward pass routes each token
+    to the experts the batch's ``routed_experts`` field records (the rollout's choice, see
+    `rl_core.rollout.ROUTED_EXPERTS`) instead of the router's own top-k; tokens recorded as
+    -1 keep the router's choice. A batch without the field is refused.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -288,6 +292,7 @@ class EngineConfig(_Checked):
     on_nan: Literal["raise", "skip"] = "raise"
     timeout_s: float = 600.0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    router_replay: bool = False
 
     def check(self) -> None:
         optim = self.optim

@@ -7,6 +7,7 @@ the conformance suite in ``rl_core.testing.rollout_engine``.
 
 from rl_core.rollout.base import (
     ROLLOUTS,
+    ROUTED_EXPERTS,
     FinishReason,
     GenerationOutput,
     RolloutConfig,
@@ -25,6 +26,7 @@ from rl_core.rollout.generator import (
 
 __all__ = [
     "ROLLOUTS",
+    "ROUTED_EXPERTS",
     "SEQUENCE_GENERATORS",
     "FinishReason",
     "GenerationOutput",

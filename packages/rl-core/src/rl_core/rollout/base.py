@@ -37,6 +37,7 @@ from rl_core.registry import Registry
 
 __all__ = [
     "ROLLOUTS",
+    "ROUTED_EXPERTS",
     "FinishReason",
     "GenerationOutput",
     "RolloutConfig",
@@ -47,6 +48,15 @@ __all__ = [
     "check_stop_token_ids",
     "logprob_temperature",
 ]
+
+ROUTED_EXPERTS = "routed_experts"
+"""The batch field of the experts a mixture-of-experts rollout routed each token to (router
+replay, R3): int16 [B, P + R, num_moe_layers, top_k] on CPU, aligned with ``input_ids``
+(left-padded prompt, right-padded response); entry ``[b, t, l]`` holds the expert ids that
+MoE layer l (in model order) selected for token t of row b, -1 where nothing was recorded
+(padding, and the last response token, which no rollout forward pass reads). Produced when
+`RolloutConfig.return_routed_experts` is set; replayed by engines whose
+`rl_core.engine.EngineConfig.router_replay` is set."""
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS = ("stop", "length", "abort")
@@ -98,12 +108,19 @@ class GenerationOutput:
     ``weight_versions`` (optional): the policy version of the weights each token was sampled
     with (the ``version`` of the latest `RolloutEngine.update_weights`); a request that
     spans a weight update has tokens of two versions (a partial rollout). None: the
-    engine does not record versions."""
+    engine does not record versions.
+
+    ``routed_experts`` (only with `RolloutConfig.return_routed_experts`, MoE models): the
+    experts each MoE layer selected for every token of ``prompt_ids + token_ids`` that a
+    forward pass read, i.e. all but the last generated token: an int16 CPU tensor
+    [len(prompt_ids) + len(token_ids) - 1, num_moe_layers, top_k] (fewer rows for a request
+    aborted before its prefill). None: not recorded."""
 
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: FinishReason
     weight_versions: list[int] | None = None
+    routed_experts: Tensor | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.log_probs):
@@ -115,6 +132,11 @@ class GenerationOutput:
             raise ValueError(
                 f"GenerationOutput: {len(self.token_ids)} token_ids but "
                 f"{len(self.weight_versions)} weight_versions; expected one per token or None"
+            )
+        if self.routed_experts is not None and self.routed_experts.dim() != 3:
+            raise ValueError(
+                f"GenerationOutput.routed_experts has shape {tuple(self.routed_experts.shape)}: "
+                "expected [tokens, num_moe_layers, top_k]"
             )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(
@@ -133,6 +155,9 @@ class RolloutConfig:
     ``dtype`` is a torch dtype name ("float32", "bfloat16", "float16"); CPU runs use
     float32. ``max_model_len`` None means the model's own context length.
     ``max_num_seqs``: the most sequences an engine runs at once.
+    ``return_routed_experts``: record the experts a mixture-of-experts model routes every
+    token to (`GenerationOutput.routed_experts`, for router replay); a backend that cannot
+    refuses it when built, and a dense model is refused.
     """
 
     model_path: str
@@ -143,6 +168,7 @@ class RolloutConfig:
     seed: int = 0
     max_num_seqs: int = 256
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    return_routed_experts: bool = False
 
     def check(self) -> None:
         check(bool(self.model_path), "model_path", self.model_path,
@@ -219,6 +245,10 @@ class RolloutEngine(ABC):
     #: The dataclass of this backend's own options (``RolloutConfig.engine_kwargs``),
     #: built by `parse_options`; None: the backend reads them itself (not checked ahead).
     options_class: ClassVar[type | None] = None
+
+    #: Whether this backend honours `RolloutConfig.return_routed_experts` (router replay);
+    #: a trainer refuses the option for a backend that does not.
+    supports_routed_experts: ClassVar[bool] = False
 
     @classmethod
     def parse_options(cls, config: RolloutConfig) -> Any:

@@ -9,7 +9,9 @@ its own (a remote inference service, an environment simulator, ...).
 token-id lists, or ``raw_prompt`` chat messages) and returns one row per row with the
 fields of the batch layout: ``prompts`` (left-padded), ``responses`` (right-padded),
 ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``,
-``rollout_log_probs``; the input's non-tensor fields and meta_info are carried over.
+``rollout_log_probs``, and ``routed_experts`` when the engines record the routing of a
+mixture-of-experts model (`rl_core.rollout.ROUTED_EXPERTS`); the input's non-tensor fields
+and meta_info are carried over.
 """
 
 from __future__ import annotations

@@ -77,6 +77,7 @@ from rl_engines.hf_model import (
 )
 from rl_engines.lora import adapter_tensors, apply_lora, merge_lora_weights
 from rl_engines.moe import HFRouterProbe
+from rl_engines.router_replay import HFRouterReplay, routed_experts_of
 
 __all__ = ["FSDPEngine", "FSDPOptions"]
 
@@ -185,6 +186,9 @@ class FSDPEngine(EngineBase):
             if self.value_model
             else ChunkedLMHead.install(self.model, self.options.logprob_chunk_tokens)
         )
+        # router replay: the batch's recorded experts drive every forward (R3); its hooks
+        # come first, so the router statistics count the experts actually used
+        self.router_replay = HFRouterReplay.install(self.model) if config.router_replay else None
         self.router_probe = HFRouterProbe.install(self.model)
         self.shared_prompts = self._resolve_share_prompts(attention)
         coeff = self.options.moe_aux_loss_coeff
@@ -238,6 +242,15 @@ class FSDPEngine(EngineBase):
         keys = ("input_ids", "attention_mask", "position_ids", "responses")
         return {k: micro_batch.batch[k].to(self.device) for k in keys}
 
+    def _replaying(self, micro_batch: DataProto) -> Any:
+        """Router replay of the micro-batch's recorded experts (a no-op without replay);
+        spans forward and backward, so that a checkpointed recompute replays too."""
+        if self.router_replay is None:
+            return nullcontext()
+        routed = routed_experts_of(micro_batch, self.engine_name)
+        mask = micro_batch.batch["attention_mask"].to(self.device)
+        return self.router_replay.replaying(routed.to(self.device), mask)
+
     def _forward(
         self, micro_batch: DataProto, outputs: Sequence[str], temperature: float
     ) -> dict[str, Tensor]:
@@ -277,14 +290,15 @@ class FSDPEngine(EngineBase):
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
             micro_batch = micro_batch.to(self.device)  # the loss sees it on our device
             mask = micro_batch.batch["attention_mask"]
-            with probe.forward(mask) if probe else nullcontext([]) as aux_loss:
-                out = self._forward(micro_batch, outputs, temperature)
-            loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
-            if aux_loss and self.moe_aux_loss_coeff:  # mean over micro-batches and DP ranks
-                scale = self.moe_aux_loss_coeff / (num_micro * self.dp_size)
-                (loss + scale * aux_loss[0]).backward()
-            else:
-                loss.backward()
+            with self._replaying(micro_batch):
+                with probe.forward(mask) if probe else nullcontext([]) as aux_loss:
+                    out = self._forward(micro_batch, outputs, temperature)
+                loss, metrics = self._call_loss(loss_fn, out, micro_batch, ctx)
+                if aux_loss and self.moe_aux_loss_coeff:  # mean over micro-batches and DP
+                    scale = self.moe_aux_loss_coeff / (num_micro * self.dp_size)
+                    (loss + scale * aux_loss[0]).backward()
+                else:
+                    loss.backward()
             loss_sum += loss.detach().double()
             nonfinite += (~torch.isfinite(loss.detach())).double()
             for key, value in metrics.items():
@@ -299,6 +313,8 @@ class FSDPEngine(EngineBase):
         all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
         grad_norm = self._grad_norm()
         moe_metrics = probe.step_metrics(num_micro, self.device) if probe else {}
+        if self.router_replay is not None:  # this rank's share of changed selections
+            moe_metrics.update(self.router_replay.counts.take())
         params = [p for p in self.model.parameters() if p.grad is not None]
         step_counts = (num_tokens, num_seqs, num_micro)
         return self._finish_train_batch(reduced, keys, grad_norm, params, step_counts, moe_metrics)
@@ -335,7 +351,8 @@ class FSDPEngine(EngineBase):
         order: list[int] = []
         batch, grouping = self._grouped(batch)
         for micro_batch, indices in split_micro_batches(batch, cfg, num_micro):
-            out = self._forward(micro_batch, outputs, temperature)
+            with self._replaying(micro_batch):
+                out = self._forward(micro_batch, outputs, temperature)
             for key in outputs:
                 pieces[key].append(out[key].cpu())
             order.extend(grouping[indices].tolist() if grouping is not None else indices)

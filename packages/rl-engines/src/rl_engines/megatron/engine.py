@@ -65,10 +65,16 @@ from rl_engines.megatron.model import (
 )
 from rl_engines.megatron.parallel import ParallelState
 from rl_engines.megatron.precision import MainParams, check_dtypes, wrap_float16
-from rl_engines.megatron.routing import install_router_probes, routing_padding_mask
+from rl_engines.megatron.routing import (
+    MegatronRouterReplay,
+    align_routed_experts,
+    install_router_probes,
+    routing_padding_mask,
+)
 from rl_engines.megatron.sharded_optimizer import ShardedAdamW
 from rl_engines.megatron.weights import HFWeightLoader, Layout, export_hf_weights, load_hf_weights
 from rl_engines.moe import RouterStats
+from rl_engines.router_replay import routed_experts_of
 
 __all__ = ["MegatronEngine"]
 
@@ -149,7 +155,34 @@ class MegatronEngine(EngineBase):
         if self.arch.num_experts is not None:
             self.router_stats = RouterStats(self.arch.num_layers, self.arch.num_experts)
             install_router_probes(self.chunks, self.router_stats)
+        self.router_replay = self._build_router_replay(config)
         torch.manual_seed(config.seed + self.rank)
+
+    def _build_router_replay(self, config: EngineConfig) -> MegatronRouterReplay | None:
+        """Router replay (`EngineConfig.router_replay`): refused for a dense model and for
+        layouts whose recomputation or token split it does not follow."""
+        if not config.router_replay:
+            return None
+        if self.arch.num_experts is None:
+            raise ConfigError(
+                "router_replay",
+                f"false for the dense model {self.hf_config.model_type!r} (router replay needs "
+                "a mixture-of-experts model)",
+                value=True,
+            )
+        if config.parallel.activation_checkpointing and self.mcfg.pipeline_parallel_size > 1:
+            raise ValueError(
+                "EngineConfig.router_replay=True with activation_checkpointing and "
+                f"pipeline_parallel_size={self.mcfg.pipeline_parallel_size}: the recompute in "
+                "backward would replay another micro-batch; expected one of them off (or 1)"
+            )
+        if self.mcfg.context_parallel_size > 1:
+            raise ValueError(
+                "EngineConfig.router_replay=True with context_parallel_size="
+                f"{self.mcfg.context_parallel_size}: expected 1 (router replay does not "
+                "follow the context-parallel token split)"
+            )
+        return MegatronRouterReplay(self.chunks, self.arch.num_layers)
 
     def _load_weights(self) -> None:
         """Fill the main parameters from the Hugging Face model: a checkpoint is streamed
@@ -339,12 +372,23 @@ class MegatronEngine(EngineBase):
             tensors = {
                 k: mb.batch[k].to(self.device) for k in ("input_ids", "attention_mask", "responses")
             }
-            items.append((index, mb, align_micro_batch(tensors, rows, seq_len)))
+            routed = None
+            if self.router_replay is not None:
+                routed = align_routed_experts(
+                    routed_experts_of(mb, self.engine_name).to(self.device),
+                    tensors["attention_mask"],
+                    rows,
+                    seq_len,
+                )
+            items.append((index, mb, align_micro_batch(tensors, rows, seq_len), routed))
         chunk_tokens = self.mcfg.logits_chunk_tokens
         tp_group = self.layout.tp_group if self.layout.tp > 1 else None
 
         def forward_step(data_iterator, model):
-            index, mb, aligned = next(data_iterator)
+            index, mb, aligned, routed = next(data_iterator)
+            if self.router_replay is not None:  # this chunk's layers, this micro-batch
+                chunk = next(i for i, m in enumerate(self.models) if m is model)
+                self.router_replay.set(routed, self.mcfg.sequence_parallel, self.layout, chunk)
             kwargs = {}
             if self.router_stats is not None:
                 kwargs["padding_mask"] = routing_padding_mask(
@@ -382,6 +426,8 @@ class MegatronEngine(EngineBase):
             micro_batch_size=rows,
             forward_only=forward_only,
         )
+        if self.router_replay is not None:
+            self.router_replay.set(None, False, self.layout)
 
     # ---- training -----------------------------------------------------------------
     def train_batch(
@@ -430,6 +476,8 @@ class MegatronEngine(EngineBase):
         all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
         grad_norm = self._grad_norm()
         moe_metrics = self._moe_metrics(num_micro)
+        if self.router_replay is not None:  # this rank's share of changed selections
+            moe_metrics.update(self.router_replay.counts.take())
         step_counts = (num_tokens, num_seqs, num_micro)
         return self._finish_train_batch(
             reduced, keys, grad_norm, self.params, step_counts, moe_metrics

@@ -139,7 +139,10 @@ class AgentLoopOutput:
     the loop inserted); None when the engine does not record versions. Environment episodes
     (the ``env`` loop) add ``token_rewards`` (per token: each turn's reward on its last
     generated token, the final reward on the last one), ``env_name`` and ``env_error`` (the
-    one-line error of a failed episode; the trainer drops the sample)."""
+    one-line error of a failed episode; the trainer drops the sample).
+    ``routed_experts``: the experts of the first tokens of ``prompt_ids + response_ids``
+    ([tokens, layers, top_k], `rl_core.rollout.GenerationOutput.routed_experts` of the last
+    turn, whose prompt held every earlier token); None when not recorded."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -154,6 +157,7 @@ class AgentLoopOutput:
     token_rewards: list[float] | None = None
     env_name: str | None = None
     env_error: str | None = None
+    routed_experts: Any = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

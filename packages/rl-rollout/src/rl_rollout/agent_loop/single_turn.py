@@ -23,4 +23,5 @@ class SingleTurnAgentLoop(AgentLoop):
             finish_reason=out.finish_reason,
             num_turns=1,
             response_versions=None if out.weight_versions is None else list(out.weight_versions),
+            routed_experts=out.routed_experts,
         )

@@ -50,6 +50,7 @@ class ToolAgentLoop(AgentLoop):
         counts: Counter[str] = Counter()
         tool_metrics: Counter[str] = Counter()
         finish, turns = "length", 0
+        routed = None  # the last turn's: its prompt held every earlier token
         while len(ids) < cfg.response_length:
             out = await self.client.generate(
                 prompt_ids + ids,
@@ -58,6 +59,7 @@ class ToolAgentLoop(AgentLoop):
                 **sample.client_kwargs(),
             )
             turns += 1
+            routed = out.routed_experts
             ids += out.token_ids
             mask += [1] * len(out.token_ids)
             log_probs += [float(x) for x in out.log_probs]
@@ -97,6 +99,7 @@ class ToolAgentLoop(AgentLoop):
             num_tool_errors=errors,
             metrics={**{k: float(v) for k, v in counts.items()}, **tool_metrics},
             response_versions=versions,
+            routed_experts=routed,
         )
 
     async def _run_calls(

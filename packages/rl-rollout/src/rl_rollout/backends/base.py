@@ -22,6 +22,7 @@ from rl_core.rollout import (
     check_stop_token_ids,
 )
 from rl_rollout.backends.options import OptionsT
+from rl_rollout.backends.routed_experts import check_moe_model
 
 __all__ = ["BackendEngine", "CheckedRequest"]
 
@@ -73,6 +74,8 @@ class BackendEngine(RolloutEngine):
         options = options_type.from_kwargs(config.engine_kwargs)
         self._bucket_bytes = options.weight_bucket_bytes
         self._update_timeout_s = float(options.update_timeout_s)
+        if config.return_routed_experts:
+            check_moe_model(config.model_path)
         return options
 
     @property

@@ -21,6 +21,11 @@ sampled with (`GenerationOutput.weight_versions`). ``engine_kwargs["load_format"
 builds the model without reading its weights, for a caller that loads all of them with
 `update_weights` before the first `generate` (which refuses to run until then).
 
+Router replay: with `RolloutConfig.return_routed_experts` (mixture-of-experts models only)
+every forward call records the experts each router selects (`rl_rollout.backends.hf_routing`)
+and each sample returns them as `GenerationOutput.routed_experts`; a re-prefill after a weight
+update re-records the whole context.
+
 Vision-language models (a config with a ``vision_config``: Qwen2-VL, Qwen2.5-VL) load through
 ``AutoModelForImageTextToText``; a request's ``multi_modal_data={"image": [PIL images]}`` is
 processed with the model directory's image processor, and its prompt ids must already hold
@@ -46,6 +51,7 @@ from rl_core.platform import get_platform
 from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
 from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.hf_prefill import cached_step, left_padded, prefill_text
+from rl_rollout.backends.hf_routing import RoutingRecorder
 from rl_rollout.backends.options import HFRolloutOptions
 from rl_rollout.backends.sampling import RowSampling, sample_rows
 
@@ -90,10 +96,16 @@ class _Sequence:
     finish_reason: str | None = None
     aborted: bool = False
     vision: dict[str, Tensor] | None = None  # pixel_values, image_grid_thw
+    routing: list[Tensor] | None = None  # recorded experts, [tokens, layers, top_k] pieces
 
     def output(self) -> GenerationOutput:
+        routed = torch.cat(self.routing) if self.routing else None
         return GenerationOutput(
-            list(self.tokens), list(self.log_probs), self.finish_reason, list(self.versions)
+            list(self.tokens),
+            list(self.log_probs),
+            self.finish_reason,
+            list(self.versions),
+            routed_experts=routed,
         )
 
 
@@ -110,6 +122,7 @@ class HFRolloutEngine(BackendEngine):
 
     name = "hf"
     options_class: ClassVar[type] = HFRolloutOptions
+    supports_routed_experts: ClassVar[bool] = True  # router replay
 
     def __init__(self, config: RolloutConfig) -> None:
         transformers = self._import_library(
@@ -151,6 +164,9 @@ class HFRolloutEngine(BackendEngine):
             if self.vision and t is not None
         ]
         self.model.to(self.device).eval().requires_grad_(False)
+        self._recorder = (
+            RoutingRecorder(self.model, config.model_path) if config.return_routed_experts else None
+        )
         # load_format="dummy": weights (by canonical name; tied ones count once) that no
         # update_weights has written yet; generate refuses to run on them
         self._unloaded = (
@@ -428,6 +444,10 @@ class HFRolloutEngine(BackendEngine):
         extra = self._prefill_vision(live, ids, mask)
         positions = extra.pop("position_ids")
         logits, cache = cached_step(self.model, ids, mask, positions, None, **extra)
+        if self._recorder is not None:
+            routing = self._recorder.take(*ids.shape)
+            for row, (s, context) in enumerate(zip(live, contexts, strict=True)):
+                s.routing = [routing[row, ids.shape[1] - len(context) :]]
         return logits, cache, mask, positions
 
     @torch.no_grad()
@@ -444,11 +464,15 @@ class HFRolloutEngine(BackendEngine):
                 top_k=torch.tensor([s.params.top_k for s in live], device=self.device),
                 generators=[s.generator for s in live],
             )
+            if self._recorder is not None:
+                self._recorder.clear()
             if self.vision:
                 logits, cache, mask, positions = self._prefill_with_images(live, contexts)
             else:  # equal contexts and a common prefix run once (`hf_prefill`)
-                done = prefill_text(self.model, contexts, self.device)
+                done = prefill_text(self.model, contexts, self.device, self._recorder)
                 logits, cache, mask, positions = done.logits, done.cache, done.mask, done.positions
+                for s, routing in zip(live, done.routing or [], strict=False):
+                    s.routing = [routing]  # the whole context, re-recorded after an update
         else:
             live, mask, sampling, cache = (
                 state["live"],
@@ -459,6 +483,11 @@ class HFRolloutEngine(BackendEngine):
             mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
             positions = state["positions"][..., None] + 1  # [B] or [3, B] (multimodal)
             logits, cache = cached_step(self.model, state["next"][:, None], mask, positions, cache)
+            if self._recorder is not None:
+                step = self._recorder.take(len(live), 1)
+                for row, s in enumerate(live):
+                    if s.finish_reason is None:  # an aborted row's token was its last
+                        s.routing.append(step[row])
         if self._banned:
             logits[:, self._banned] = float("-inf")
         tokens, log_probs = sample_rows(logits, sampling, self._shared_generator)

@@ -37,6 +37,11 @@ Backend options (``RolloutConfig.engine_kwargs``, typed as `SGLangOptions`):
 ``weight_bucket_bytes`` (default 512 MiB), ``update_timeout_s`` (default 600),
 ``weight_transfer`` (``"nccl"``: the split pool receives broadcasts; ``"auto"``: tensors in
 process); every other key goes to `sglang.Engine`.
+
+Router replay (`RolloutConfig.return_routed_experts`): SGLang's own capture (server argument
+``enable_return_routed_experts``, request argument ``return_routed_experts``); each sample's
+``meta_info["routed_experts"]`` holds the experts of its prompt and generated tokens
+(`rl_rollout.backends.routed_experts`).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.nccl_transfer import GROUP_NAME
 from rl_rollout.backends.options import SGLangOptions
+from rl_rollout.backends.routed_experts import decode_routed_experts
 
 __all__ = [
     "SGLangRolloutEngine",
@@ -90,6 +96,8 @@ def sglang_engine_kwargs(config: RolloutConfig) -> dict[str, Any]:
     }
     if config.max_model_len is not None:
         kwargs["context_length"] = config.max_model_len
+    if config.return_routed_experts:
+        kwargs["enable_return_routed_experts"] = True
     kwargs.update(options.engine_args)
     return kwargs
 
@@ -113,8 +121,12 @@ def sglang_sampling_params(params: SamplingParams, index: int, max_tokens: int) 
     return out
 
 
-def sglang_output(result: dict[str, Any]) -> GenerationOutput:
-    """Our `GenerationOutput` from one SGLang generate result dict (a pure function)."""
+def sglang_output(
+    result: dict[str, Any], prompt_len: int = 0, topk: int | None = None
+) -> GenerationOutput:
+    """Our `GenerationOutput` from one SGLang generate result dict (a pure function);
+    ``topk`` (router replay): decode ``meta_info["routed_experts"]`` for a prompt of
+    ``prompt_len`` tokens."""
     tokens = [int(t) for t in result.get("output_ids", [])]
     meta = result.get("meta_info", {})
     entries = meta.get("output_token_logprobs") or []
@@ -131,7 +143,11 @@ def sglang_output(result: dict[str, Any]) -> GenerationOutput:
         log_probs.append(float(log_prob))
     reason = (meta.get("finish_reason") or {}).get("type")
     finish = reason if reason in ("stop", "length") else "abort"
-    return GenerationOutput(tokens, log_probs, finish)
+    routed = None
+    if topk is not None and meta.get("routed_experts") is not None:
+        rows = prompt_len + len(tokens) - 1
+        routed = decode_routed_experts(meta["routed_experts"], rows, topk, "SGLang")
+    return GenerationOutput(tokens, log_probs, finish, routed_experts=routed)
 
 
 class SGLangRolloutEngine(BackendEngine):
@@ -139,6 +155,7 @@ class SGLangRolloutEngine(BackendEngine):
 
     name = "sglang"
     options_class: ClassVar[type] = SGLangOptions
+    supports_routed_experts: ClassVar[bool] = True  # router replay
 
     def __init__(self, config: RolloutConfig) -> None:
         sglang = self._import_library(
@@ -158,6 +175,12 @@ class SGLangRolloutEngine(BackendEngine):
         self._max_model_len = int(model_config.context_len)
         self.vocab_size = int(model_config.vocab_size)
         self._placeholders = placeholder_token_ids(model_config.hf_config)
+        text_config = getattr(model_config.hf_config, "get_text_config", lambda: None)()
+        self._topk = (
+            int((text_config or model_config.hf_config).num_experts_per_tok)
+            if config.return_routed_experts
+            else None
+        )
         self._in_flight: dict[str, list[str]] = {}
         self.weight_version = 0
         self._transfer_ready = False
@@ -188,6 +211,7 @@ class SGLangRolloutEngine(BackendEngine):
                         sampling_params=sglang_sampling_params(params, i, max_tokens),
                         return_logprob=True,
                         rid=rid,
+                        **({"return_routed_experts": True} if self._topk else {}),
                         image_data=mm.get("image"),
                         video_data=mm.get("video"),
                     )
@@ -196,7 +220,7 @@ class SGLangRolloutEngine(BackendEngine):
             )
         finally:
             self._in_flight.pop(request_id, None)
-        outputs = [sglang_output(r) for r in results]
+        outputs = [sglang_output(r, len(prompt), self._topk) for r in results]
         for out in outputs:  # an update aborts requests in flight: one version per request
             out.weight_versions = [version] * len(out.token_ids)
         return outputs

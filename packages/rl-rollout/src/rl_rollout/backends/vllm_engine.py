@@ -33,6 +33,12 @@ Backend options (``RolloutConfig.engine_kwargs``, typed as `VLLMOptions`):
 (True), ``weight_bucket_bytes`` (default 512 MiB), ``update_timeout_s`` (default 600),
 ``weight_transfer`` (``auto``: ``ipc`` on accelerators, ``files`` on CPU); every other key
 goes to `vllm.AsyncEngineArgs`.
+
+Router replay (`RolloutConfig.return_routed_experts`): vLLM's own capture
+(``enable_return_routed_experts``, vLLM >= 0.32); each sample's final output brings the
+experts of its prompt and generated tokens (`rl_rollout.backends.routed_experts`). vLLM runs
+it on its model runner V2 only (the backend sets ``VLLM_USE_V2_MODEL_RUNNER=1`` unless set),
+which needs Triton: refused on CPU, unverified here (no GPU).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
 from rl_rollout.backends.base import BackendEngine, CheckedRequest
 from rl_rollout.backends.multimodal import collapse_placeholders, placeholder_token_ids
 from rl_rollout.backends.options import VLLMOptions
+from rl_rollout.backends.routed_experts import decode_routed_experts
 from rl_rollout.backends.weight_files import write_bucket
 
 __all__ = ["VLLMRolloutEngine", "vllm_engine_args", "vllm_sampling_kwargs"]
@@ -95,6 +102,8 @@ def vllm_engine_args(
         "enable_sleep_mode": sleep_mode_available,
         "disable_log_stats": True,
     }
+    if config.return_routed_experts:
+        args["enable_return_routed_experts"] = True
     if transfer in ("ipc", "nccl"):
         args["weight_transfer_config"] = {"backend": transfer}
     if cpu:
@@ -143,8 +152,11 @@ class _Streamed:
         self.log_probs: list[float] = []
         self.versions: list[int] = []
         self.finish_reason: str | None = None
+        self.routed: Any = None  # numpy [prompt + generated - 1, layers, top_k] (final output)
 
     def add(self, completion: Any, version: int) -> None:
+        if getattr(completion, "routed_experts", None) is not None:
+            self.routed = completion.routed_experts
         tokens = list(completion.token_ids)
         self.tokens += tokens
         self.log_probs += _sampled_log_probs(tokens, completion.logprobs) if tokens else []
@@ -155,7 +167,13 @@ class _Streamed:
     def output(self) -> GenerationOutput:
         # samples that never started (aborted while queued) come back empty
         reason = self.finish_reason if self.finish_reason in ("stop", "length") else "abort"
-        return GenerationOutput(self.tokens, self.log_probs, reason, self.versions)
+        routed = None
+        if self.routed is not None and len(self.routed):
+            rows = len(self.routed)  # prompt + generated - 1 (fewer if aborted early)
+            routed = decode_routed_experts(self.routed, rows, self.routed.shape[-1], "vLLM")
+        return GenerationOutput(
+            self.tokens, self.log_probs, reason, self.versions, routed_experts=routed
+        )
 
 
 def ipc_update_info(bucket: list[tuple[str, Tensor]], gpu_uuid: str, device_type: str) -> dict:
@@ -187,6 +205,7 @@ class VLLMRolloutEngine(BackendEngine):
     name = "vllm"
 
     options_class: ClassVar[type] = VLLMOptions
+    supports_routed_experts: ClassVar[bool] = True  # router replay
 
     def __init__(self, config: RolloutConfig) -> None:
         vllm = self._import_library(
@@ -219,6 +238,16 @@ class VLLMRolloutEngine(BackendEngine):
             # vLLM on CPU refuses to start without an explicit KV-cache size (GiB)
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
             log.info("vllm rollout engine: VLLM_CPU_KVCACHE_SPACE unset, using 1 GiB")
+        if config.return_routed_experts and current_platform.is_cpu():
+            raise ValueError(
+                "RolloutConfig.return_routed_experts=True: vLLM 0.32 captures routing only on "
+                "its model runner V2, which needs Triton (absent on CPU); expected an "
+                "accelerator, or backend 'hf' on CPU"
+            )
+        if config.return_routed_experts and "VLLM_USE_V2_MODEL_RUNNER" not in os.environ:
+            # vLLM 0.32's routing capture (AuxOutput connector) runs on model runner V2 only
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+            log.info("vllm rollout engine: return_routed_experts sets VLLM_USE_V2_MODEL_RUNNER=1")
         self._sleep_supported = bool(current_platform.is_sleep_mode_available())
         args = vllm.AsyncEngineArgs(
             **vllm_engine_args(
