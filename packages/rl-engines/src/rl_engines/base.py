@@ -104,6 +104,8 @@ class EngineBase(TrainEngine):
         ensure_process_group(backend, config.timeout_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.value_model = config.model.value_head
+        #: outputs a custom model (``ModelConfig.builder``) offers; None: by `value_model`
+        self.allowed_outputs: tuple[str, ...] | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._step = 0
@@ -158,6 +160,19 @@ class EngineBase(TrainEngine):
             raise ValueError(f"temperature={temperature!r} is invalid: expected a number > 0")
         return float(temperature)
 
+    def _check_outputs(self, outputs: Sequence[str]) -> tuple[str, ...]:
+        """The requested output kinds, checked against what the model computes."""
+        if self.allowed_outputs is None:
+            return check_outputs(outputs, self.value_model)
+        outputs = (outputs,) if isinstance(outputs, str) else tuple(outputs)
+        bad = [o for o in outputs if o not in self.allowed_outputs]
+        if bad or not outputs:
+            raise ValueError(
+                f"outputs={outputs!r} is invalid for this model: expected some of "
+                f"{self.allowed_outputs}"
+            )
+        return outputs
+
     def _num_micro_batches(self, batch: DataProto, train: bool) -> int:
         """The largest local micro-batch count over all ranks (every rank runs as many)."""
         cfg = self.config.micro_batch if train else self.config.infer_micro_batch_config
@@ -175,7 +190,7 @@ class EngineBase(TrainEngine):
         self._require_trainable("train_batch")
         check_batch(batch, TRAIN_KEYS)
         default = ("values",) if self.value_model else ("log_probs",)
-        outputs = check_outputs(outputs or default, self.value_model)
+        outputs = self._check_outputs(outputs or default)
         counts = torch.tensor(
             [float(batch.batch["response_mask"].sum()), float(len(batch))],
             dtype=torch.float64,
@@ -263,7 +278,7 @@ class EngineBase(TrainEngine):
     ) -> DataProto:
         self._require_onloaded("infer_batch")
         check_batch(batch, INFER_KEYS)
-        outputs = check_outputs(outputs, self.value_model)
+        outputs = self._check_outputs(outputs)
         temperature = self._temperature(batch, temperature)
         num_micro = self._num_micro_batches(batch, train=False)
         tensors = self._infer(batch, outputs, temperature, num_micro)

@@ -47,7 +47,9 @@ class EnvConfig:
     """The environments of a run (see the module docstring).
 
     name/options: one environment; mix: several, each with a weight (give one or the other).
-    num_workers: environment worker processes per node (CPU only). max_concurrency: episodes
+    num_workers: environment worker processes per node (CPU only), each reserving
+    cpus_per_worker CPUs (VLA: Ray actors that reset and step a batch of environments;
+    with two or more, two halves step while the policy acts for the other). max_concurrency: episodes
     in flight per rollout worker. step_timeout_s / episode_timeout_s: an environment that
     takes longer fails its episode with a named error. max_failure_fraction: failed episodes
     are dropped from the update and counted; above this share of a step's episodes the run
@@ -57,6 +59,7 @@ class EnvConfig:
     options: dict[str, Any] = field(default_factory=dict)
     mix: list[EnvSpec] = field(default_factory=list)
     num_workers: int = 1
+    cpus_per_worker: float = 1.0
     max_concurrency: int = 32
     step_timeout_s: float = 60.0
     episode_timeout_s: float = 600.0
@@ -76,6 +79,7 @@ class EnvConfig:
             "options of `name`; with `mix`, give each entry its own options",
         )
         check(self.num_workers >= 1, "num_workers", self.num_workers, "an integer >= 1")
+        check(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")
         check(self.max_concurrency >= 1, "max_concurrency", self.max_concurrency, ">= 1")
         check(self.step_timeout_s > 0, "step_timeout_s", self.step_timeout_s, "> 0 seconds")
         check(

@@ -26,6 +26,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from rl_algos.advantages import ADVANTAGE_ESTIMATORS
 from rl_algos.config.presets import PRESETS
 from rl_algos.config.schema import RLConfig
+from rl_algos.config.vla_section import VLA_ENVS, VLAConfig, is_vla_run
 from rl_algos.errors import ConfigError
 from rl_algos.losses import POLICY_LOSSES
 from rl_core.config import NOTHING, build, check
@@ -70,6 +71,13 @@ def _check_consistency(cfg: RLConfig) -> None:
             "model.path",
             "a Hugging Face model directory, gguf:<file or package>, or smollm2-135m-instruct",
         )
+    if is_vla_run(cfg):
+        _check_vla(cfg)
+        return
+    if cfg.vla is not None:
+        names = VLA_ENVS.names()
+        raise _conflict("vla", "(a section)", f"no vla section unless env.name is a VLA "
+                        f"environment ({', '.join(names) or 'none installed: rl-multimodal'})")  # fmt: skip
     generate = cfg.data.generate
     if generate.task is not None:
         from rl_algos.data.tasks import GENERATED_TASKS, TASKS
@@ -108,6 +116,25 @@ def _check_consistency(cfg: RLConfig) -> None:
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)
     _check_async(cfg)
+
+
+def _check_vla(cfg: RLConfig) -> None:
+    """A VLA run: episodes instead of prompts, the policy's value head instead of a critic."""
+    if cfg.vla is None:
+        cfg.vla = VLAConfig()
+    check(not cfg.data.train_files, "data.train_files", cfg.data.train_files,
+          "empty in a VLA run (episodes come from env)")  # fmt: skip
+    check(cfg.algorithm.adv_estimator in ("grpo", "gae"), "algorithm.adv_estimator",
+          cfg.algorithm.adv_estimator, "'grpo' or 'gae' (PPO) in a VLA run")  # fmt: skip
+    check(cfg.algorithm.adv_estimator != "grpo" or cfg.rollout.n >= 2, "rollout.n",
+          cfg.rollout.n, ">= 2: GRPO compares the episodes of one start state")  # fmt: skip
+    check(cfg.env is not None and cfg.env.name is not None, "env.mix", "(a mix)",
+          "one VLA environment (env.name) per run")  # fmt: skip
+    check(cfg.rollout.placement == "colocated", "rollout.placement", cfg.rollout.placement,
+          "'colocated' in a VLA run (actions come from the actor's worker processes)")  # fmt: skip
+    for loss in (cfg.actor.loss, cfg.critic.loss):
+        if loss.agg_norm_constant is None:
+            loss.agg_norm_constant = 1.0
 
 
 def _check_async(cfg: RLConfig) -> None:
@@ -203,6 +230,11 @@ def check_plugins(cfg: RLConfig) -> None:
     from rl_core.engine import ENGINES
     from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
 
+    if is_vla_run(cfg):
+        check(cfg.actor.engine in ENGINES.names(), "actor.engine", cfg.actor.engine,
+              f"an installed training engine ({', '.join(ENGINES.names())})",
+              ENGINES.names())  # fmt: skip
+        return
     checks = [
         ("data.dataset", cfg.data.dataset, DATASETS, "rl-multimodal"),
         ("actor.engine", cfg.actor.engine, ENGINES, "rl-engines[fsdp]"),

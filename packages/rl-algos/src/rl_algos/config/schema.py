@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from rl_algos.config.env_section import EnvConfig
+from rl_algos.config.vla_section import VLAConfig
 from rl_algos.kl import KL_TYPES
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
 from rl_core.config import check
@@ -548,6 +549,9 @@ class RLConfig:
     env: EnvConfig | None = None
     """The environments episodes run in (rl_algos.config.env_section); null: prompts from
     `data` and a reward function, no environment."""
+    vla: VLAConfig | None = None
+    """A VLA policy and its episodes (rl_algos.config.vla_section); only with a VLA
+    environment in `env` (null there: the defaults)."""
 
     @property
     def uses_critic(self) -> bool:
