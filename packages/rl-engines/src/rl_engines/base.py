@@ -57,15 +57,23 @@ RESERVED_METRICS = (
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0), unless
-    it exists already.
+    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0) for every
+    trainable parameter that has none yet (all of them before the first step; afterwards
+    those that never got a gradient, e.g. a value head trained only by PPO).
 
-    Sharded checkpointing needs the state to exist: a zero-lr step, then zeroing every
-    state tensor, keeps the first real step identical to a fresh optimizer's.
+    Sharded checkpointing needs the state to exist: a zero-lr step over only those
+    parameters (the others hold no gradient, so the step skips them), then zeroing their
+    state, keeps their first real step identical to a fresh optimizer's.
     """
-    if optimizer.state:
+    params = [
+        p
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.requires_grad and not optimizer.state.get(p)
+    ]
+    if not params:
         return
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    optimizer.zero_grad(set_to_none=True)
     for p in params:
         p.grad = torch.zeros_like(p)
     lrs = [group["lr"] for group in optimizer.param_groups]
@@ -75,8 +83,8 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    for state in optimizer.state.values():
-        for value in state.values():
+    for p in params:
+        for value in optimizer.state[p].values():
             if isinstance(value, Tensor):
                 value.zero_()
 

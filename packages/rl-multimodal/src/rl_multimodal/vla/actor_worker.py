@@ -33,7 +33,7 @@ from rl_core.env import EnvObservation
 from rl_core.protocol import DataProto
 from rl_core.single_controller import Dispatch, Worker, register
 
-__all__ = ["VLAActorConfig", "VLAActorWorker", "observations_proto"]
+__all__ = ["VLAActorConfig", "VLAActorWorker", "act_on", "observations_proto"]
 
 DP_MESH = "dp"
 
@@ -64,6 +64,33 @@ def observations_proto(obs: EnvObservation, greedy: bool) -> DataProto:
         non_tensors={"instructions": np.array(obs.instructions, dtype=object)},
         meta_info={"greedy": bool(greedy)},
     )
+
+
+def act_on(policy: Any, batch: DataProto) -> DataProto:
+    """`policy`'s actions for the observations of `batch` (`observations_proto`)."""
+    obs = EnvObservation(
+        batch.batch["images"].numpy(),
+        batch.batch["proprio"].numpy(),
+        list(batch.non_tensor_batch["instructions"]),
+    )
+    with torch.no_grad():
+        inputs = policy.process(obs)
+        out = policy.act(inputs, greedy=bool(batch.meta_info.get("greedy", False)))
+    mm = np.empty(len(obs), dtype=object)
+    for i, (px, grid) in enumerate(zip(inputs.pixel_values, inputs.image_grid_thw, strict=True)):
+        mm[i] = {"pixel_values": px, "image_grid_thw": grid.unsqueeze(0)}
+    tensors = {
+        "env_actions": torch.from_numpy(out.env_actions),
+        "prompt_ids": inputs.input_ids,
+        "prompt_mask": inputs.attention_mask,
+        "log_probs": out.log_probs.float(),
+        "values": out.values.float(),
+    }
+    if out.actions.dtype.is_floating_point:
+        tensors["raw_actions"] = out.actions.float()
+    else:
+        tensors["action_tokens"] = out.actions
+    return DataProto.from_dict(tensors=tensors, non_tensors={"multi_modal_inputs": mm})
 
 
 class VLAActorWorker(Worker):
@@ -110,32 +137,7 @@ class VLAActorWorker(Worker):
     def act(self, batch: DataProto) -> DataProto:
         """One action per observation row: the env actions, the policy inputs the update
         will need (prompt ids, image inputs), the actions' tokens, log-probs and values."""
-        obs = EnvObservation(
-            batch.batch["images"].numpy(),
-            batch.batch["proprio"].numpy(),
-            list(batch.non_tensor_batch["instructions"]),
-        )
-        with torch.no_grad():
-            inputs = self.policy.process(obs)
-            out = self.policy.act(inputs, greedy=bool(batch.meta_info.get("greedy", False)))
-        mm = np.empty(len(obs), dtype=object)
-        for i, (px, grid) in enumerate(
-            zip(inputs.pixel_values, inputs.image_grid_thw, strict=True)
-        ):
-            mm[i] = {"pixel_values": px, "image_grid_thw": grid.unsqueeze(0)}
-        actions = out.actions
-        tensors = {
-            "env_actions": torch.from_numpy(out.env_actions),
-            "prompt_ids": inputs.input_ids,
-            "prompt_mask": inputs.attention_mask,
-            "log_probs": out.log_probs.float(),
-            "values": out.values.float(),
-        }
-        if actions.dtype.is_floating_point:
-            tensors["raw_actions"] = actions.float()
-        else:
-            tensors["action_tokens"] = actions
-        return DataProto.from_dict(tensors=tensors, non_tensors={"multi_modal_inputs": mm})
+        return act_on(self.policy, batch)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> None:

@@ -44,9 +44,18 @@ def build_env(name: str, options: dict[str, Any], num_envs: int) -> Any:
 
     factory = VLA_ENVS.get(name)
     try:
-        return factory(num_envs, **dict(options))
-    except TypeError as exc:
-        raise InputError(f"env.options of {name!r}: {exc}") from None
+        env = factory(num_envs, **dict(options))
+    except (TypeError, ValueError) as exc:  # options, or an action space that is no bounded Box
+        text = " ".join(str(exc).split())
+        raise InputError(f"env {name!r} (env.options {dict(options)}): {text}") from None
+    spec = getattr(env, "action_spec", None)
+    if not isinstance(spec, ActionSpec):
+        raise InputError(
+            f"env {name!r}: action_spec is {type(spec).__name__}, expected an "
+            "rl_core.env.ActionSpec (finite low < high per dimension: what the action "
+            "tokenizer bins)"
+        )
+    return env
 
 
 def check_observation(

@@ -326,9 +326,9 @@ class VLAPolicy(nn.Module):
         )
         actions = batch["responses"] if self.config.head == "tokens" else batch["raw_actions"]
         log_probs, values, entropy = self.evaluate(inputs, actions, temperature)
-        return {
-            "log_probs": log_probs,
-            "entropy": entropy,
+        return {  # fresh tensors, not views (FSDP hooks the outputs for backward)
+            "log_probs": log_probs.clone(),
+            "entropy": entropy.clone(),
             "values": values.unsqueeze(-1).repeat(1, log_probs.shape[-1]),
         }
 
@@ -346,6 +346,7 @@ class VLAPolicy(nn.Module):
         return {
             "kind": "vla_policy",
             "hf_prefix": "model.",
+            "extra_file": EXPORT_HEADS,
             "policy": dataclasses.asdict(self.config),
             "action_tokenizer": {
                 "low": tok.low.tolist(),
