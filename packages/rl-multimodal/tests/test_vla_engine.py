@@ -68,6 +68,8 @@ def test_engine_update_equals_a_plain_policy_trained_by_hand(head):
     )
     plain = build_vla_policy(_model_config(head), 0)
     plain.load_state_dict({n: t for b in engine.export_weights() for n, t in b}, strict=True)
+    before = {n: p.detach().clone() for n, p in plain.named_parameters()
+              if n.startswith(("model.model.visual.", "image_adapter."))}  # fmt: skip
     batch = _batch(plain)
     loss_fn = make_actor_loss_fn(PolicyLossConfig(agg_norm_constant=1.0))
     metrics = engine.train_batch(batch, loss_fn, outputs=("log_probs", "entropy", "values"))
@@ -86,6 +88,10 @@ def test_engine_update_equals_a_plain_policy_trained_by_hand(head):
     trained = {n: t for b in engine.export_weights() for n, t in b}
     for name, p in plain.named_parameters():
         torch.testing.assert_close(trained[name], p.detach(), rtol=1e-5, atol=1e-6)
+    # the frozen tower stays as it was; the (zero-initialised) image adapter trains
+    for name, t in before.items():
+        moved = not torch.equal(trained[name], t)
+        assert moved == name.startswith("image_adapter."), name
     assert not any(
         n.startswith("model.model.visual") and p.requires_grad for n, p in plain.named_parameters()
     )
@@ -149,10 +155,15 @@ def test_rl_train_vla_resumes_exactly_and_exports_a_policy_that_acts_the_same(tm
 
 
 def test_ppo_trains_the_value_head_on_the_policy_trunk(tmp_path):
+    """PPO (gae) with the gaussian head: the value loss trains the value head."""
     assert _run(tmp_path, "algorithm.adv_estimator=gae", "algorithm.gamma=0.99", "algorithm.lam=0.95",
-                "trainer.total_steps=2", "trainer.save_every=2") == 0  # fmt: skip
+                "vla.head=gaussian", "trainer.total_steps=2", "trainer.save_every=2",
+                "trainer.val_every=1", "vla.frames=true") == 0  # fmt: skip
     rows = _jsonl(tmp_path)
     assert any("critic/vf_loss" in r for r in rows), sorted(rows[-1])
+    assert np.isfinite(rows[-1]["actor/pg_loss"]) and rows[0]["step"] == 0
+    assert (tmp_path / "frames" / "val_step0000.png").is_file()
+    assert (tmp_path / "frames" / "val_step0002.gif").is_file()
     from rl_engines.fsdp import FSDPEngine
 
     w = FSDPEngine.read_checkpoint_weights(str(tmp_path / "checkpoints/step_2/actor"))
