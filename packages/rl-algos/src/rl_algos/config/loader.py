@@ -118,18 +118,28 @@ def _check_consistency(cfg: RLConfig) -> None:
     _check_async(cfg)
 
 
+# Estimators a VLA run takes: outcome/return ones over the episode's steps, or gae.
+VLA_ESTIMATORS = (
+    "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae",
+)  # fmt: skip
+
+
 def _check_vla(cfg: RLConfig) -> None:
     """A VLA run: episodes instead of prompts, the policy's value head instead of a critic."""
     if cfg.vla is None:
         cfg.vla = VLAConfig()
     check(not cfg.data.train_files, "data.train_files", cfg.data.train_files,
           "empty in a VLA run (episodes come from env)")  # fmt: skip
-    check(cfg.algorithm.adv_estimator in ("grpo", "gae"), "algorithm.adv_estimator",
-          cfg.algorithm.adv_estimator, "'grpo' or 'gae' (PPO) in a VLA run")  # fmt: skip
-    check(cfg.algorithm.adv_estimator != "grpo" or cfg.rollout.n >= 2, "rollout.n",
-          cfg.rollout.n, ">= 2: GRPO compares the episodes of one start state")  # fmt: skip
+    alg = cfg.algorithm.adv_estimator
+    check(alg in VLA_ESTIMATORS, "algorithm.adv_estimator", alg,
+          f"one of {list(VLA_ESTIMATORS)} in a VLA run (gae: PPO with the value head)",
+          VLA_ESTIMATORS)  # fmt: skip
+    check(alg not in GROUP_ESTIMATORS or cfg.rollout.n >= 2, "rollout.n", cfg.rollout.n,
+          f">= 2: {alg} compares the episodes of one start state")  # fmt: skip
     check(cfg.env is not None and cfg.env.name is not None, "env.mix", "(a mix)",
           "one VLA environment (env.name) per run")  # fmt: skip
+    check(cfg.model.lora is None, "model.lora", cfg.model.lora,
+          "null in a VLA run (LoRA adapters on the VLA policy are not implemented yet)")  # fmt: skip
     check(cfg.rollout.placement == "colocated", "rollout.placement", cfg.rollout.placement,
           "'colocated' in a VLA run (actions come from the actor's worker processes)")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):

@@ -59,6 +59,7 @@ class VLAConfig:
     n_bins: int = 3
     image_grid: int = 0
     freeze_vision: bool = False
+    freeze_language_model: bool = False
     hidden_mlp: int = 64
     init_log_std: float = -0.5
     prompt: str = "{instruction}:" + IMAGE_MARKUP

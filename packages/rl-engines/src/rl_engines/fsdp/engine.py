@@ -160,6 +160,11 @@ class FSDPEngine(EngineBase):
         if self.custom_model:
             model = build_custom_model(mcfg, config.seed)
             self.allowed_outputs = tuple(model.rl_output_kinds)
+            if mcfg.lora is not None and not getattr(model, "has_lora_adapters", False):
+                raise ValueError(
+                    f"ModelConfig.lora is set but model builder {mcfg.builder!r} added no "
+                    "adapters (has_lora_adapters): expected lora null for this model"
+                )
         elif os.environ.get(EAGER_INIT_ENV) == "1" or mcfg.path is None:
             model = build_hf_model(mcfg, config.seed, attention)
         else:

@@ -23,6 +23,7 @@ POLICY_FIELDS = (
     "n_bins",
     "image_grid",
     "freeze_vision",
+    "freeze_language_model",
     "hidden_mlp",
     "init_log_std",
     "prompt",

@@ -74,6 +74,7 @@ class VLAPolicyConfig:
     init_log_std: float = -0.5
     image_grid: int = 0  # > 0: the image adapter over a pooled image_grid^2 grid (see above)
     freeze_vision: bool = False  # keep the vision tower's weights fixed (no grad)
+    freeze_language_model: bool = False  # keep the LM and its head fixed (train the heads)
     # the image last: the state the heads read is the token right after the image
     prompt: str = "{instruction}:" + IMAGE_MARKUP
 
@@ -188,6 +189,9 @@ class VLAPolicy(nn.Module):
             nn.init.zeros_(self.image_adapter.bias)
         if config.freeze_vision:
             model.model.visual.requires_grad_(False)
+        if config.freeze_language_model:
+            model.model.language_model.requires_grad_(False)
+            model.lm_head.requires_grad_(False)
         self.value_head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)

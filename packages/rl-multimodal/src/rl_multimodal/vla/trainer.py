@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_algos.advantages import compute_gae_advantage_return, compute_grpo_outcome_advantage
+from rl_algos.advantages import ADVANTAGE_ESTIMATORS, compute_gae_advantage_return
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
 from rl_algos.trainer.tracking import MetricsLogger
@@ -195,12 +195,13 @@ class VLATrainer:
     def _advantages(self, ep: Episodes) -> tuple[np.ndarray, np.ndarray | None]:
         cfg = self.config
         rewards, mask = torch.as_tensor(ep.rewards), torch.as_tensor(ep.mask)
-        if not self.uses_values:
-            index = np.repeat(np.arange(self.vla.groups), cfg.rollout.n)
-            adv, _ = compute_grpo_outcome_advantage(
+        if not self.uses_values:  # over the episode's steps as an LLM's over its tokens
+            estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+            adv, _ = estimator(
                 token_level_rewards=rewards * mask,
                 response_mask=mask,
-                index=index,
+                index=np.repeat(np.arange(self.vla.groups), cfg.rollout.n),
+                gamma=cfg.algorithm.gamma,
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
             )
             return adv.numpy(), None
