@@ -55,7 +55,7 @@ def build_vla_policy(config: Any, seed: int) -> VLAPolicy:
         )
     except KeyError as exc:
         raise ValueError(
-            f"model.builder_options: missing {exc}, expected the env's action space"
+            f"ModelConfig.builder_options: missing {exc}, expected the env's action space"
         ) from None
     model = AutoModelForImageTextToText.from_pretrained(
         config.path, dtype=getattr(torch, config.dtype)
