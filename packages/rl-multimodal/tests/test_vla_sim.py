@@ -80,34 +80,36 @@ def test_metaworld_renders_headless_and_steps():
 EXAMPLES = __import__("pathlib").Path(__file__).parents[3] / "examples"
 
 
-@pytest.mark.parametrize(
-    ("config", "overrides"),
-    [
-        ("grpo_vla_pusht.yaml", ["env.options.max_chunk=4", "vla.n_bins=16"]),
-        (
-            "grpo_vla_pusht.yaml",  # MetaWorld reach-v3 on the same sections
-            [
-                "env.name=metaworld",
-                "env.options={}",
-                "+env.options.task=reach-v3",
-                "+env.options.image_size=56",
-                "+env.options.max_episode_steps=20",
-                "vla.n_bins=8",
-            ],
-        ),
-    ],
-    ids=["pusht", "metaworld-reach-v3"],
-)
-def test_rl_train_runs_a_few_steps_on_the_simulator(tmp_path, config, overrides):
+SIM_ENVS = {
+    "pusht": ("gym_pusht", {"name": "pusht", "options": {"image_size": 56, "max_chunk": 4}}),
+    "metaworld-reach-v3": (
+        "metaworld",
+        {
+            "name": "metaworld",
+            "options": {"task": "reach-v3", "image_size": 56, "max_episode_steps": 20},
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("sim", sorted(SIM_ENVS))
+def test_rl_train_runs_a_few_steps_on_the_simulator(tmp_path, sim):
     """`rl train` on the simulators: env worker group on Ray, the engine's updates, frames."""
     import json
 
+    from omegaconf import OmegaConf
+
     from rl_algos.cli import main
 
-    pytest.importorskip("gym_pusht" if "metaworld" not in str(overrides) else "metaworld")
-    code = main(["train", str(EXAMPLES / config), f"trainer.output_dir={tmp_path}",
-                 "trainer.total_steps=2", "trainer.val_every=2", "vla.groups=1", "rollout.n=2",
-                 "vla.max_steps=2", "vla.val_episodes=2", *overrides])  # fmt: skip
+    package, env = SIM_ENVS[sim]
+    pytest.importorskip(package)
+    config = OmegaConf.load(EXAMPLES / "grpo_vla_pusht.yaml")
+    config.env = {**env, "num_workers": 2, "cpus_per_worker": 0.5}
+    path = tmp_path / f"{sim}.yaml"
+    OmegaConf.save(config, path)
+    code = main(["train", str(path), f"trainer.output_dir={tmp_path}", "trainer.total_steps=2",
+                 "trainer.val_every=2", "vla.groups=1", "rollout.n=2", "vla.max_steps=2",
+                 "vla.val_episodes=2", "vla.n_bins=16"])  # fmt: skip
     assert code == 0
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 2 and 0.0 <= rows[-1]["val/success_rate"] <= 1.0
