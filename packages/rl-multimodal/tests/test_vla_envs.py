@@ -1,21 +1,13 @@
-"""The environment contract: the built-in reach task, env worker processes, the Gymnasium adapter."""
+"""The environment contract: the built-in reach task, the Gymnasium adapter."""
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import pytest
 import torch
 
 from rl_core.env import ActionSpec, EnvObservation, VectorEnv, check_action_chunk
-from rl_multimodal.vla.envs import (
-    EnvWorkerError,
-    EnvWorkerPool,
-    GymnasiumVectorEnv,
-    ReachConfig,
-    ReachEnv,
-)
+from rl_multimodal.vla.envs import GymnasiumVectorEnv, ReachConfig, ReachEnv
 
 gymnasium = pytest.importorskip("gymnasium")
 
@@ -112,32 +104,6 @@ def test_reach_default_reward_does_not_make_standing_still_the_best_failure():
     np.testing.assert_array_equal(adv.numpy(), np.zeros((3, 1)))  # nothing is reinforced
     with pytest.raises(ValueError, match="progress_reward"):
         ReachConfig(progress_reward=-1.0)
-
-
-def test_worker_pool_matches_in_process_env():
-    factory = functools.partial(ReachEnv, config=ReachConfig())
-    seeds = [5, 6, 7, 8, 9]
-    rng = np.random.default_rng(0)
-    actions = [rng.uniform(-1, 1, (5, 2, 2)) for _ in range(4)]
-    ref = ReachEnv(5, ReachConfig())
-    ref_obs = ref.reset(seeds)
-    with EnvWorkerPool(factory, num_envs=5, num_workers=2, timeout_s=60) as pool:
-        assert [s.stop - s.start for s in pool.slices] == [3, 2]
-        obs = pool.reset(seeds)
-        np.testing.assert_array_equal(obs.images, ref_obs.images)
-        for a in actions:
-            got, want = pool.step(a), ref.step(a)
-            np.testing.assert_array_equal(got.observation.images, want.observation.images)
-            np.testing.assert_allclose(got.reward, want.reward)
-            np.testing.assert_array_equal(got.done, want.done)
-            np.testing.assert_array_equal(got.info["success"], want.info["success"])
-        pool.step_async([1], actions[0][3:])  # one half steps while the other is idle
-        pool.wait([1])
-        with pytest.raises(
-            EnvWorkerError, match=r"env worker 0: 'step' failed:[\s\S]*actions: shape"
-        ):
-            pool.step_async([0], np.zeros((3, 1, 7)))
-            pool.wait([0])
 
 
 def _pendulum(n: int | None = None):

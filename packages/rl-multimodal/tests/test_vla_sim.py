@@ -6,7 +6,6 @@ measured env steps/s of one process (one core).
 
 from __future__ import annotations
 
-import functools
 import time
 
 import numpy as np
@@ -78,33 +77,41 @@ def test_metaworld_renders_headless_and_steps():
     env.close()
 
 
-def test_pusht_training_step_in_worker_processes(tmp_path):
-    """The PushT config's path: env worker processes, tiny VLM policy, one GRPO step, frames."""
-    pytest.importorskip("gym_pusht")
-    import torch
+EXAMPLES = __import__("pathlib").Path(__file__).parents[3] / "examples"
 
-    from rl_multimodal.vla import VLAPolicy, VLAPolicyConfig, VLATrainer, VLATrainerConfig
-    from rl_multimodal.vla.envs import EnvWorkerPool
-    from rl_multimodal.vla.envs.sims import make_pusht
-    from rl_multimodal.vlm.tiny import resolve_tiny_vlm
 
-    torch.set_num_threads(1)
-    factory = functools.partial(make_pusht, image_size=56, max_chunk=4)
-    cfg = VLATrainerConfig(
-        total_steps=1,
-        groups=1,
-        n=2,
-        max_steps=2,
-        epochs=1,
-        val_seeds=[50, 51],
-        val_every=1,
-        output_dir=str(tmp_path),
-    )
-    with EnvWorkerPool(factory, 2, num_workers=2) as env, EnvWorkerPool(factory, 2, 1) as val:
-        policy = VLAPolicy.from_pretrained(
-            resolve_tiny_vlm("qwen2_5_vl"), env.action_spec, VLAPolicyConfig(n_bins=16)
-        )
-        history = VLATrainer(policy, env, val, cfg).fit()
-    assert 0.0 <= history[-1]["val/success_rate"] <= 1.0
-    assert np.isfinite(history[-1]["train/mean_return"])
-    assert (tmp_path / "frames" / "val_step0001.png").is_file()
+SIM_ENVS = {
+    "pusht": ("gym_pusht", {"name": "pusht", "options": {"image_size": 56, "max_chunk": 4}}),
+    "metaworld-reach-v3": (
+        "metaworld",
+        {
+            "name": "metaworld",
+            "options": {"task": "reach-v3", "image_size": 56, "max_episode_steps": 20},
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("sim", sorted(SIM_ENVS))
+def test_rl_train_runs_a_few_steps_on_the_simulator(tmp_path, sim):
+    """`rl train` on the simulators: env worker group on Ray, the engine's updates, frames."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from rl_algos.cli import main
+
+    package, env = SIM_ENVS[sim]
+    pytest.importorskip(package)
+    config = OmegaConf.load(EXAMPLES / "grpo_vla_pusht.yaml")
+    config.env = {**env, "num_workers": 2, "cpus_per_worker": 0.5}
+    path = tmp_path / f"{sim}.yaml"
+    OmegaConf.save(config, path)
+    code = main(["train", str(path), f"trainer.output_dir={tmp_path}", "trainer.total_steps=2",
+                 "trainer.val_every=2", "vla.groups=1", "rollout.n=2", "vla.max_steps=2",
+                 "vla.val_episodes=2", "vla.n_bins=16"])  # fmt: skip
+    assert code == 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 2 and 0.0 <= rows[-1]["val/success_rate"] <= 1.0
+    assert np.isfinite(rows[-1]["train/mean_return"]) and np.isfinite(rows[-1]["actor/pg_loss"])
+    assert (tmp_path / "frames" / "val_step0002.png").is_file()

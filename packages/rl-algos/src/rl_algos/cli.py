@@ -88,10 +88,20 @@ def _load(config_path: str, overrides: Sequence[str]):
     return config
 
 
-def _train(config) -> int:
+def _trainer_class(config):
+    """The LLM trainer, or the one registered for the config's kind (``rl.trainers``: a VLA
+    environment in ``env`` runs the ``vla`` trainer of rl-multimodal)."""
+    from rl_algos.config import TRAINERS, is_vla_run
+
+    if is_vla_run(config):
+        return TRAINERS.get("vla")
     from rl_algos.trainer.loop import RLTrainer
 
-    trainer = RLTrainer(config)
+    return RLTrainer
+
+
+def _train(config) -> int:
+    trainer = _trainer_class(config)(config)
     try:
         history = trainer.fit()
     finally:
@@ -104,17 +114,16 @@ def _train(config) -> int:
         )
         return 0
     summary = {k: v for k, v in history[-1].items() if k.startswith(("val/", "critic/score"))}
-    first_val = next((h["val/accuracy"] for h in history if "val/accuracy" in h), None)
-    if first_val is not None:
-        summary["val/accuracy_first"] = first_val
+    for key in ("val/accuracy", "val/success_rate"):
+        first_val = next((h[key] for h in history if key in h), None)
+        if first_val is not None:
+            summary[f"{key}_first"] = first_val
     print(json.dumps({"output_dir": str(trainer.output_dir), **summary}, indent=1))
     return 0
 
 
 def _eval(config) -> int:
-    from rl_algos.trainer.loop import RLTrainer
-
-    trainer = RLTrainer(config)
+    trainer = _trainer_class(config)(config)
     try:
         if trainer._resume_from is not None:
             trainer._load_checkpoint(trainer._resume_from)

@@ -13,6 +13,10 @@ The weights come from the engine through the `TrainEngine.read_checkpoint_weight
 package that implements the hook is exportable without any change here. The result is
 ``model.safetensors`` (sharded when large), ``config.json``, ``generation_config.json`` and
 the tokenizer files, written atomically (``OUT_DIR.partial`` renamed into place). A LoRA
+model built by a registered builder (a VLA policy: a VLM with action and value heads)
+records ``rl_model.json`` with its HF files: its VLM is exported as a Hugging Face model,
+its other tensors into the file that json names, and the json itself (e.g. the action
+tokenizer's settings) is copied beside them. A LoRA
 checkpoint becomes a PEFT adapter directory (``adapter_model.safetensors``,
 ``adapter_config.json``, plus the tokenizer and base config), or with ``merge_lora`` a full
 model with the adapters merged.
@@ -31,6 +35,7 @@ __all__ = ["CheckpointSource", "export_checkpoint", "locate_checkpoint"]
 
 TRAINER_STATE = "trainer_state.json"
 HF_FILES_DIR = "huggingface"
+RL_MODEL_META = "rl_model.json"  # a builder model's export settings (rl_core.engine.models)
 ENGINE_META = "meta.json"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -154,6 +159,10 @@ def _hf_model(source: CheckpointSource, weights: dict[str, Any], dtype: str) -> 
         config.num_labels = 1
     torch_dtype = next(iter(weights.values())).dtype if dtype == "auto" else getattr(torch, dtype)
     auto = AutoModelForTokenClassification if source.value_model else AutoModelForCausalLM
+    if not source.value_model and getattr(config, "vision_config", None) is not None:
+        from transformers import AutoModelForImageTextToText
+
+        auto = AutoModelForImageTextToText
     with torch.device("meta"):
         model = auto.from_config(config, dtype=torch_dtype)
     weights = {k: v.to(torch_dtype) for k, v in weights.items()}
@@ -193,6 +202,23 @@ def _save_adapter(source: CheckpointSource, adapter: dict[str, Any], out: Path) 
     save_file({k: v.contiguous() for k, v in adapter.items()}, out / "adapter_model.safetensors")
 
 
+def _split_builder_weights(
+    hf_dir: Path, weights: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A model built by a registered builder (``rl_model.json`` beside the HF files, see
+    `rl_core.engine.models`): the tensors under its ``hf_prefix`` are the Hugging Face
+    model's (prefix removed), the others (heads, adapters) go to its ``extra_file``."""
+    meta_file = hf_dir / RL_MODEL_META
+    if not meta_file.is_file():
+        return weights, {}
+    meta = _read_json(meta_file)
+    prefix = str(meta.get("hf_prefix", ""))
+    meta.setdefault("extra_file", "extra_weights.safetensors")
+    hf = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+    extra = {k: v for k, v in weights.items() if not k.startswith(prefix)}
+    return hf, extra
+
+
 def export_checkpoint(
     checkpoint: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -224,7 +250,13 @@ def export_checkpoint(
             weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
         _save_adapter(source, weights, partial)
     else:
+        weights, extra = _split_builder_weights(source.hf_dir, weights)
         _hf_model(source, weights, dtype).save_pretrained(partial)
+        if extra:
+            from safetensors.torch import save_file
+
+            meta = _read_json(source.hf_dir / RL_MODEL_META)
+            save_file({k: v.contiguous() for k, v in extra.items()}, partial / meta["extra_file"])
     provenance = {
         "checkpoint": str(source.engine_dir),
         "engine": source.engine,

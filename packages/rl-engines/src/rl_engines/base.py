@@ -57,15 +57,23 @@ RESERVED_METRICS = (
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0), unless
-    it exists already.
+    """Materialise AdamW state as a fresh optimizer would have it (zeros, step 0) for every
+    trainable parameter that has none yet (all of them before the first step; afterwards
+    those that never got a gradient, e.g. a value head trained only by PPO).
 
-    Sharded checkpointing needs the state to exist: a zero-lr step, then zeroing every
-    state tensor, keeps the first real step identical to a fresh optimizer's.
+    Sharded checkpointing needs the state to exist: a zero-lr step over only those
+    parameters (the others hold no gradient, so the step skips them), then zeroing their
+    state, keeps their first real step identical to a fresh optimizer's.
     """
-    if optimizer.state:
+    params = [
+        p
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if p.requires_grad and not optimizer.state.get(p)
+    ]
+    if not params:
         return
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    optimizer.zero_grad(set_to_none=True)
     for p in params:
         p.grad = torch.zeros_like(p)
     lrs = [group["lr"] for group in optimizer.param_groups]
@@ -75,8 +83,8 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    for state in optimizer.state.values():
-        for value in state.values():
+    for p in params:
+        for value in optimizer.state[p].values():
             if isinstance(value, Tensor):
                 value.zero_()
 
@@ -104,6 +112,8 @@ class EngineBase(TrainEngine):
         ensure_process_group(backend, config.timeout_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.value_model = config.model.value_head
+        #: outputs a custom model (``ModelConfig.builder``) offers; None: by `value_model`
+        self.allowed_outputs: tuple[str, ...] | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._step = 0
@@ -158,6 +168,19 @@ class EngineBase(TrainEngine):
             raise ValueError(f"temperature={temperature!r} is invalid: expected a number > 0")
         return float(temperature)
 
+    def _check_outputs(self, outputs: Sequence[str]) -> tuple[str, ...]:
+        """The requested output kinds, checked against what the model computes."""
+        if self.allowed_outputs is None:
+            return check_outputs(outputs, self.value_model)
+        outputs = (outputs,) if isinstance(outputs, str) else tuple(outputs)
+        bad = [o for o in outputs if o not in self.allowed_outputs]
+        if bad or not outputs:
+            raise ValueError(
+                f"outputs={outputs!r} is invalid for this model: expected some of "
+                f"{self.allowed_outputs}"
+            )
+        return outputs
+
     def _num_micro_batches(self, batch: DataProto, train: bool) -> int:
         """The largest local micro-batch count over all ranks (every rank runs as many)."""
         cfg = self.config.micro_batch if train else self.config.infer_micro_batch_config
@@ -175,7 +198,7 @@ class EngineBase(TrainEngine):
         self._require_trainable("train_batch")
         check_batch(batch, TRAIN_KEYS)
         default = ("values",) if self.value_model else ("log_probs",)
-        outputs = check_outputs(outputs or default, self.value_model)
+        outputs = self._check_outputs(outputs or default)
         counts = torch.tensor(
             [float(batch.batch["response_mask"].sum()), float(len(batch))],
             dtype=torch.float64,
@@ -263,7 +286,7 @@ class EngineBase(TrainEngine):
     ) -> DataProto:
         self._require_onloaded("infer_batch")
         check_batch(batch, INFER_KEYS)
-        outputs = check_outputs(outputs, self.value_model)
+        outputs = self._check_outputs(outputs)
         temperature = self._temperature(batch, temperature)
         num_micro = self._num_micro_batches(batch, train=False)
         tensors = self._infer(batch, outputs, temperature, num_micro)

@@ -28,6 +28,7 @@ from rl_core.platform import get_platform
 
 __all__ = [
     "EAGER_INIT_ENV",
+    "build_custom_model",
     "build_hf_model",
     "check_model_path",
     "freeze_vision_tower",
@@ -144,6 +145,22 @@ def build_hf_model(config: ModelConfig, seed: int, attn_implementation: str = "a
         )
     if config.freeze_vision_tower:
         freeze_vision_tower(model)
+    return model
+
+
+def build_custom_model(config: ModelConfig, seed: int) -> nn.Module:
+    """The model of a registered builder (``ModelConfig.builder``, `rl_core.engine.models`),
+    unsharded on CPU, its random parts initialised from ``seed`` on every rank alike."""
+    from rl_core.engine import MODEL_BUILDERS, RLModel
+
+    builder = MODEL_BUILDERS.get(str(config.builder))
+    torch.manual_seed(seed)
+    model = builder(config, seed)
+    if not isinstance(model, nn.Module) or not isinstance(model, RLModel):
+        raise TypeError(
+            f"model builder {config.builder!r} returned {type(model).__name__}: expected an "
+            "nn.Module with rl_output_kinds and forward(micro_batch, outputs, temperature)"
+        )
     return model
 
 

@@ -23,12 +23,15 @@ from rl_algos.config.schema import (
     RolloutSectionConfig,
     TrainerConfig,
 )
+from rl_algos.config.vla_section import TRAINERS, VLA_ENVS, VLAConfig, is_vla_run
 from rl_algos.errors import ConfigError
 
 __all__ = [
     "GROUP_ESTIMATORS",
     "LOGGERS",
     "PRESETS",
+    "TRAINERS",
+    "VLA_ENVS",
     "ActorConfig",
     "AlgorithmConfig",
     "ConfigError",
@@ -46,6 +49,8 @@ __all__ = [
     "RewardConfig",
     "RolloutSectionConfig",
     "TrainerConfig",
+    "VLAConfig",
     "check_plugins",
+    "is_vla_run",
     "load_config",
 ]

@@ -47,7 +47,9 @@ class EnvConfig:
     """The environments of a run (see the module docstring).
 
     name/options: one environment; mix: several, each with a weight (give one or the other).
-    num_workers: environment worker processes per node (CPU only). max_concurrency: episodes
+    num_workers: environment worker processes per node (CPU only), each reserving
+    cpus_per_worker CPUs (VLA: Ray actors that reset and step a batch of environments;
+    with two or more, two halves step while the policy acts for the other). max_concurrency: episodes
     in flight per rollout worker. step_timeout_s / episode_timeout_s: an environment that
     takes longer fails its episode with a named error. max_failure_fraction: failed episodes
     are dropped from the update and counted; above this share of a step's episodes the run

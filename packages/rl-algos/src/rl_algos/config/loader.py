@@ -26,6 +26,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from rl_algos.advantages import ADVANTAGE_ESTIMATORS
 from rl_algos.config.presets import PRESETS
 from rl_algos.config.schema import RLConfig
+from rl_algos.config.vla_section import VLA_ENVS, VLAConfig, is_vla_run
 from rl_algos.errors import ConfigError
 from rl_algos.losses import POLICY_LOSSES
 from rl_algos.rollout_correction import RolloutCorrectionConfig
@@ -71,6 +72,13 @@ def _check_consistency(cfg: RLConfig) -> None:
             "model.path",
             "a Hugging Face model directory, gguf:<file or package>, or smollm2-135m-instruct",
         )
+    if is_vla_run(cfg):
+        _check_vla(cfg)
+        return
+    if cfg.vla is not None:
+        names = VLA_ENVS.names()
+        raise _conflict("vla", "(a section)", f"no vla section unless env.name is a VLA "
+                        f"environment ({', '.join(names) or 'none installed: rl-multimodal'})")  # fmt: skip
     generate = cfg.data.generate
     if cfg.env is not None:
         _check_text_env_run(cfg)
@@ -140,6 +148,35 @@ def _check_text_env_run(cfg: RLConfig) -> None:
         check(is_text_env(spec.name), key, spec.name,
               f"a text environment (registered: {known}; or 'package.module:Class' naming a "
               "rl_core.text_env.TextEnv subclass)")  # fmt: skip
+
+
+# Estimators a VLA run takes: outcome/return ones over the episode's steps, or gae.
+VLA_ESTIMATORS = (
+    "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae",
+)  # fmt: skip
+
+
+def _check_vla(cfg: RLConfig) -> None:
+    """A VLA run: episodes instead of prompts, the policy's value head instead of a critic."""
+    if cfg.vla is None:
+        cfg.vla = VLAConfig()
+    check(not cfg.data.train_files, "data.train_files", cfg.data.train_files,
+          "empty in a VLA run (episodes come from env)")  # fmt: skip
+    alg = cfg.algorithm.adv_estimator
+    check(alg in VLA_ESTIMATORS, "algorithm.adv_estimator", alg,
+          f"one of {list(VLA_ESTIMATORS)} in a VLA run (gae: PPO with the value head)",
+          VLA_ESTIMATORS)  # fmt: skip
+    check(alg not in GROUP_ESTIMATORS or cfg.rollout.n >= 2, "rollout.n", cfg.rollout.n,
+          f">= 2: {alg} compares the episodes of one start state")  # fmt: skip
+    check(cfg.env is not None and cfg.env.name is not None, "env.mix", "(a mix)",
+          "one VLA environment (env.name) per run")  # fmt: skip
+    check(cfg.model.lora is None, "model.lora", cfg.model.lora,
+          "null in a VLA run (LoRA adapters on the VLA policy are not implemented yet)")  # fmt: skip
+    check(cfg.rollout.placement == "colocated", "rollout.placement", cfg.rollout.placement,
+          "'colocated' in a VLA run (actions come from the actor's worker processes)")  # fmt: skip
+    for loss in (cfg.actor.loss, cfg.critic.loss):
+        if loss.agg_norm_constant is None:
+            loss.agg_norm_constant = 1.0
 
 
 def _check_async(cfg: RLConfig) -> None:
@@ -241,6 +278,11 @@ def check_plugins(cfg: RLConfig) -> None:
     from rl_core.engine import ENGINES
     from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
 
+    if is_vla_run(cfg):
+        check(cfg.actor.engine in ENGINES.names(), "actor.engine", cfg.actor.engine,
+              f"an installed training engine ({', '.join(ENGINES.names())})",
+              ENGINES.names())  # fmt: skip
+        return
     checks = [
         ("data.dataset", cfg.data.dataset, DATASETS, "rl-multimodal"),
         ("actor.engine", cfg.actor.engine, ENGINES, "rl-engines[fsdp]"),

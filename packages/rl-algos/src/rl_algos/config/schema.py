@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 from rl_algos.config.distill_section import DistillConfig
 from rl_algos.config.env_section import EnvConfig
 from rl_algos.config.judge_section import JudgeConfig
+from rl_algos.config.vla_section import VLAConfig
 from rl_algos.kl import KL_TYPES
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
 from rl_core.config import check
@@ -556,6 +557,9 @@ class RLConfig:
     `data` and a reward function, no environment."""
     distill: DistillConfig = field(default_factory=DistillConfig)
     """On-policy distillation from a teacher model (rl_algos.config.distill_section)."""
+    vla: VLAConfig | None = None
+    """A VLA policy and its episodes (rl_algos.config.vla_section); only with a VLA
+    environment in `env` (null there: the defaults)."""
 
     @property
     def uses_critic(self) -> bool:

@@ -36,6 +36,7 @@ from rl_core.engine.functional import (
     token_log_probs,
     token_log_probs_and_entropy,
 )
+from rl_core.engine.models import MODEL_BUILDERS, RLModel
 from rl_core.engine.weight_buckets import (
     DEFAULT_BUCKET_BYTES,
     iter_layer_buckets,
@@ -47,6 +48,7 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "ENGINES",
     "INFER_KEYS",
+    "MODEL_BUILDERS",
     "OUTPUT_KINDS",
     "TRAIN_KEYS",
     "EngineConfig",
@@ -57,6 +59,7 @@ __all__ = [
     "ModelConfig",
     "OptimizerConfig",
     "ParallelConfig",
+    "RLModel",
     "TrainEngine",
     "build_engine",
     "check_batch",

@@ -86,6 +86,9 @@ class ModelConfig(_Checked):
     ``override_config`` updates the Hugging Face config before the model is built.
     ``freeze_vision_tower`` keeps a vision-language model's vision encoder fixed (no
     gradients, not in the optimizer); False trains it with the rest.
+    ``builder``: a model registered under ``rl.models`` (`rl_core.engine.models`, e.g. a VLA
+    policy: a VLM with action and value heads) built from ``path`` with
+    ``builder_options``; null: the Hugging Face model at ``path`` itself.
     """
 
     path: str | None = None
@@ -98,8 +101,12 @@ class ModelConfig(_Checked):
     override_config: dict[str, Any] = field(default_factory=dict)
     freeze_vision_tower: bool = False
     lora: LoRAConfig | None = None
+    builder: str | None = None
+    builder_options: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
+        check(self.builder is None or self.path is not None, "builder", self.builder,
+              "null unless path names the Hugging Face directory the builder starts from")  # fmt: skip
         if (self.path is None) == (self.config is None):
             raise ConfigError(
                 "path",

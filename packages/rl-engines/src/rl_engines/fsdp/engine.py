@@ -14,6 +14,10 @@ devices the process sees; the loss function gets the micro-batch on that device;
 `infer_batch` returns CPU tensors. Log-probs and entropy come from a chunked LM head
 (``engine_kwargs.logprob_chunk_tokens``), so full-vocabulary float32 logits never exist.
 ``EngineConfig.inference_only`` builds no optimizer (reference and reward models).
+A model named by ``ModelConfig.builder`` (`rl_core.engine.models`, e.g. a VLA policy) is
+built by its registered builder, sharded the same way and asked for its own outputs
+(log-probs, entropy and, from a value head on the same trunk, values); checkpoints, export,
+bf16 and the optimizer take the same paths as for Hugging Face models.
 
 Not implemented here: Ulysses sequence parallelism, tensor/pipeline parallelism (the
 megatron engine).
@@ -71,6 +75,7 @@ from rl_engines.fsdp.sharded_load import (
 from rl_engines.fsdp.shared_prompts import DENSE_MASK_ATTENTION, group_rows_by_prompt
 from rl_engines.hf_model import (
     EAGER_INIT_ENV,
+    build_custom_model,
     build_hf_model,
     resolve_attn_implementation,
     resolve_compute_dtype,
@@ -152,20 +157,31 @@ class FSDPEngine(EngineBase):
         # A model from a config alone is random-initialised whole on every rank anyway, so
         # it takes the eager path (whole model, then shard), which also serves comparisons.
         sources = None
-        if os.environ.get(EAGER_INIT_ENV) == "1" or mcfg.path is None:
+        self.custom_model = mcfg.builder is not None  # a registered RLModel (rl_core.engine.models)
+        if self.custom_model:
+            model = build_custom_model(mcfg, config.seed)
+            self.allowed_outputs = tuple(model.rl_output_kinds)
+            if mcfg.lora is not None and not getattr(model, "has_lora_adapters", False):
+                raise ValueError(
+                    f"ModelConfig.lora is set but model builder {mcfg.builder!r} added no "
+                    "adapters (has_lora_adapters): expected lora null for this model"
+                )
+        elif os.environ.get(EAGER_INIT_ENV) == "1" or mcfg.path is None:
             model = build_hf_model(mcfg, config.seed, attention)
         else:
             model, sources = load_local_shards(
                 lambda: build_hf_model(mcfg, config.seed, attention), self.mesh, True
             )
         self.lora = mcfg.lora
-        if self.lora is not None:
+        if self.lora is not None and not self.custom_model:  # a builder applies its own
             with adapters_on_host(sources) if sources is not None else nullcontext():
                 model = apply_lora(model, self.lora)  # base frozen; only adapters train
         if config.inference_only:
             model.requires_grad_(False)
-        self.hf_config = model.config
-        self.tied_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.hf_config = getattr(model, "hf_config", None) if self.custom_model else model.config
+        self.tied_embeddings = not self.custom_model and bool(
+            getattr(model.config, "tie_word_embeddings", False)
+        )
         if sources is not None:
             to_meta_skeleton(model, sources, self.mesh)
         self.model = shard_model(
@@ -183,16 +199,20 @@ class FSDPEngine(EngineBase):
             fill_sharded_model(self.model, sources, torch.device("cpu") if on_host else self.device)
         self.head = (
             None
-            if self.value_model
+            if self.value_model or self.custom_model
             else ChunkedLMHead.install(self.model, self.options.logprob_chunk_tokens)
         )
         # router replay: the batch's recorded experts drive every forward (R3); its hooks
         # come first, so the router statistics count the experts actually used
-        self.router_replay = HFRouterReplay.install(self.model) if config.router_replay else None
-        self.router_probe = HFRouterProbe.install(self.model)
-        self.shared_prompts = self._resolve_share_prompts(attention)
+        self.router_replay = (
+            HFRouterReplay.install(self.model)
+            if config.router_replay and not self.custom_model
+            else None
+        )
+        self.router_probe = None if self.custom_model else HFRouterProbe.install(self.model)
+        self.shared_prompts = None if self.custom_model else self._resolve_share_prompts(attention)
         coeff = self.options.moe_aux_loss_coeff
-        if coeff is None:
+        if coeff is None and not self.custom_model:
             coeff = getattr(self.hf_config.get_text_config(), "router_aux_loss_coef", 0.0)
         self.moe_aux_loss_coeff = float(coeff or 0.0)
         self._build_optimizer([p for p in self.model.parameters() if p.requires_grad])
@@ -255,6 +275,8 @@ class FSDPEngine(EngineBase):
         self, micro_batch: DataProto, outputs: Sequence[str], temperature: float
     ) -> dict[str, Tensor]:
         """The micro-batch's ``outputs`` (micro-batch on any device; outputs on ours)."""
+        if self.custom_model:  # the model reads its own inputs (rl_core.engine.models)
+            return self.model(micro_batch.to(self.device), tuple(outputs), temperature)
         tensors = self._tensors(micro_batch)
         return forward_micro_batch(
             self.model,

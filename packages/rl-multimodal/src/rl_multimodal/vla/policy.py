@@ -38,6 +38,7 @@ whatever its gradient) erase the differences between image tokens within a few s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,12 +47,22 @@ import numpy as np
 import torch
 from torch import nn
 
+from rl_algos.errors import InputError
 from rl_core.env import ActionSpec, EnvObservation
 from rl_multimodal.vla.action_tokenizer import ActionTokenizer
 
-__all__ = ["PolicyInputs", "PolicyOutput", "VLAPolicy", "VLAPolicyConfig"]
+__all__ = [
+    "PolicyInputs",
+    "PolicyOutput",
+    "VLAPolicy",
+    "VLAPolicyConfig",
+    "action_tokenizer_for",
+    "check_policy_fits",
+]
 
 IMAGE_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
+EXPORT_METADATA = "rl_model.json"  # written by `rl export` (rl_algos.export)
+EXPORT_HEADS = "vla_heads.safetensors"
 HEADS = ("tokens", "gaussian")
 
 
@@ -63,14 +74,15 @@ class VLAPolicyConfig:
     init_log_std: float = -0.5
     image_grid: int = 0  # > 0: the image adapter over a pooled image_grid^2 grid (see above)
     freeze_vision: bool = False  # keep the vision tower's weights fixed (no grad)
+    freeze_language_model: bool = False  # keep the LM and its head fixed (train the heads)
     # the image last: the state the heads read is the token right after the image
     prompt: str = "{instruction}:" + IMAGE_MARKUP
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
-            raise ValueError(f"policy.head is {self.head!r}, expected one of {HEADS}")
+            raise ValueError(f"vla.head is {self.head!r}, expected one of {HEADS}")
         if int(self.image_grid) < 0:
-            raise ValueError(f"policy.image_grid is {self.image_grid}, expected >= 0 (0: off)")
+            raise ValueError(f"vla.image_grid is {self.image_grid}, expected >= 0 (0: off)")
 
 
 @dataclass
@@ -114,6 +126,44 @@ class PolicyOutput:
     values: torch.Tensor  # [B]
 
 
+def action_tokenizer_for(
+    tokenizer: Any, vocab_size: int, action_spec: ActionSpec, config: Any
+) -> ActionTokenizer:
+    """The OpenVLA tokenizer of `config` (``n_bins``) over the env's action space, on the
+    last ``n_bins`` non-special ids of the vocabulary; one clear error when the vocabulary
+    has too few such tokens or the action space cannot be binned."""
+    special = set(tokenizer.all_special_ids)
+    usable = [i for i in range(min(vocab_size, len(tokenizer))) if i not in special]
+    if config.n_bins > len(usable):
+        raise InputError(
+            f"vla.n_bins is {config.n_bins}, expected <= {len(usable)}: the model's "
+            f"vocabulary ({vocab_size} ids) has that many non-special tokens to use as action "
+            "bins"
+        )
+    low, high = np.asarray(action_spec.low), np.asarray(action_spec.high)
+    try:
+        return ActionTokenizer(low, high, config.n_bins, token_ids=usable[-config.n_bins :])
+    except ValueError as exc:
+        raise InputError(
+            f"env action space low={low.tolist()} high={high.tolist()}: the action tokenizer "
+            f"cannot cover it ({exc})"
+        ) from None
+
+
+def check_policy_fits(model_path: str, vla: Any, action_spec: ActionSpec) -> int:
+    """Before any worker builds the policy: the model's vocabulary holds ``vla.n_bins``
+    action tokens and the env's action space can be binned; returns the pad token id."""
+    from transformers import AutoConfig
+
+    from rl_multimodal.vlm.processor import load_processor
+
+    processor = load_processor(model_path)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    vocab = int(AutoConfig.from_pretrained(model_path).get_text_config().vocab_size)
+    action_tokenizer_for(tokenizer, vocab, action_spec, vla)
+    return int(tokenizer.pad_token_id or 0)
+
+
 class VLAPolicy(nn.Module):
     """A VLM (``AutoModelForImageTextToText``) with an action head and a value head."""
 
@@ -129,16 +179,7 @@ class VLAPolicy(nn.Module):
         self.action_spec = action_spec
         hidden = int(model.config.get_text_config().hidden_size)
         vocab = int(model.config.get_text_config().vocab_size)
-        special = set(self.tokenizer.all_special_ids)
-        usable = [i for i in range(min(vocab, len(self.tokenizer))) if i not in special]
-        if config.n_bins > len(usable):
-            raise ValueError(
-                f"policy.n_bins is {config.n_bins}, expected <= {len(usable)}: the model's "
-                "vocabulary has that many non-special tokens to use as action bins"
-            )
-        self.action_tokenizer = ActionTokenizer(
-            action_spec.low, action_spec.high, config.n_bins, token_ids=usable[-config.n_bins :]
-        )
+        self.action_tokenizer = action_tokenizer_for(self.tokenizer, vocab, action_spec, config)
         self.image_adapter: nn.Linear | None = None
         # the adapter's terms: tokens, one per action dimension (module docstring); gaussian, one
         self._bias_terms = action_spec.action_dim if config.head == "tokens" else 1
@@ -148,6 +189,9 @@ class VLAPolicy(nn.Module):
             nn.init.zeros_(self.image_adapter.bias)
         if config.freeze_vision:
             model.model.visual.requires_grad_(False)
+        if config.freeze_language_model:
+            model.model.language_model.requires_grad_(False)
+            model.lm_head.requires_grad_(False)
         self.value_head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
@@ -168,6 +212,33 @@ class VLAPolicy(nn.Module):
 
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
         return cls(model, load_processor(path), action_spec, config or VLAPolicyConfig())
+
+    @classmethod
+    def from_exported(cls, path: str) -> VLAPolicy:
+        """The policy `rl export` wrote to `path`: the VLM (a Hugging Face directory), the
+        heads (``vla_heads.safetensors``) and the action tokenizer's settings
+        (``rl_model.json``); it acts as the trained policy did."""
+        import json
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        meta = json.loads((Path(path) / EXPORT_METADATA).read_text())
+        if meta.get("kind") != "vla_policy":
+            raise ValueError(
+                f"{path}: {EXPORT_METADATA} is not a VLA policy's (kind {meta.get('kind')!r})"
+            )
+        spec = ActionSpec(**meta["action_spec"])
+        policy = cls.from_pretrained(path, spec, VLAPolicyConfig(**meta["policy"]))
+        heads = load_file(str(Path(path) / EXPORT_HEADS))
+        missing, unexpected = policy.load_state_dict(heads, strict=False)
+        missing = [k for k in missing if not k.startswith("model.")]
+        if missing or unexpected:
+            raise ValueError(f"{path}: heads missing {missing[:4]}, unexpected {unexpected[:4]}")
+        tok = meta["action_tokenizer"]
+        if policy.action_tokenizer.token_ids.tolist() != tok["token_ids"]:
+            raise ValueError(f"{path}: the model's action token ids differ from the export's")
+        return policy
 
     # ------------------------------------------------------------------------ inputs
     def process(self, obs: EnvObservation) -> PolicyInputs:
@@ -224,10 +295,80 @@ class VLAPolicy(nn.Module):
 
     def _bin_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.lm_head(hidden)
-        return logits[..., torch.as_tensor(self.action_tokenizer.token_ids)]
+        ids = torch.as_tensor(self.action_tokenizer.token_ids, device=logits.device)
+        return logits[..., ids]
+
+    # ------------------------------------------------------------ the engine's model
+    rl_output_kinds = ("log_probs", "entropy", "values")
+
+    @property
+    def _no_split_modules(self) -> list[str]:
+        """The VLM's layers: the fsdp engine shards each of them."""
+        return list(getattr(self.model, "_no_split_modules", None) or [])
+
+    @property
+    def hf_config(self) -> Any:
+        return self.model.config
+
+    def forward(
+        self, micro_batch: Any, outputs: tuple[str, ...] = ("log_probs",), temperature: float = 1.0
+    ) -> dict[str, torch.Tensor]:
+        """The engine's forward (`rl_core.engine.models`): ``[b, R]`` log-probs, entropy and
+        values of the batch's actions. Rows are `steps_to_batch` rows: the prompt, then the
+        ``R`` action tokens (tokens head; gaussian head: one placeholder token, the raw
+        action in ``raw_actions``), the image in ``multi_modal_inputs``."""
+        batch = micro_batch.batch
+        width = batch["responses"].shape[1]
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        rows = micro_batch.non_tensor_batch["multi_modal_inputs"]
+        dtype = self._pixel_dtype()
+        inputs = PolicyInputs(
+            ids[:, :-width],
+            mask[:, :-width],
+            [r["pixel_values"].to(ids.device, dtype) for r in rows],
+            torch.cat([r["image_grid_thw"] for r in rows]).to(ids.device),
+        )
+        actions = batch["responses"] if self.config.head == "tokens" else batch["raw_actions"]
+        log_probs, values, entropy = self.evaluate(inputs, actions, temperature)
+        return {  # fresh tensors, not views (FSDP hooks the outputs for backward)
+            "log_probs": log_probs.clone(),
+            "entropy": entropy.clone(),
+            "values": values.unsqueeze(-1).repeat(1, log_probs.shape[-1]),
+        }
+
+    def _pixel_dtype(self) -> torch.dtype:
+        """The dtype the vision tower computes in (its patch embedding's, under FSDP's
+        mixed precision the gathered one)."""
+        for p in self.model.model.visual.parameters():
+            return p.dtype if not hasattr(p, "to_local") else p.to_local().dtype
+        return torch.float32
+
+    def export_metadata(self) -> dict[str, Any]:
+        """What an export writes beside the weights so the policy acts the same elsewhere:
+        the action tokenizer (bounds, bins, token ids), the heads and the prompt."""
+        tok = self.action_tokenizer
+        return {
+            "kind": "vla_policy",
+            "hf_prefix": "model.",
+            "extra_file": EXPORT_HEADS,
+            "policy": dataclasses.asdict(self.config),
+            "action_tokenizer": {
+                "low": tok.low.tolist(),
+                "high": tok.high.tolist(),
+                "n_bins": tok.n_bins,
+                "token_ids": tok.token_ids.tolist(),
+            },
+            "action_spec": {
+                "low": np.asarray(self.action_spec.low).tolist(),
+                "high": np.asarray(self.action_spec.high).tolist(),
+                "max_chunk": int(self.action_spec.max_chunk),
+            },
+        }
 
     # --------------------------------------------------------------------- evaluation
-    def evaluate(self, inputs: PolicyInputs, actions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def evaluate(
+        self, inputs: PolicyInputs, actions: torch.Tensor, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, ...]:
         """(log_probs, values, entropy) of `actions` (as in `PolicyOutput.actions`), with grad."""
         L = inputs.input_ids.shape[1]
         if self.config.head == "tokens":
@@ -237,8 +378,10 @@ class VLAPolicy(nn.Module):
             if bias is not None:
                 heads_in = heads_in + bias
             state = heads_in[:, 0]
-            logp_all = torch.log_softmax(self._bin_logits(heads_in).float(), dim=-1)
-            bins = torch.as_tensor(self.action_tokenizer.token_to_bin(actions))
+            logp_all = torch.log_softmax(self._bin_logits(heads_in).float() / temperature, -1)
+            bins = torch.as_tensor(
+                self.action_tokenizer.token_to_bin(actions), device=actions.device
+            )
             log_probs = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         else:

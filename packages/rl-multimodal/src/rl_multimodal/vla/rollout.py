@@ -1,26 +1,30 @@
-"""Multi-step episodes: observation -> policy (VLM on the image) -> action -> environment.
+"""Multi-step episodes on worker groups: observation -> rollout role (the policy acts) ->
+environment workers step -> ... until every episode ends or `max_steps` policy steps.
 
-`run_episodes` plays one episode per seed. With an `EnvWorkerPool` of two or more workers
-the environments are split in two halves that are pipelined: while the policy computes
-the actions of one half, the other half's worker processes step their environments. Any
-other `VectorEnv` is stepped synchronously as one group.
+`run_episodes` plays one episode per seed. The environments are split into the env
+group's halves, which are pipelined: while the policy computes the actions of one half,
+the other half's env workers step their environments (non-blocking calls). With one half
+(one env worker per node) the loop is synchronous.
 
-The result, `Episodes`, holds per step ``t`` and environment ``b``: the processed policy
-inputs, the action, its log-probs and value, the step reward and ``mask[b, t]`` (1 while the
-episode runs), plus each episode's success, return and length, and the frames.
+The result, `Episodes`, holds per step and environment the rollout's output (the policy
+inputs, the action, its log-probs and value), the step reward and ``mask[b, t]`` (1 while
+the episode runs), each episode's success, return and length, and the frames;
+`Episodes.to_batch` makes the actor's training batch from it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from rl_core.env import EnvObservation, EnvStep, VectorEnv
-from rl_multimodal.vla.envs.workers import EnvWorkerPool
-from rl_multimodal.vla.policy import PolicyInputs, VLAPolicy
+from rl_core.env import EnvObservation
+from rl_core.protocol import DataProto
+from rl_multimodal.vla.actor_worker import observations_proto
 
 __all__ = ["Episodes", "StepRecord", "run_episodes"]
 
@@ -31,10 +35,7 @@ class StepRecord:
 
     t: int
     rows: np.ndarray
-    inputs: PolicyInputs
-    actions: torch.Tensor
-    log_probs: torch.Tensor
-    values: torch.Tensor
+    out: DataProto  # `VLAActorWorker.act`'s output for these rows
 
 
 @dataclass
@@ -68,137 +69,131 @@ class Episodes:
         """``[B, T]`` values the policy's value head gave at each step (0 where masked)."""
         out = np.zeros((self.num_envs, self.max_steps), np.float32)
         for rec in self.records:
-            out[rec.rows, rec.t] = rec.values.numpy()
+            out[rec.rows, rec.t] = rec.out.batch["values"].numpy()
         return out
 
-
-class _Groups:
-    """Uniform async access: pool worker halves, or one synchronous group."""
-
-    def __init__(self, env: VectorEnv):
-        self.env = env
-        if isinstance(env, EnvWorkerPool) and env.num_workers >= 2:
-            half = env.num_workers // 2
-            self.workers = [list(range(half)), list(range(half, env.num_workers))]
-            self.rows = [
-                np.arange(env.slices[w[0]].start, env.slices[w[-1]].stop) for w in self.workers
-            ]
-        else:
-            self.workers = [[]]
-            self.rows = [np.arange(env.num_envs)]
-        self._result: dict[int, object] = {}
-
-    def reset(self, g: int, seeds: Sequence[int]) -> None:
-        if isinstance(self.env, EnvWorkerPool) and self.workers[g]:
-            self.env.reset_async(self.workers[g], seeds)
-        else:
-            self._result[g] = self.env.reset(seeds)
-
-    def step(self, g: int, actions: np.ndarray) -> None:
-        if isinstance(self.env, EnvWorkerPool) and self.workers[g]:
-            self.env.step_async(self.workers[g], actions)
-        else:
-            self._result[g] = self.env.step(actions)
-
-    def wait(self, g: int) -> EnvObservation | EnvStep:
-        if g in self._result:
-            return self._result.pop(g)  # type: ignore[return-value]
-        return self.env.wait(self.workers[g])  # type: ignore[attr-defined]
+    def to_batch(
+        self, advantages: np.ndarray, returns: np.ndarray | None, pad_id: int
+    ) -> DataProto:
+        """One row per policy step taken, in the batch convention of the engines: the prompt
+        (left-padded) then the action tokens as the response (gaussian head: one `pad_id`
+        placeholder; the raw action in ``raw_actions``); ``old_log_probs`` from the rollout,
+        ``advantages`` (and PPO's ``values``/``returns``) broadcast over the response."""
+        width = max(r.out.batch["prompt_ids"].shape[1] for r in self.records)
+        parts = []
+        for rec in self.records:
+            b = rec.out.batch
+            n = len(rec.rows)
+            pad = width - b["prompt_ids"].shape[1]
+            prompt = torch.nn.functional.pad(b["prompt_ids"], (pad, 0), value=pad_id)
+            pmask = torch.nn.functional.pad(b["prompt_mask"], (pad, 0), value=0)
+            if "action_tokens" in b.keys():  # noqa: SIM118 (a TensorDict)
+                responses = b["action_tokens"]
+            else:
+                responses = torch.full((n, 1), pad_id, dtype=prompt.dtype)
+            r = responses.shape[1]
+            ids = torch.cat([prompt, responses], 1)
+            mask = torch.cat([pmask, torch.ones_like(responses)], 1)
+            adv = torch.as_tensor(advantages[rec.rows, rec.t], dtype=torch.float32)
+            tensors = {
+                "input_ids": ids,
+                "attention_mask": mask,
+                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                "responses": responses,
+                "response_mask": torch.ones(n, r, dtype=torch.float32),
+                "old_log_probs": b["log_probs"],
+                "advantages": adv[:, None].expand(n, r).contiguous(),
+            }
+            if "raw_actions" in b.keys():  # noqa: SIM118
+                tensors["raw_actions"] = b["raw_actions"]
+            if returns is not None:
+                ret = torch.as_tensor(returns[rec.rows, rec.t], dtype=torch.float32)
+                tensors["returns"] = ret[:, None].expand(n, r).contiguous()
+                tensors["values"] = b["values"][:, None].expand(n, r).contiguous()
+            mm = rec.out.non_tensor_batch["multi_modal_inputs"]
+            parts.append(DataProto.from_dict(tensors, {"multi_modal_inputs": mm}))
+        return DataProto.concat(parts)
 
 
 def run_episodes(
-    policy: VLAPolicy,
-    env: VectorEnv,
+    actor: Any,
+    envs: Any,
+    key: str,
     seeds: Sequence[int],
     max_steps: int,
     greedy: bool = False,
     keep_frames: bool = False,
 ) -> Episodes:
-    """One episode per seed (``len(seeds) == env.num_envs``), at most `max_steps` policy steps."""
-    import time
-
-    if len(seeds) != env.num_envs:
-        raise ValueError(f"seeds: {len(seeds)} values, expected env.num_envs = {env.num_envs}")
-    ep = Episodes(env.num_envs, max_steps)
-    groups = _Groups(env)
+    """One episode per seed, at most `max_steps` policy steps; `actor` is the rollout role's
+    worker group (``act``), `envs` an `rl_multimodal.vla.env_group.EnvGroup`, `key` which of
+    its workers' env batches (``train``, ``val``)."""
+    n = len(seeds)
+    ep = Episodes(n, max_steps)
+    rows = envs.rows(n)
+    halves = [h for h in range(len(rows)) if len(rows[h])]
     seeds = np.asarray(seeds, dtype=np.int64)
     obs: dict[int, EnvObservation] = {}
-    done = np.zeros(env.num_envs, bool)
-    pending: dict[int, int] = {}  # group -> step t in flight
+    done = np.zeros(n, bool)
+    pending: dict[int, int] = {}  # half -> step t in flight
     t0 = time.perf_counter()
-    for g, rows in enumerate(groups.rows):
-        groups.reset(g, seeds[rows].tolist())
-    for g in range(len(groups.rows)):
-        obs[g] = groups.wait(g)  # type: ignore[assignment]
+    for h in halves:
+        envs.reset_async(h, key, seeds[rows[h]].tolist())
+    for h in halves:
+        obs[h] = envs.wait(h)  # type: ignore[assignment]
     ep.env_time_s += time.perf_counter() - t0
     frames: list[dict[int, np.ndarray]] = [dict() for _ in range(max_steps + 1)]
     for t in range(max_steps):
-        for g, rows in enumerate(groups.rows):
-            if g in pending:
-                _finish(ep, groups, g, pending.pop(g), obs, done, frames)
-            active = ~done[rows]
+        for h in halves:
+            if h in pending:
+                _finish(ep, envs, rows[h], h, pending.pop(h), obs, done, frames)
+            active = ~done[rows[h]]
             if not active.any():
                 continue
-            frames[t][g] = obs[g].images
-            tp = time.perf_counter()
-            inputs = policy.process(obs[g])
-            out = policy.act(inputs, greedy=greedy)
-            ep.policy_time_s += time.perf_counter() - tp
+            frames[t][h] = obs[h].images
             sel = np.flatnonzero(active)
-            ep.records.append(
-                StepRecord(
-                    t,
-                    rows[sel],
-                    inputs.select(sel.tolist()),
-                    out.actions[sel],
-                    out.log_probs[sel],
-                    out.values[sel],
-                )
-            )
-            ep.mask[rows[sel], t] = 1.0
-            ep.env_steps += int(active.sum())
+            tp = time.perf_counter()
+            out = actor.act(observations_proto(obs[h].select(sel), greedy))
+            ep.policy_time_s += time.perf_counter() - tp
+            ep.records.append(StepRecord(t, rows[h][sel], out))
+            ep.mask[rows[h][sel], t] = 1.0
+            ep.env_steps += len(sel)
+            actions = np.zeros((len(rows[h]), *out.batch["env_actions"].shape[1:]), np.float32)
+            actions[sel] = out.batch["env_actions"].numpy()
             te = time.perf_counter()
-            groups.step(g, out.env_actions)
-            pending[g] = t
+            envs.step_async(h, key, actions)
+            pending[h] = t
             ep.env_time_s += time.perf_counter() - te
         if not pending:
             break
-    for g in list(pending):
-        _finish(ep, groups, g, pending.pop(g), obs, done, frames)
-    ep.env_time_s += 0.0
+    for h in list(pending):
+        _finish(ep, envs, rows[h], h, pending.pop(h), obs, done, frames)
     if keep_frames:
-        ep.frames = _stack_frames(frames, groups.rows, env.num_envs)
+        ep.frames = _stack_frames(frames, rows, n)
     return ep
 
 
-def _finish(ep: Episodes, groups: _Groups, g: int, t: int, obs, done, frames) -> None:
-    import time
-
+def _finish(ep: Episodes, envs: Any, rows: np.ndarray, h: int, t: int, obs, done, frames) -> None:
     te = time.perf_counter()
-    res = groups.wait(g)
+    res = envs.wait(h)
     ep.env_time_s += time.perf_counter() - te
-    rows = groups.rows[g]
     live = ep.mask[rows, t] > 0
     ep.rewards[rows[live], t] = res.reward[live]
     ep.success[rows] |= res.info["success"]
     done[rows] |= res.done
-    obs[g] = res.observation
-    frames[t + 1][g] = res.observation.images
+    obs[h] = res.observation
+    frames[t + 1][h] = res.observation.images
 
 
 def _stack_frames(frames: list[dict[int, np.ndarray]], rows: list[np.ndarray], n: int) -> list:
     out = []
     last: np.ndarray | None = None
-    for per_group in frames:
-        if not per_group:
+    for per_half in frames:
+        if not per_half:
             continue
-        cur = (
-            np.zeros((n, *next(iter(per_group.values())).shape[1:]), np.uint8)
-            if last is None
-            else last.copy()
-        )
-        for g, images in per_group.items():
-            cur[rows[g]] = images
+        first = next(iter(per_half.values()))
+        cur = np.zeros((n, *first.shape[1:]), np.uint8) if last is None else last.copy()
+        for h, images in per_half.items():
+            cur[rows[h]] = images
         out.append(cur)
         last = cur
     return out

@@ -1,0 +1,96 @@
+"""The ``vla`` section: the policy and episode settings of a vision-language-action run.
+
+A run is a VLA run when its ``env`` names a VLA environment (the ``rl.vla_envs`` entry
+points: ``reach``, ``pusht``, ``metaworld`` from rl-multimodal); `rl train` then runs the
+VLA trainer (``rl.trainers``: ``vla``) on the same sections as an LLM run: ``model.path``
+is the VLM, ``actor`` its engine, optimizer and PPO loop (``mini_batch_size`` in policy
+steps), ``rollout.n`` the episodes per start state, ``algorithm`` the estimator (``grpo``,
+or ``gae`` for PPO with the value head), ``trainer`` the run. This section adds what only
+a VLA policy has::
+
+    vla:
+      head: tokens        # OpenVLA action tokens (or gaussian: an MLP on the last state)
+      n_bins: 3           # bins per action dimension (tokens head)
+      image_grid: 3       # the image adapter's pooled grid (0: off)
+      freeze_vision: true
+      groups: 8           # start states per step, each played rollout.n times
+      max_steps: 6        # policy steps per episode
+      val_episodes: 32    # held-out seeds val_seed_start .. + val_episodes - 1
+
+PPO's value head lives on the policy's own trunk (a linear head on the state the action
+head reads), inside the actor's engine; its loss, weighted by ``vf_coef``, is added to the
+actor's (``critic.loss.cliprange_value`` clips it); no separate critic model is started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rl_core.config import check
+from rl_core.registry import Registry
+
+__all__ = ["TRAINERS", "VLA_ENVS", "VLAConfig", "is_vla_run"]
+
+VLA_ENVS: Registry[object] = Registry("rl.vla_envs", kind="VLA environment")
+"""VLA environments by name: ``factory(num_envs, **options) -> rl_core.env.VectorEnv``."""
+
+TRAINERS: Registry[object] = Registry("rl.trainers", kind="trainer")
+"""Trainers other than the LLM one, by kind (``vla``), found by `rl train`."""
+
+IMAGE_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@dataclass
+class VLAConfig:
+    """A VLA policy and its episodes (see the module docstring).
+
+    head: ``tokens`` (``action_dim`` action tokens, each one of ``n_bins`` bins of the
+    OpenVLA tokenizer over the env's action bounds) or ``gaussian`` (an MLP of
+    ``hidden_mlp`` units on the last hidden state; learned log-std from ``init_log_std``).
+    image_grid > 0: an image adapter feeds the vision tower's tokens, pooled to a grid, to
+    the heads. freeze_vision: the vision tower is not trained. prompt: the text around the
+    image (``{instruction}`` is the env's). groups x rollout.n episodes of at most
+    max_steps policy steps per training step; validation: greedy, on val_episodes seeds
+    from val_seed_start. vf_coef: weight of the value loss (PPO: algorithm.adv_estimator
+    gae)."""
+
+    head: Literal["tokens", "gaussian"] = "tokens"
+    n_bins: int = 3
+    image_grid: int = 0
+    freeze_vision: bool = False
+    freeze_language_model: bool = False
+    hidden_mlp: int = 64
+    init_log_std: float = -0.5
+    prompt: str = "{instruction}:" + IMAGE_MARKUP
+    groups: int = 8
+    max_steps: int = 6
+    val_seed_start: int = 10_000
+    val_episodes: int = 32
+    vf_coef: float = 0.5
+    frames: bool = True
+    """Write the validation episodes' frames (PNG strip + GIF) under output_dir/frames."""
+
+    def __post_init__(self) -> None:
+        check(self.n_bins >= 2, "n_bins", self.n_bins, "an integer >= 2")
+        check(self.image_grid >= 0, "image_grid", self.image_grid, "an integer >= 0 (0: off)")
+        check(self.hidden_mlp >= 1, "hidden_mlp", self.hidden_mlp, "an integer >= 1")
+        for name in ("groups", "max_steps", "val_episodes"):
+            value = getattr(self, name)
+            check(value >= 1, name, value, "an integer >= 1")
+        check(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
+        check("{instruction}" in self.prompt and IMAGE_MARKUP in self.prompt, "prompt",
+              self.prompt, f"a text with {{instruction}} and the image markup {IMAGE_MARKUP}")  # fmt: skip
+
+    @property
+    def val_seeds(self) -> list[int]:
+        return list(range(self.val_seed_start, self.val_seed_start + self.val_episodes))
+
+
+def is_vla_run(cfg: object) -> bool:
+    """Whether `cfg` (an `RLConfig`) names VLA environments (``rl.vla_envs``)."""
+    env = getattr(cfg, "env", None)
+    if env is None:
+        return False
+    names = VLA_ENVS.names()
+    return all(spec.name in names for spec in env.specs)

@@ -1,0 +1,64 @@
+"""The VLA policy as a training engine's model: the ``vla`` builder of ``rl.models``.
+
+``ModelConfig(path=<VLM dir>, builder="vla", builder_options={...})`` makes the fsdp engine
+build a `VLAPolicy` (`rl_core.engine.models`): the VLM with its action head and value head,
+sharded per layer like any Hugging Face model. ``builder_options`` are the `vla` section's
+policy fields (head, n_bins, image_grid, freeze_vision, hidden_mlp, init_log_std, prompt)
+plus the environment's action space (``action_low``, ``action_high``, ``max_chunk``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rl_core.env import ActionSpec
+from rl_multimodal.vla.policy import VLAPolicy, VLAPolicyConfig
+
+__all__ = ["POLICY_FIELDS", "build_vla_policy", "policy_options"]
+
+POLICY_FIELDS = (
+    "head",
+    "n_bins",
+    "image_grid",
+    "freeze_vision",
+    "freeze_language_model",
+    "hidden_mlp",
+    "init_log_std",
+    "prompt",
+)
+
+
+def policy_options(vla: Any, action_spec: ActionSpec) -> dict[str, Any]:
+    """``builder_options`` from the config's `vla` section and the env's action space."""
+    options = {name: getattr(vla, name) for name in POLICY_FIELDS}
+    options.update(
+        action_low=[float(x) for x in action_spec.low],
+        action_high=[float(x) for x in action_spec.high],
+        max_chunk=int(action_spec.max_chunk),
+    )
+    return options
+
+
+def build_vla_policy(config: Any, seed: int) -> VLAPolicy:
+    """A `VLAPolicy` from ``config.path`` (the VLM) in ``config.dtype``; its new heads are
+    initialised from `seed` (the engine seeds torch before calling)."""
+    from transformers import AutoModelForImageTextToText
+
+    from rl_multimodal.vlm.processor import load_processor
+
+    options = dict(config.builder_options)
+    try:
+        spec = ActionSpec(
+            options.pop("action_low"), options.pop("action_high"), options.pop("max_chunk", 1)
+        )
+    except KeyError as exc:
+        raise ValueError(
+            f"ModelConfig.builder_options: missing {exc}, expected the env's action space"
+        ) from None
+    model = AutoModelForImageTextToText.from_pretrained(
+        config.path, dtype=getattr(torch, config.dtype)
+    )
+    policy = VLAPolicy(model, load_processor(config.path), spec, VLAPolicyConfig(**options))
+    return policy.to(getattr(torch, config.dtype))

@@ -1,0 +1,234 @@
+"""Environments as a worker group: `VLAEnvWorker` processes that reset and step batches.
+
+Each `VLAEnvWorker` (a `rl_core.single_controller.Worker`: a Ray actor with CPU resources
+on the ``ray`` backend, an object in this process on the ``local`` one) builds its
+environments by name from the ``rl.vla_envs`` registry and serves batched ``reset`` /
+``step`` over `rl_core.env`. It keeps one `VectorEnv` per *key* (``train``, ``val``), made
+at the first reset with as many environments as seeds.
+
+`EnvGroup` splits a run's environments over its workers: with two or more workers per
+node, in two *halves* (two worker groups), so that one half steps while the policy acts
+for the other (the pipelined halves of `rl_multimodal.vla.rollout`). Calls on a half are
+non-blocking (``reset_async`` / ``step_async``, then ``wait``); every call times out.
+
+What an environment returns is checked: an observation whose images are not uint8
+``[num_envs, H, W, 3]``, or change size within a run, fails the call with one line
+naming the environment, the worker, the shape and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rl_algos.errors import InputError
+from rl_core.env import ActionSpec, EnvObservation, EnvStep, concat_observations
+from rl_core.single_controller import (
+    ClassWithInitArgs,
+    Dispatch,
+    LocalWorkerGroup,
+    ResourcePool,
+    Worker,
+    register,
+)
+
+__all__ = ["EnvGroup", "VLAEnvWorker", "build_env", "start_env_group"]
+
+
+def build_env(name: str, options: dict[str, Any], num_envs: int) -> Any:
+    """`num_envs` environments of the registered VLA environment `name`."""
+    from rl_algos.config import VLA_ENVS
+
+    factory = VLA_ENVS.get(name)
+    try:
+        env = factory(num_envs, **dict(options))
+    except (TypeError, ValueError) as exc:  # options, or an action space that is no bounded Box
+        text = " ".join(str(exc).split())
+        raise InputError(f"env {name!r} (env.options {dict(options)}): {text}") from None
+    spec = getattr(env, "action_spec", None)
+    if not isinstance(spec, ActionSpec):
+        raise InputError(
+            f"env {name!r}: action_spec is {type(spec).__name__}, expected an "
+            "rl_core.env.ActionSpec (finite low < high per dimension: what the action "
+            "tokenizer bins)"
+        )
+    return env
+
+
+def check_observation(
+    obs: Any, num_envs: int, image_hw: tuple[int, int] | None, where: str
+) -> EnvObservation:
+    """`obs` if it is an `EnvObservation` of `num_envs` uint8 ``[H, W, 3]`` images (of
+    size `image_hw` when given), else an `InputError` naming `where`."""
+    images = getattr(obs, "images", None)
+    shape = None if images is None else tuple(np.shape(images))
+    dtype = None if images is None else np.asarray(images).dtype
+    ok = (
+        isinstance(obs, EnvObservation)
+        and dtype == np.uint8
+        and shape is not None
+        and len(shape) == 4
+        and shape[0] == num_envs
+        and shape[-1] == 3
+        and (image_hw is None or shape[1:3] == tuple(image_hw))
+    )
+    if not ok:
+        hw = "H, W" if image_hw is None else f"{image_hw[0]}, {image_hw[1]}"
+        raise InputError(
+            f"{where}: observation images have shape {shape} dtype {dtype}, expected uint8 "
+            f"[{num_envs}, {hw}, 3] (one RGB image per environment, the same size every step)"
+        )
+    return obs
+
+
+class VLAEnvWorker(Worker):
+    """Environments of one worker process (see the module docstring)."""
+
+    def __init__(self, name: str, options: dict[str, Any], threads: int = 1) -> None:
+        super().__init__()
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        self.name, self.options = name, dict(options)
+        self.envs: dict[str, Any] = {}
+        self.image_hw: tuple[int, int] | None = None
+
+    def _where(self) -> str:
+        return f"env {self.name!r} (env worker {self.rank})"
+
+    def _env(self, key: str, num_envs: int) -> Any:
+        env = self.envs.get(key)
+        if env is None or env.num_envs != num_envs:
+            if env is not None:
+                env.close()
+            env = self.envs[key] = build_env(self.name, self.options, num_envs)
+        return env
+
+    def _checked(self, obs: Any, n: int) -> EnvObservation:
+        obs = check_observation(obs, n, self.image_hw, self._where())
+        self.image_hw = tuple(obs.images.shape[1:3])
+        return obs
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def action_spec(self) -> ActionSpec:
+        return self._env("probe", 1).action_spec
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, blocking=False)
+    def reset(self, key: str, seeds: list[int]) -> EnvObservation:
+        if not seeds:
+            return None  # type: ignore[return-value]
+        return self._checked(self._env(key, len(seeds)).reset(seeds), len(seeds))
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, blocking=False)
+    def step(self, key: str, actions: np.ndarray) -> EnvStep:
+        if len(actions) == 0:
+            return None  # type: ignore[return-value]
+        result = self.envs[key].step(actions)
+        self._checked(getattr(result, "observation", None), len(actions))
+        return result
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def close_envs(self) -> None:
+        for env in self.envs.values():
+            env.close()
+        self.envs.clear()
+
+
+def _merge(results: list[Any]) -> EnvObservation | EnvStep:
+    results = [r for r in results if r is not None]
+    if isinstance(results[0], EnvObservation):
+        return concat_observations(results)
+    return EnvStep(
+        concat_observations([r.observation for r in results]),
+        np.concatenate([r.reward for r in results]),
+        np.concatenate([r.terminated for r in results]),
+        np.concatenate([r.truncated for r in results]),
+        {"success": np.concatenate([r.info["success"] for r in results])},
+    )
+
+
+def _split(n: int, parts: int) -> list[int]:
+    sizes = [n // parts] * parts
+    for i in range(n % parts):
+        sizes[i] += 1
+    return sizes
+
+
+class EnvGroup:
+    """A run's environment workers, in one or two halves (worker groups)."""
+
+    def __init__(self, halves: list[Any], timeout_s: float) -> None:
+        self.halves = halves
+        self.timeout_s = float(timeout_s)
+        self._pending: dict[int, tuple[Any, str]] = {}
+        self.action_spec: ActionSpec = halves[0].action_spec()[0]
+
+    @property
+    def num_workers(self) -> int:
+        return sum(h.world_size for h in self.halves)
+
+    def rows(self, num_envs: int) -> list[np.ndarray]:
+        """The env rows of each half for a batch of `num_envs` environments."""
+        sizes = _split(num_envs, len(self.halves))
+        starts = np.cumsum([0, *sizes])
+        return [np.arange(starts[i], starts[i + 1]) for i in range(len(self.halves))]
+
+    def reset_async(self, half: int, key: str, seeds: Sequence[int]) -> None:
+        group = self.halves[half]
+        per_rank, at = [], 0
+        for n in _split(len(seeds), group.world_size):
+            per_rank.append([int(s) for s in seeds[at : at + n]])
+            at += n
+        self._pending[half] = (group.reset([key] * group.world_size, per_rank), "reset")
+
+    def step_async(self, half: int, key: str, actions: np.ndarray) -> None:
+        group = self.halves[half]
+        per_rank, at = [], 0
+        for n in _split(len(actions), group.world_size):
+            per_rank.append(np.asarray(actions[at : at + n]))
+            at += n
+        self._pending[half] = (group.step([key] * group.world_size, per_rank), "step")
+
+    def wait(self, half: int) -> EnvObservation | EnvStep:
+        future, _ = self._pending.pop(half)
+        return _merge(future.result(self.timeout_s))
+
+    def close(self) -> None:
+        for half in self.halves:
+            try:
+                half.close_envs()
+            finally:
+                half.shutdown()
+
+
+def start_env_group(env: Any, nnodes: int, backend: str, timeout_s: float) -> EnvGroup:
+    """The env workers of the config's `env` section: ``env.num_workers`` per node on
+    ``nnodes`` nodes (Ray actors reserving ``env.cpus_per_worker`` CPUs each), in two
+    halves when there are two or more per node; on ``local``, one in-process worker per
+    half."""
+    spec = ClassWithInitArgs(VLAEnvWorker, env.name, dict(env.options))
+    first = env.num_workers // 2
+    sizes = [first, env.num_workers - first] if first else [env.num_workers]
+    if backend == "local":  # one in-process worker per half: the same loop, no processes
+        groups = [
+            LocalWorkerGroup(ResourcePool([1]), spec, name_prefix=f"env{i}")
+            for i in range(len(sizes))
+        ]
+        return EnvGroup(groups, timeout_s)
+    from rl_core.single_controller.ray import RayWorkerGroup
+
+    halves = []
+    try:
+        for i, size in enumerate(sizes):
+            pool = ResourcePool(
+                [size] * nnodes, cpus_per_process=env.cpus_per_worker, accelerators_per_process=0
+            )
+            halves.append(
+                RayWorkerGroup(pool, spec, name_prefix=f"env{i}", call_timeout_s=timeout_s)
+            )
+        return EnvGroup(halves, timeout_s)
+    except BaseException:
+        for half in halves:
+            half.shutdown()
+        raise

@@ -1,0 +1,170 @@
+"""The VLA policy trains through the fsdp engine; `rl train` on VLA configs: resume, export,
+PPO's value head, the local backend.
+
+References: a plain `VLAPolicy` trained by hand (the same loss, AdamW, clipping) for the
+engine's update; the uninterrupted run for resume; a policy loaded from `rl export`'s
+directory, playing the validation episodes on its own, for the export.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rl_algos.losses import PolicyLossConfig, make_actor_loss_fn
+from rl_core.engine import EngineConfig, LossContext, ModelConfig, OptimizerConfig, build_engine
+from rl_multimodal.vla.actor_worker import act_on, observations_proto
+from rl_multimodal.vla.engine_model import build_vla_policy
+from rl_multimodal.vla.envs import ReachConfig, ReachEnv
+from rl_multimodal.vla.rollout import Episodes, StepRecord
+from rl_multimodal.vlm.tiny import resolve_tiny_vlm
+
+EXAMPLE = Path(__file__).parents[3] / "examples" / "grpo_vla_reach.yaml"
+REACH = ReachConfig(image_size=56, max_steps=6, n_directions=4)
+
+
+def _options(head: str = "tokens") -> dict:
+    spec = ReachEnv(1, REACH).action_spec
+    return {
+        "head": head, "n_bins": 3, "image_grid": 2, "freeze_vision": True,
+        "action_low": spec.low.tolist(), "action_high": spec.high.tolist(), "max_chunk": 1,
+    }  # fmt: skip
+
+
+def _model_config(head: str = "tokens") -> ModelConfig:
+    return ModelConfig(
+        path=resolve_tiny_vlm("qwen2_5_vl"), builder="vla", builder_options=_options(head)
+    )
+
+
+def _batch(policy):
+    """A training batch of one policy step on 4 reach envs, as the trainer builds it."""
+    env = ReachEnv(4, REACH)
+    torch.manual_seed(1)
+    out = act_on(policy, observations_proto(env.reset([0, 1, 2, 3]), False))
+    ep = Episodes(4, 1)
+    ep.records.append(StepRecord(0, np.arange(4), out))
+    adv = np.array([[1.0], [-1.0], [0.5], [-0.5]], np.float32)
+    return ep.to_batch(adv, None, pad_id=0)
+
+
+@pytest.mark.parametrize("head", ["tokens", "gaussian"])
+def test_engine_update_equals_a_plain_policy_trained_by_hand(head):
+    """One train_batch of the fsdp engine over the VLA policy == the same loss, backward,
+    clipping and AdamW step on a plain (unsharded) copy of the policy."""
+    torch.manual_seed(0)
+    lr, clip = 1e-2, 0.5
+    engine = build_engine(
+        "fsdp",
+        EngineConfig(
+            model=_model_config(head),
+            optim=OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=clip),
+            timeout_s=120.0,
+        ),
+    )
+    plain = build_vla_policy(_model_config(head), 0)
+    plain.load_state_dict({n: t for b in engine.export_weights() for n, t in b}, strict=True)
+    before = {n: p.detach().clone() for n, p in plain.named_parameters()
+              if n.startswith(("model.model.visual.", "image_adapter."))}  # fmt: skip
+    batch = _batch(plain)
+    loss_fn = make_actor_loss_fn(PolicyLossConfig(agg_norm_constant=1.0))
+    metrics = engine.train_batch(batch, loss_fn, outputs=("log_probs", "entropy", "values"))
+    assert metrics["num_seqs"] == 4 and metrics["grad_norm"] > 0
+
+    params = [p for p in plain.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    n_tok = int(batch.batch["response_mask"].sum())
+    ctx = LossContext(n_tok, 4, 1, 0, 1, 1.0)
+    out = plain(batch, ("log_probs", "entropy", "values"), 1.0)
+    loss, _ = loss_fn(out, batch, ctx)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    optim.step()
+    assert metrics["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+    trained = {n: t for b in engine.export_weights() for n, t in b}
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(trained[name], p.detach(), rtol=1e-5, atol=1e-6)
+    # the frozen tower stays as it was; the (zero-initialised) image adapter trains
+    for name, t in before.items():
+        moved = not torch.equal(trained[name], t)
+        assert moved == name.startswith("image_adapter."), name
+    assert not any(
+        n.startswith("model.model.visual") and p.requires_grad for n, p in plain.named_parameters()
+    )
+    engine.close()
+
+
+def _run(tmp: Path, *overrides: str) -> int:
+    from rl_algos.cli import main
+
+    return main(["train", str(EXAMPLE), "trainer.backend=local", f"trainer.output_dir={tmp}",
+                 "trainer.total_steps=3", "trainer.val_every=3", "trainer.save_every=1",
+                 "trainer.loggers=[jsonl]", "vla.groups=2", "vla.val_episodes=4", "vla.frames=false",
+                 "vla.max_steps=3", "env.options.image_size=56", *overrides])  # fmt: skip
+
+
+def _jsonl(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_rl_train_vla_resumes_exactly_and_exports_a_policy_that_acts_the_same(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert _run(full) == 0
+    assert _run(part, "trainer.total_steps=2") == 0
+    assert _run(part, "trainer.resume=latest") == 0
+    a = {r["step"]: r for r in _jsonl(full)}
+    b = {r["step"]: r for r in _jsonl(part)}
+    for key in ("actor/pg_loss", "actor/grad_norm", "train/mean_return", "val/success_rate"):
+        assert b[3][key] == a[3][key], key  # the resumed step 3 is the uninterrupted one
+    from safetensors.torch import load_file  # noqa: F401
+
+    from rl_engines.fsdp import FSDPEngine
+
+    wa = FSDPEngine.read_checkpoint_weights(str(full / "checkpoints/step_3/actor"))
+    wb = FSDPEngine.read_checkpoint_weights(str(part / "checkpoints/step_3/actor"))
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+    from rl_algos.cli import main
+    from rl_multimodal.vla import VLAPolicy
+
+    out = tmp_path / "exported"
+    assert main(["export", str(full), str(out)]) == 0
+    assert (out / "rl_model.json").is_file() and (out / "vla_heads.safetensors").is_file()
+    meta = json.loads((out / "rl_model.json").read_text())
+    assert (
+        meta["action_tokenizer"]["n_bins"] == 3 and len(meta["action_tokenizer"]["token_ids"]) == 3
+    )
+    policy = VLAPolicy.from_exported(str(out))  # outside the framework: no engine, no worker
+    env = ReachEnv(4, ReachConfig(image_size=56, max_steps=6, n_directions=4))
+    seeds = list(range(10_000, 10_004))
+    obs, done, success, length = env.reset(seeds), np.zeros(4, bool), np.zeros(4, bool), np.zeros(4)
+    for _ in range(3):  # vla.max_steps
+        act = policy.act(policy.process(obs), greedy=True)
+        length += ~done
+        res = env.step(act.env_actions)
+        success |= res.info["success"]
+        done |= res.done
+        obs = res.observation
+    assert float(success.mean()) == a[3]["val/success_rate"]
+    assert float(length.mean()) == a[3]["val/mean_length"]
+
+
+def test_ppo_trains_the_value_head_on_the_policy_trunk(tmp_path):
+    """PPO (gae) with the gaussian head: the value loss trains the value head."""
+    assert _run(tmp_path, "algorithm.adv_estimator=gae", "algorithm.gamma=0.99", "algorithm.lam=0.95",
+                "vla.head=gaussian", "trainer.total_steps=2", "trainer.save_every=2",
+                "trainer.val_every=1", "vla.frames=true") == 0  # fmt: skip
+    rows = _jsonl(tmp_path)
+    assert any("critic/vf_loss" in r for r in rows), sorted(rows[-1])
+    assert np.isfinite(rows[-1]["actor/pg_loss"]) and rows[0]["step"] == 0
+    assert (tmp_path / "frames" / "val_step0000.png").is_file()
+    assert (tmp_path / "frames" / "val_step0002.gif").is_file()
+    from rl_engines.fsdp import FSDPEngine
+
+    w = FSDPEngine.read_checkpoint_weights(str(tmp_path / "checkpoints/step_2/actor"))
+    assert w["value_head.weight"].abs().sum() > 0  # zero-initialised, trained by the value loss
