@@ -65,6 +65,11 @@ class RolloutClient:
         self.version = version
         return time.perf_counter() - start
 
+    def reset_after_failover(self) -> None:
+        """The training workers were rebuilt: a new sender from their new rank 0."""
+        if self.generator is not None:
+            self._sender = self.generator.weight_sender()
+
     def shutdown(self) -> None:
         if self.generator is not None:
             self.generator.shutdown()
