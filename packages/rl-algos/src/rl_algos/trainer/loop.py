@@ -478,6 +478,7 @@ class RLTrainer:
                 "policy_version": self.rollout.version,
                 "dataloader": loader,
                 "untrained_batches": len(pending),
+                "total_steps": self.config.trainer.total_steps,
                 "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
                 # what `rl export` needs: which engine wrote actor/, the model's own files
                 "engine": self.config.actor.engine,
@@ -539,6 +540,7 @@ class RLTrainer:
         if resume_from is not None:
             self._load_checkpoint(resume_from)
             log.info("resumed from %s at step %d", resume_from, self.global_step)
+            _check_resumed_total(read_state(resume_from), self.global_step, cfg.trainer)
         logger = MetricsLogger(
             cfg.trainer.loggers,
             self.output_dir,
@@ -619,7 +621,9 @@ class RLTrainer:
             unhealthy = self.groups.first_unhealthy()
             if unhealthy is not None:
                 role, rank, why = unhealthy
-                error = WorkerDiedError(role, rank, "a call", f"{why} (after: {exc})"[:300])
+                method = getattr(exc, "method", "a call")
+                first = f"{type(exc).__name__} of rank {getattr(exc, 'rank', '?')}"
+                error = WorkerDiedError(role, rank, method, f"{why}; reported first: {first}")
         if error is None:
             return False
         event = self.failover.admit(error)
@@ -667,6 +671,26 @@ class RLTrainer:
         self.reward.close()
         self.rollout.shutdown()
         self.groups.shutdown()
+
+
+def _check_resumed_total(state: dict[str, Any], step: int, trainer: Any) -> None:
+    """Say what a resume with another ``trainer.total_steps`` does (one line each)."""
+    before = state.get("total_steps")
+    if before is not None and before != trainer.total_steps:
+        log.warning(
+            "trainer.total_steps=%d, the checkpoint's run had %d: training on to step %d "
+            "(a cosine LR schedule follows the new total from here)",
+            trainer.total_steps,
+            before,
+            trainer.total_steps,
+        )
+    if step >= trainer.total_steps:
+        log.warning(
+            "the checkpoint is at step %d and trainer.total_steps=%d: nothing left to train "
+            "(raise trainer.total_steps to go on)",
+            step,
+            trainer.total_steps,
+        )
 
 
 def _progress(total: int, initial: int, enabled: bool) -> Any:

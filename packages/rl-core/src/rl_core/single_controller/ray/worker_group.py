@@ -195,7 +195,9 @@ class _Waiter:
             self.heartbeat.check(self, sorted({r for ref, r in ranks.items() if ref not in done}))
 
     def _first_failure(self, groups: list[dict[Any, int]], cause: Exception) -> WorkerGroupError:
-        """The error of the lowest rank whose ref holds one; else `cause`, named."""
+        """The error of the lowest rank whose ref holds one, a dead process first (its
+        peers' errors, e.g. a broken collective, follow from it); else `cause`, named."""
+        found: list[WorkerGroupError] = []
         for refs in groups:
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)
             for ref in sorted(ready, key=refs.__getitem__):
@@ -204,7 +206,9 @@ class _Waiter:
                 except ray.exceptions.GetTimeoutError:
                     continue
                 except Exception as exc:
-                    return self.error(exc, refs[ref])
+                    found.append(self.error(exc, refs[ref]))
+        if found:
+            return next((e for e in found if isinstance(e, WorkerDiedError)), found[0])
         return WorkerGroupError(
             f"{self.role!r} {self.method}(): fetching the results failed: "
             f"{type(cause).__name__}: {cause}"
