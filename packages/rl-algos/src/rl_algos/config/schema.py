@@ -241,6 +241,11 @@ class RolloutSectionConfig:
     gpus_per_replica: float = 0.0
     remote_urls: list[str] = field(default_factory=list)
     remote_model: str | None = None
+    on_replica_loss: Literal["replace", "drop", "fail"] = "replace"
+    """Split/remote placement: a rollout replica that dies is `replace`d (a new actor,
+    serving after the next weight sync; a remote server, not ours, is dropped), `drop`ped
+    (the pool shrinks) or ends the run (`fail`); its in-flight requests go again. Colocated:
+    the rollout lives in a training worker, whose loss the trainer's failover handles."""
 
     def __post_init__(self) -> None:
         _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")

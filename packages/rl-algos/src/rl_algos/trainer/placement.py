@@ -312,6 +312,7 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
         "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
         "pad_token_id": pad_token_id,
         "request_timeout_s": cfg.trainer.call_timeout_s,
+        "on_replica_loss": rollout.on_replica_loss,
     }
     if rollout.placement == "split":
         config.update(
