@@ -291,6 +291,8 @@ class RLTrainer:
         version = batch.meta_info.get("rollout_version", self.rollout.version)
         batch = trim_padding(batch)
         batch.meta_info["rollout_version"] = version
+        # the epoch its prompts came from (the async producer may draw ahead of training)
+        batch.meta_info["data_epoch"] = self.train_loader.epoch
         return batch, metrics
 
     def _produce(self, index: int) -> DataProto:
@@ -320,6 +322,7 @@ class RLTrainer:
         timing: dict[str, float] = {}
         step_start = time.perf_counter()
         batch, metrics = self._next_batch(timing)
+        epoch = batch.meta_info.pop("data_epoch", self.train_loader.epoch)
         batch.meta_info["temperature"] = logprob_temperature(cfg.rollout.temperature)
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
@@ -387,7 +390,7 @@ class RLTrainer:
         metrics["perf/samples_per_s"] = len(batch) / step_time
         metrics["timing/step_s"] = step_time
         metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
-        metrics["training/epoch"] = float(self.train_loader.epoch)
+        metrics["training/epoch"] = float(epoch)
         return metrics
 
     # ------------------------------------------------------------------ validation

@@ -450,15 +450,29 @@ class RayWorkerGroup(WorkerGroup):
         a new rendezvous, the roles built again."""
         state = self._state
         self.kill_workers()
-        try:
-            self._await_placement()
-            self._generation += 1
-            prefix = f"{self._actor_prefix}.{self._generation}"
-            self._hosts[:] = self._start_actors(prefix, self._runtime_env)
-            infos = self._setup(state.name, state.roles, self._init_timeout_s)
-        except BaseException:
-            self.kill_workers()
-            raise
+        for attempt in (0, 1):
+            try:
+                if attempt == 0:
+                    self._await_placement()
+                else:  # a bundle still tied to a lost node: reserve the pool anew
+                    for pg in self._placement_groups:
+                        with contextlib.suppress(Exception):
+                            remove_placement_group(pg)
+                    self._placement_groups[:] = _reserve(
+                        self._pool, self._platform, self._accelerators
+                    )
+                self._generation += 1
+                prefix = f"{self._actor_prefix}.{self._generation}"
+                self._hosts[:] = self._start_actors(prefix, self._runtime_env)
+                infos = self._setup(state.name, state.roles, self._init_timeout_s)
+                break
+            except WorkerDiedError:
+                self.kill_workers()
+                if attempt == 1:
+                    raise
+            except BaseException:
+                self.kill_workers()
+                raise
         state.infos[:] = infos  # futures and views read the shared list
         state.meshes.clear()
 
