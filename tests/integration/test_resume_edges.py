@@ -21,7 +21,7 @@ from rl_algos.data import write_rows
 from rl_algos.trainer.loop import RLTrainer
 from rl_algos.trainer.tracking import read_jsonl
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 WALL_CLOCK = ("timing/", "perf/", "reward/seconds")
 LOCAL = ["trainer.backend=local", "trainer.num_workers=1", "actor.loss.kl_loss_coef=0"]
@@ -52,11 +52,12 @@ def test_resume_at_an_epoch_boundary_with_a_larger_total_steps(raw_config, tmp_p
     # 32 prompts, 4 per step: step 8 ends epoch 0
     whole = _run(raw_config(tmp_path / "whole", "grpo"), ["trainer.total_steps=10"])
     parts_raw = raw_config(tmp_path / "parts", "grpo")
-    first = _run(parts_raw, ["trainer.total_steps=8", "trainer.save_every=8"])
+    saving = ["trainer.save_every=8"]  # step 8, and the last step
+    first = _run(parts_raw, ["trainer.total_steps=8", *saving])
     assert [h["step"] for h in first] == list(range(1, 9))
     assert first[-1]["training/epoch"] == 0
     with caplog.at_level(logging.WARNING, logger="rl_algos.trainer.loop"):
-        rest = _run(parts_raw, ["trainer.total_steps=10", "trainer.resume=latest"])
+        rest = _run(parts_raw, ["trainer.total_steps=10", "trainer.resume=latest", *saving])
     assert [h["step"] for h in rest] == [9, 10]  # not 0 steps
     assert [h["training/epoch"] for h in rest] == [1, 1]
     changed = [r.getMessage() for r in caplog.records if "total_steps=10" in r.getMessage()]
@@ -68,12 +69,21 @@ def test_resume_at_an_epoch_boundary_with_a_larger_total_steps(raw_config, tmp_p
     # resuming the finished run changes nothing and says why, in one line
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rl_algos.trainer.loop"):
-        assert _run(parts_raw, ["trainer.total_steps=10", "trainer.resume=latest"]) == []
+        assert _run(parts_raw, ["trainer.total_steps=10", "trainer.resume=latest", *saving]) == []
     assert any("nothing left to train" in r.getMessage() for r in caplog.records)
 
 
 def test_resume_after_the_prompt_file_grew(raw_config, tmp_path, caplog):
-    from conftest import _rows
+    def _rows(words: list[str], offset: int) -> list[dict[str, Any]]:
+        return [
+            {
+                "prompt": [{"role": "user", "content": f"Say {word}"}],
+                "data_source": "digits",
+                "reward_model": {"style": "rule", "ground_truth": "0123456789"},
+                "extra_info": {"index": offset + i},
+            }
+            for i, word in enumerate(words)
+        ]
 
     words = [f"w{i}" for i in range(32)]
     train = Path(write_rows(_rows(words, 0), tmp_path / "train.jsonl"))
