@@ -245,3 +245,26 @@ def test_rl_train_survives_kill_9_of_a_training_worker(tmp_path):
     assert "died during" in restarts[0] and "resumed from step 2" in restarts[0]
     assert "failover 2/2" not in stderr
     assert rows[-1]["trainer/restarts"] == 1
+
+
+def test_past_max_restarts_the_run_stops_with_the_named_error(ray_cluster, raw_config, tmp_path):
+    """``trainer.max_restarts=0``: the first lost worker ends `fit` with today's error,
+    naming the rank and the call, and `close` leaves no worker process behind."""
+    import ray
+
+    from rl_core.single_controller.errors import WorkerDiedError
+
+    config = load_config(raw_config(tmp_path / "run", "grpo"), [*FAST, "trainer.max_restarts=0"])
+    trainer = RLTrainer(config)
+    pids = [ray.get(w.ping.remote()) for w in trainer.groups.actor.workers]
+    _kill_once(trainer.groups.actor, "update_actor", pids[1])
+    try:
+        with pytest.raises(WorkerDiedError, match=r"rank 1.* died during update_actor\(\)"):
+            trainer.fit()
+        assert trainer.failover.restarts == 0
+    finally:
+        trainer.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.5)
+    assert not any(Path(f"/proc/{p}").exists() for p in pids), "worker processes left behind"
