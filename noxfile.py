@@ -120,7 +120,9 @@ def tests_integration(session: nox.Session) -> None:
 def tests_faults(session: nox.Session) -> None:
     """Fault injection on real runs: killed training/rollout/reward workers, a full disk
     during a save (a small tmpfs the test mounts: needs root), corrupt checkpoints,
-    reward functions that hang, raise or return garbage (tests marked `faults`)."""
+    reward functions that hang, raise or return garbage, failover (a training worker
+    killed mid-run, the run finishing as a resume would; `rl train` surviving kill -9),
+    resume edge cases (tests marked `faults`)."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     expr = f"faults and {HARDWARE_MARKERS}"

@@ -313,6 +313,55 @@ def test_loader_resumes_exactly_across_epochs(tokenizer):
         assert seen[:9] == full, f"resume after {stop} batches"
 
 
+def test_loader_resume_after_the_data_grew_keeps_the_position(tokenizer, caplog):
+    old = PromptDataset(rows_of_length(range(1, 11)), tokenizer, 64)  # 10 prompts
+    grown = PromptDataset(rows_of_length(range(1, 17)), tokenizer, 64)  # 6 appended
+    first = PromptDataLoader(old, 2, seed=3)
+    batches = iter(first)
+    seen = [uids(next(batches)) for _ in range(2)]  # 4 of the 10 in epoch 0
+    state = first.state_dict()
+    resumed = PromptDataLoader(grown, 2, seed=3)
+    with caplog.at_level("WARNING"):
+        resumed.load_state_dict(state)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "grew from 10 to 16 prompts" in lines[0] and "(epoch 0, batch 2)" in lines[0]
+    rest = [uids(b) for b in resumed]  # the rest of epoch 0
+    epoch_0 = [i for batch in seen + rest for i in batch]
+    assert sorted(epoch_0) == list(range(16))  # none twice, none skipped, the new ones in
+    drawn = {i for batch in seen for i in batch}
+    assert [i for batch in rest[:3] for i in batch] == [
+        i for i in first.order(0).tolist() if i not in drawn
+    ]  # the old prompts' own order first
+    assert min(i for batch in rest[3:] for i in batch) >= 10
+    # a checkpoint inside the grown epoch resumes the same order (no second warning)
+    again = PromptDataLoader(grown, 2, seed=3)
+    middle = PromptDataLoader(grown, 2, seed=3)
+    middle.load_state_dict(state)
+    it = iter(middle)
+    next(it)
+    again.load_state_dict(middle.state_dict())
+    assert [uids(b) for b in again] == rest[1:]
+    # epoch 1 shuffles all 16
+    assert sorted(i for b in resumed for i in uids(b)) == list(range(16))
+    # a data set that shrank is refused
+    with pytest.raises(ValueError, match="dataset_size=16 but this run has dataset_size=10"):
+        PromptDataLoader(old, 2, seed=3).load_state_dict(resumed.state_dict())
+
+
+def test_loader_state_taken_at_an_epoch_end_continues_with_the_next_epoch(tokenizer):
+    dataset = PromptDataset(rows_of_length(range(1, 7)), tokenizer, 64)
+    loader = PromptDataLoader(dataset, 2, seed=5)
+    batches = iter(loader)
+    epoch_0 = [uids(next(batches)) for _ in range(3)]  # the last batch of epoch 0
+    resumed = PromptDataLoader(dataset, 2, seed=5)
+    resumed.load_state_dict(loader.state_dict())
+    assert (resumed.epoch, resumed.position) == (1, 0)
+    epoch_1 = [uids(b) for b in resumed]
+    assert len(epoch_1) == 3 and epoch_1 != epoch_0
+    assert epoch_1 == [[int(i) for i in loader.order(1)[k : k + 2]] for k in (0, 2, 4)]
+
+
 def test_loader_state_mismatch_and_tail_batch(tokenizer):
     dataset = PromptDataset(rows_of_length(range(1, 6)), tokenizer, 64)
     state = PromptDataLoader(dataset, 2, seed=1).state_dict()

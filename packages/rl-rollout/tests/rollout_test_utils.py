@@ -192,9 +192,11 @@ class ScriptedRolloutEngine(BackendEngine):
     async def abort(self, request_ids: list[str]) -> None:
         self._aborted.update(request_ids)
 
-    async def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        for _ in weights:
-            pass
+    async def update_weights(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
+    ) -> None:
+        # a stream fed by the same event loop (a Ray replica's session): drain it off-loop
+        await asyncio.to_thread(lambda: [None for _ in weights])
 
     async def sleep(self, level: int = 1) -> None:
         return None

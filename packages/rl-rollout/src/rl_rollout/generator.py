@@ -87,6 +87,17 @@ class AgentLoopGenerator(SequenceGenerator):
             return NcclPoolSender(receivers, tp, config.rollout.backend, timeout)
         return RayPoolSender(receivers, timeout)
 
+    @property
+    def replica_generation(self) -> int:
+        """Changes when a replica was lost, dropped or replaced (failover): a
+        `weight_sender` made before then addresses the wrong actors."""
+        return self.manager.failover.generation
+
+    def weights_synced(self, version: int) -> None:
+        """The trainer's sender delivered weights `version` to every replica: a replacement
+        replica may serve from now on."""
+        self.manager.weights_synced(version)
+
     def sleep(self, level: int = 1) -> None:
         self.manager.sleep(level)
 

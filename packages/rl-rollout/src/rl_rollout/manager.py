@@ -65,6 +65,7 @@ from rl_rollout.agent_loop.base import (
     AgentLoopOutput,
     build_agent_loop,
 )
+from rl_rollout.manager_failover import ReplicaFailover
 from rl_rollout.manager_replicas import (
     EngineFactory,
     LoadBalancer,
@@ -119,6 +120,11 @@ class RolloutManagerConfig:
     max_concurrency_per_replica: int = 1024
     max_sessions: int = 100_000
     pad_token_id: int | None = None
+    on_replica_loss: Literal["fail", "drop", "replace"] = "fail"
+    """A replica that dies (or a server that drops its connections): ``fail`` the batch,
+    ``drop`` it (the pool shrinks) or ``replace`` it (split: a new actor, serving after the
+    next weight sync; a remote server is dropped). In-flight requests go again
+    (`rl_rollout.manager_failover`)."""
 
     def check(self) -> None:
         check(self.num_replicas >= 1, "num_replicas", self.num_replicas, "an integer >= 1")
@@ -199,20 +205,26 @@ class _BalancedClient:
     ) -> GenerationOutput:
         manager = self.manager
         # the prompt is the prefix key: the n samples of a prompt share its KV prefix
-        replica = manager.balancer.acquire(session_id, hash(tuple(prompt_ids)))
-        self._counter += 1
-        request_id = f"{session_id}-{self._counter}"
-        try:
-            outputs = await manager.replicas[replica].generate(
-                prompt_ids,
-                sampling_params,
-                request_id,
-                manager.config.request_timeout_s,
-                multi_modal_data,
-            )
-        finally:
-            manager.balancer.release(replica)
-        return outputs[0]
+        while True:  # again on another replica when this one is lost (failover)
+            replica = manager.balancer.acquire(session_id, hash(tuple(prompt_ids)))
+            target = manager.replicas[replica]
+            self._counter += 1
+            request_id = f"{session_id}-{self._counter}"
+            try:
+                outputs = await target.generate(
+                    prompt_ids,
+                    sampling_params,
+                    request_id,
+                    manager.config.request_timeout_s,
+                    multi_modal_data,
+                )
+            except RolloutReplicaError as exc:
+                if not await manager.failover.handle(replica, target, exc):
+                    raise
+                continue
+            finally:
+                manager.balancer.release(replica)
+            return outputs[0]
 
 
 class RolloutManager:
@@ -240,6 +252,9 @@ class RolloutManager:
         self.pad_token_id = self._pad_token_id()
         self._thread = _LoopThread()
         self.replicas: list[LocalReplica | RayReplica] = []
+        self.engine_factory = engine_factory
+        self.dropped: set[int] = set()  # lost replicas that are gone for good
+        self.failover = ReplicaFailover(self)
         if config.placement == "split":
             # in this (the caller's) thread: Ray's head processes die with the thread
             # that started them, and the event-loop thread ends at shutdown()
@@ -466,6 +481,8 @@ class RolloutManager:
             tensors["env_rewards"] = env_rewards
             non_tensors["env_error"] = np.array([o.env_error for o in outputs], dtype=object)
             meta["rollout_metrics"].update(_env_metrics(outputs))
+        if self.failover.lost:
+            meta["rollout_metrics"].update(self.failover.metrics())
         return DataProto.from_dict(tensors, non_tensors, meta)
 
     # ------------------------------------------------------------------ engine control
@@ -479,7 +496,10 @@ class RolloutManager:
         async def all_replicas() -> list[Any]:
             return list(
                 await asyncio.gather(
-                    *(r.call(method, *args, timeout_s=timeout, **kwargs) for r in self.replicas)
+                    *(
+                        r.call(method, *args, timeout_s=timeout, **kwargs)
+                        for r in self.live_replicas()
+                    )
                 )
             )
 
@@ -504,8 +524,9 @@ class RolloutManager:
         timeout = timeout_s or self.config.request_timeout_s
         if self.config.placement == "split":
             stats = push_weights(
-                buckets, [r.actor for r in self.replicas], version=version, timeout_s=timeout
+                buckets, self.weight_receivers(), version=version, timeout_s=timeout
             )
+            self.failover.weights_synced()
         else:
             streams = [BucketStream(max_buckets=2, timeout_s=timeout) for _ in self.replicas]
 
@@ -550,7 +571,17 @@ class RolloutManager:
                 f"weight_receivers: the manager runs placement={self.config.placement!r}; only the Ray "
                 "rollout pool (placement 'split') receives weights from other processes"
             )
-        return [r.actor for r in self.replicas]
+        return [r.actor for r in self.live_replicas()]
+
+    def live_replicas(self) -> list[Any]:
+        """The replicas not lost for good (a replacement counts, serving or not yet)."""
+        return [r for i, r in enumerate(self.replicas) if i not in self.dropped]
+
+    def weights_synced(self, version: int) -> None:
+        """A trainer pushed weights `version` to every `weight_receivers()` actor (split
+        placement, from another process): replacements may serve now."""
+        self.policy_version = int(version)
+        self.failover.weights_synced()
 
     def sleep(self, level: int = 1) -> None:
         self.call_engines("sleep", level)

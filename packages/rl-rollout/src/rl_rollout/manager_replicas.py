@@ -78,6 +78,7 @@ class LoadBalancer:
             raise ValueError(f"num_replicas={num_replicas} is invalid: expected >= 1")
         self.in_flight = [0] * num_replicas
         self.assigned = [0] * num_replicas
+        self.serving = [True] * num_replicas  # False: lost (failover), never picked
         self.max_sessions = max_sessions
         self.max_imbalance = max_imbalance
         self._sessions: OrderedDict[str, int] = OrderedDict()
@@ -90,12 +91,17 @@ class LoadBalancer:
             table.popitem(last=False)
 
     def acquire(self, session_id: str, prefix_key: Any = None) -> int:
+        live = [i for i, ok in enumerate(self.serving) if ok]
+        if not live:
+            raise RolloutReplicaError("no rollout replica is serving (every one was lost)")
         replica = self._sessions.get(session_id)
+        if replica is not None and not self.serving[replica]:
+            replica = None  # its replica was lost: route the conversation anew
         if replica is None:
-            least = min(
-                range(len(self.in_flight)), key=lambda i: (self.in_flight[i], self.assigned[i], i)
-            )
+            least = min(live, key=lambda i: (self.in_flight[i], self.assigned[i], i))
             replica = self._prefixes.get(prefix_key, least) if prefix_key is not None else least
+            if not self.serving[replica]:
+                replica = least
             if self.in_flight[replica] > self.in_flight[least] + self.max_imbalance:
                 replica = least
         self._remember(self._sessions, session_id, replica)

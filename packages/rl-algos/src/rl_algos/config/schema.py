@@ -250,6 +250,11 @@ class RolloutSectionConfig:
     gpus_per_replica: float = 0.0
     remote_urls: list[str] = field(default_factory=list)
     remote_model: str | None = None
+    on_replica_loss: Literal["replace", "drop", "fail"] = "replace"
+    """Split/remote placement: a rollout replica that dies is `replace`d (a new actor,
+    serving after the next weight sync; a remote server, not ours, is dropped), `drop`ped
+    (the pool shrinks) or ends the run (`fail`); its in-flight requests go again. Colocated:
+    the rollout lives in a training worker, whose loss the trainer's failover handles."""
 
     def __post_init__(self) -> None:
         _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
@@ -489,6 +494,15 @@ class TrainerConfig:
     resume: str | None = None
     critic_warmup: int = 0
     call_timeout_s: float = 600.0
+    max_restarts: int = 2
+    """Failover (Ray backend): how many times a run rebuilds a worker group whose process
+    died or hung and continues from the last intact checkpoint; past it the run stops with
+    the worker's error. 0: never."""
+    restart_backoff_s: float = 2.0
+    """Wait before the first rebuild; doubled for each further one."""
+    heartbeat_timeout_s: float = 60.0
+    """A worker process that does not answer the heartbeat this long while a call runs is
+    taken as hung (then failover), long before `call_timeout_s`."""
     RENAMED: ClassVar[dict[str, str]] = {
         "placement": "critic.placement",
         "critic_workers": "critic.num_workers",
@@ -516,6 +530,19 @@ class TrainerConfig:
             value = getattr(self, name)
             check(value >= 0, name, value, ">= 0 (0: never)" if "every" in name else ">= 0")
         check(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "> 0 seconds")
+        check(self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0 (0: never)")
+        check(
+            self.restart_backoff_s >= 0,
+            "restart_backoff_s",
+            self.restart_backoff_s,
+            ">= 0 seconds",
+        )
+        check(
+            self.heartbeat_timeout_s > 0,
+            "heartbeat_timeout_s",
+            self.heartbeat_timeout_s,
+            "> 0 seconds",
+        )
         check(
             self.cpus_per_worker is None or self.cpus_per_worker > 0,
             "cpus_per_worker",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from rl_core import DataProto
 __all__ = ["PromptDataLoader", "collate_prompts"]
 
 _DROP = ("raw_prompt_ids",)
+log = logging.getLogger(__name__)
 
 
 def collate_prompts(items: Sequence[dict[str, Any]], pad_token_id: int) -> DataProto:
@@ -55,6 +57,11 @@ class PromptDataLoader:
     `state_dict()` after k batches and `load_state_dict()` in a new process continue with
     batch k + 1 of the same order. Iterating yields the rest of the current epoch, then
     moves to the next epoch. `drop_last` drops the last incomplete batch.
+
+    Resuming after the data file grew (rows appended): the position is kept. The rest of
+    the interrupted epoch is that epoch's order of the old rows followed by the new rows
+    (shuffled by ``(seed, epoch)`` too), so no prompt comes twice and none is skipped in
+    it; later epochs draw from all rows. A file that shrank is refused.
     """
 
     def __init__(
@@ -80,6 +87,7 @@ class PromptDataLoader:
         self.drop_last = drop_last
         self.epoch = 0
         self.position = 0
+        self._grown: tuple[int, int] | None = None  # (epoch, rows before the data grew)
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -88,9 +96,14 @@ class PromptDataLoader:
 
     def order(self, epoch: int) -> np.ndarray:
         """Dataset indices in the order of `epoch`."""
+        size = len(self.dataset)
         if not self.shuffle:
-            return np.arange(len(self.dataset))
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
+            return np.arange(size)
+        if self._grown is not None and self._grown[0] == epoch:
+            old = self._grown[1]  # the interrupted epoch: its old order, then the new rows
+            new = np.random.default_rng([self.seed, epoch, 1]).permutation(size - old) + old
+            return np.concatenate([np.random.default_rng([self.seed, epoch]).permutation(old), new])
+        return np.random.default_rng([self.seed, epoch]).permutation(size)
 
     def __iter__(self) -> Iterator[DataProto]:
         order = self.order(self.epoch)
@@ -110,16 +123,39 @@ class PromptDataLoader:
             "seed": self.seed,
             "dataset_size": len(self.dataset),
             "batch_size": self.batch_size,
+            # the epoch the data grew in, and the rows before (its order depends on it)
+            **({"grown": list(self._grown)} if self._grown else {}),
         }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue where `state` was taken; refuses a different dataset, seed or batch
-        size (the order would silently change)."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where `state` was taken; refuses a different seed or batch size or a
+        data set that shrank (the order would silently change); a data set that grew keeps
+        the position, with a one-line warning (class docstring)."""
+        mine = self.state_dict()
         for key in ("seed", "dataset_size", "batch_size"):
-            mine = self.state_dict()[key]
-            if state[key] != mine:
+            if key == "dataset_size" and state[key] < mine[key]:
+                continue  # the data grew: handled below
+            if state[key] != mine[key]:
                 raise ValueError(
                     f"cannot resume the data loader: the checkpoint has {key}={state[key]} "
-                    f"but this run has {key}={mine}"
+                    f"but this run has {key}={mine[key]}"
+                    + (" (the data shrank; rows may only be appended)" if "size" in key else "")
                 )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        grown = state.get("grown")
+        self._grown = (int(grown[0]), int(grown[1])) if grown else None
+        old = int(state["dataset_size"])
+        if old < mine["dataset_size"]:
+            self._grown = (self.epoch, old)
+            log.warning(
+                "%s grew from %d to %d prompts since the checkpoint: keeping the loader's "
+                "position (epoch %d, batch %d); the new prompts come after the old ones in "
+                "this epoch, and in the shuffle of the next",
+                self.dataset.name,
+                old,
+                mine["dataset_size"],
+                self.epoch,
+                self.position,
+            )
+        if self.position >= len(self):  # taken right after an epoch's last batch
+            self.epoch, self.position = self.epoch + 1, 0

@@ -139,10 +139,14 @@ class AsyncRolloutBuffer:
                 self._paused -= 1
                 self._cond.notify_all()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Start no further batch (the one being generated finishes or fails); no wait."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+
+    def close(self) -> None:
+        self.stop()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s)
 

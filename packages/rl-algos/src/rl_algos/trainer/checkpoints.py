@@ -61,7 +61,7 @@ def save_step(
 ) -> Path:
     """Write ``root/step_<step>`` atomically: `write_engines(staging)` saves the engines
     into it, then the trainer state and the manifest; publish; move ``latest``; prune
-    to the `keep` newest steps. On failure the staging directory is removed, earlier
+    to `keep` steps (never the new one: `_prunable`). On failure the staging directory is removed, earlier
     checkpoints and ``latest`` stay as they were, and `CheckpointError` says so."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
@@ -88,9 +88,19 @@ def save_step(
             f"kept the earlier checkpoints: {', '.join(intact) or 'none'}"
         ) from exc
     if keep:
-        for old in _steps(root)[:-keep]:
+        for old in _prunable(_steps(root), step, keep):
             shutil.rmtree(root / f"step_{old}", ignore_errors=True)
     return final
+
+
+def _prunable(steps: list[int], newest: int, keep: int) -> list[int]:
+    """The steps to delete so `keep` remain. The one just written (the restore point from
+    now on) always stays; steps after it are left from a timeline a failover or resume
+    abandoned (e.g. a checkpoint that failed verification), so they go first."""
+    others = [s for s in steps if s != newest]
+    # oldest first: the abandoned later steps, then the earlier ones in order
+    order = [s for s in others if s > newest] + [s for s in others if s < newest]
+    return order[: max(0, len(others) - (keep - 1))]
 
 
 def _root_cause(exc: BaseException) -> BaseException:

@@ -17,6 +17,10 @@ goes through a `RolloutClient` (colocated, split or remote placement: the loop d
 branch on it). With ``async.max_staleness`` > 0 a producer thread generates the next batches
 while this one trains (`rl_algos.trainer.async_rollout`): samples carry the policy version
 they were generated with, and staleness and importance-ratio metrics are logged every step.
+
+A lost worker process (Ray backend) does not end the run: the group is rebuilt on the same
+placement and the run continues from the last intact checkpoint, as a resume would
+(`rl_algos.trainer.failover`; at most ``trainer.max_restarts`` times).
 """
 
 from __future__ import annotations
@@ -54,11 +58,13 @@ from rl_algos.trainer.batch_ops import (
     trim_padding,
 )
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
+from rl_algos.trainer.failover import FailoverPolicy, lost_worker
 from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
 from rl_algos.trainer.rollout_client import RolloutClient, build_rollout_client
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
 from rl_core.protocol import DataProto
 from rl_core.rollout import logprob_temperature
+from rl_core.single_controller import WorkerDiedError
 
 __all__ = ["RLTrainer"]
 
@@ -88,6 +94,14 @@ class RLTrainer:
         self.global_step = 0
         self._train_iter = None
         self.buffer: AsyncRolloutBuffer | None = None
+        self._restored: list[DataProto] = []
+        self.failover = FailoverPolicy(
+            config.trainer.max_restarts, config.trainer.restart_backoff_s
+        )
+        self._initial_state = {
+            "dataloader": self.train_loader.state_dict(),
+            "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
+        }
 
     def _prepare(self, config: Any) -> None:
         """Check user input and load what the driver needs: the data, the tokenizer, the
@@ -339,6 +353,8 @@ class RLTrainer:
         version = batch.meta_info.get("rollout_version", self.rollout.version)
         batch = trim_padding(batch)
         batch.meta_info["rollout_version"] = version
+        # the epoch its prompts came from (the async producer may draw ahead of training)
+        batch.meta_info["data_epoch"] = self.train_loader.epoch
         return batch, metrics
 
     def _produce(self, index: int) -> DataProto:
@@ -368,6 +384,7 @@ class RLTrainer:
         timing: dict[str, float] = {}
         step_start = time.perf_counter()
         batch, metrics = self._next_batch(timing)
+        epoch = batch.meta_info.pop("data_epoch", self.train_loader.epoch)
         batch.meta_info["temperature"] = logprob_temperature(cfg.rollout.temperature)
         if groups.uses_reference:
             with timed(timing, "ref_log_prob"):
@@ -441,7 +458,7 @@ class RLTrainer:
         metrics["perf/samples_per_s"] = len(batch) / step_time
         metrics["timing/step_s"] = step_time
         metrics.update({f"timing/{k}_s": v for k, v in timing.items()})
-        metrics["training/epoch"] = float(self.train_loader.epoch)
+        metrics["training/epoch"] = float(epoch)
         return metrics
 
     # ------------------------------------------------------------------ validation
@@ -578,6 +595,7 @@ class RLTrainer:
                 "policy_version": self.rollout.version,
                 "dataloader": loader,
                 "untrained_batches": len(pending),
+                "total_steps": self.config.trainer.total_steps,
                 "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
                 # what `rl export` needs: which engine wrote actor/, the model's own files
                 "engine": self.config.actor.engine,
@@ -617,6 +635,21 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ the run
 
+    def _start_buffer(self) -> None:
+        """The async producer (``async.max_staleness`` > 0), from the current step, with
+        the untrained batches a checkpoint kept (``async.on_resume=keep``)."""
+        cfg = self.config
+        if cfg.async_.max_staleness > 0:
+            self.buffer = AsyncRolloutBuffer(
+                self._produce,
+                lambda: self.global_step,
+                cfg.async_.max_staleness,
+                started=self.global_step,
+                timeout_s=cfg.trainer.call_timeout_s * 4,
+            )
+            self.buffer.restore(self._restored)
+        self._restored = []
+
     def fit(self) -> list[dict[str, float]]:
         """Train for ``trainer.total_steps``; returns every step's metrics."""
         cfg = self.config
@@ -624,6 +657,7 @@ class RLTrainer:
         if resume_from is not None:
             self._load_checkpoint(resume_from)
             log.info("resumed from %s at step %d", resume_from, self.global_step)
+            _check_resumed_total(read_state(resume_from), self.global_step, cfg.trainer)
         logger = MetricsLogger(
             cfg.trainer.loggers,
             self.output_dir,
@@ -633,15 +667,7 @@ class RLTrainer:
             resume_step=self.global_step if resume_from is not None else None,
         )
         history: list[dict[str, float]] = []
-        if cfg.async_.max_staleness > 0:
-            self.buffer = AsyncRolloutBuffer(
-                self._produce,
-                lambda: self.global_step,
-                cfg.async_.max_staleness,
-                started=self.global_step,
-                timeout_s=cfg.trainer.call_timeout_s * 4,
-            )
-            self.buffer.restore(getattr(self, "_restored", []))
+        self._start_buffer()
         progress = _progress(cfg.trainer.total_steps, self.global_step, cfg.trainer.progress_bar)
         try:
             if self.global_step == 0 and cfg.trainer.val_before_train and self._validates:
@@ -649,19 +675,18 @@ class RLTrainer:
                 logger.log(0, metrics)
                 history.append({"step": 0, **metrics})
             while self.global_step < cfg.trainer.total_steps:
-                metrics = self.train_step()
+                try:
+                    metrics = self._step_validate_save()
+                except Exception as exc:
+                    if not self._recover(exc):
+                        raise
+                    logger.rewind(self.global_step)
+                    history = [h for h in history if h["step"] <= self.global_step]
+                    if progress is not None:
+                        progress.n = self.global_step
+                        progress.refresh()
+                    continue
                 step = self.global_step
-                every = cfg.trainer.val_every
-                if (
-                    self._validates
-                    and every
-                    and (step % every == 0 or step == cfg.trainer.total_steps)
-                ):
-                    metrics.update(self.validate())
-                if cfg.trainer.save_every and (
-                    step % cfg.trainer.save_every == 0 or step == cfg.trainer.total_steps
-                ):
-                    self.save_checkpoint()
                 logger.log(step, metrics)
                 history.append({"step": step, **metrics})
                 if progress is not None:
@@ -678,6 +703,81 @@ class RLTrainer:
             plot_metrics(logger.jsonl_path, self.output_dir / "metrics.png")
         return history
 
+    def _step_validate_save(self) -> dict[str, float]:
+        """One step, its validation and checkpoint when due; returns its metrics."""
+        cfg = self.config
+        metrics = self.train_step()
+        step = self.global_step
+        every = cfg.trainer.val_every
+        if self._validates and every and (step % every == 0 or step == cfg.trainer.total_steps):
+            metrics.update(self.validate())
+        if cfg.trainer.save_every and (
+            step % cfg.trainer.save_every == 0 or step == cfg.trainer.total_steps
+        ):
+            self.save_checkpoint()
+        metrics["trainer/restarts"] = float(self.failover.restarts)
+        return metrics
+
+    # ------------------------------------------------------------------ failover
+
+    def _recover(self, exc: BaseException) -> bool:
+        """Failover after `exc` (`rl_algos.trainer.failover`): True when the lost group
+        was rebuilt and the run restored to the newest intact checkpoint; False when `exc`
+        is not a lost process, the backend cannot rebuild, or ``trainer.max_restarts`` is
+        spent (the caller re-raises `exc`)."""
+        cfg = self.config
+        if cfg.trainer.backend != "ray":
+            return False
+        error = lost_worker(exc)
+        if error is None:
+            # a peer's error (e.g. a collective's broken connection) can come first
+            unhealthy = self.groups.first_unhealthy()
+            if unhealthy is not None:
+                role, rank, why = unhealthy
+                method = getattr(exc, "method", "a call")
+                first = f"{type(exc).__name__} of rank {getattr(exc, 'rank', '?')}"
+                error = WorkerDiedError(role, rank, method, f"{why}; reported first: {first}")
+        if error is None:
+            return False
+        event = self.failover.admit(error)
+        if event is None:
+            return False
+        path = find_resume_checkpoint(self.output_dir / "checkpoints", "latest")
+        # without a checkpoint every group starts again from the initial weights
+        roles = self.groups.lost_processes(error.role if path is not None else None)
+        if self.buffer is not None:
+            self.buffer.stop()  # its call on a killed group fails at once
+        self.groups.kill(roles)
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+        self.groups.rebuild(roles)
+        self.rollout.reset_after_failover()
+        _seed_everything(cfg.trainer.seed)  # as a resumed process would
+        if path is not None:
+            self._load_checkpoint(path)
+        else:
+            self._load_initial_state()
+        self._start_buffer()
+        event.resumed_step = self.global_step
+        event.restored_from = None if path is None else str(path)
+        event.rebuilt_at = time.monotonic()
+        self.failover.log_restart(event)
+        return True
+
+    def _load_initial_state(self) -> None:
+        """The state of a fresh run (failover before the first checkpoint): the rebuilt
+        workers hold the initial weights; the driver's state goes back to step 0."""
+        self.train_loader.load_state_dict(self._initial_state["dataloader"])
+        self._train_iter = None
+        if self.kl_ctrl is not None and self._initial_state["kl_coef"]:
+            for key, value in self._initial_state["kl_coef"].items():
+                setattr(self.kl_ctrl, key, value)
+        self.global_step = 0
+        self.rollout.version = -1
+        self.rollout.sync_weights()  # version 0: the initial weights everywhere
+        self._restored = []
+
     def close(self) -> None:
         if self.buffer is not None:
             self.buffer.close()
@@ -689,6 +789,26 @@ class RLTrainer:
             self.env_source.close()
         self.rollout.shutdown()
         self.groups.shutdown()
+
+
+def _check_resumed_total(state: dict[str, Any], step: int, trainer: Any) -> None:
+    """Say what a resume with another ``trainer.total_steps`` does (one line each)."""
+    before = state.get("total_steps")
+    if before is not None and before != trainer.total_steps:
+        log.warning(
+            "trainer.total_steps=%d, the checkpoint's run had %d: training on to step %d "
+            "(a cosine LR schedule follows the new total from here)",
+            trainer.total_steps,
+            before,
+            trainer.total_steps,
+        )
+    if step >= trainer.total_steps:
+        log.warning(
+            "the checkpoint is at step %d and trainer.total_steps=%d: nothing left to train "
+            "(raise trainer.total_steps to go on)",
+            step,
+            trainer.total_steps,
+        )
 
 
 def _progress(total: int, initial: int, enabled: bool) -> Any:

@@ -70,6 +70,49 @@ class RoleGroups:
     dp_size: int
     owned_ray: bool = False
 
+    def views(self) -> dict[str, WorkerGroup]:
+        """Every role's group (colocated roles are views of the same processes)."""
+        found = {"actor": self.actor, "critic": self.critic, "reward_model": self.reward_model}
+        return {role: group for role, group in found.items() if group is not None}
+
+    def lost_processes(self, role: str | None) -> list[str]:
+        """The roles whose processes go with `role`'s (all roles when it is unknown)."""
+        views = self.views()
+        lost = views.get(role or "")
+        if lost is None:
+            return list(views)
+        return [r for r, group in views.items() if group.shares_processes(lost)]
+
+    def first_unhealthy(self, timeout_s: float = 10.0) -> tuple[str, int, str] | None:
+        """(role, rank, why) of the first process that is dead or does not answer (a peer's
+        error can arrive before the lost process's own); None when all are well."""
+        seen: list[WorkerGroup] = []
+        for role, group in self.views().items():
+            check = getattr(group, "check_health", None)
+            if check is None or any(group.shares_processes(g) for g in seen):
+                continue
+            seen.append(group)
+            for rank, why in check(timeout_s).items():
+                return role, rank, why
+        return None
+
+    def kill(self, roles: list[str]) -> None:
+        """End the processes of `roles` (their placement stays for `rebuild`)."""
+        views = self.views()
+        for role in roles:
+            views[role].kill_workers()
+
+    def rebuild(self, roles: list[str], timing: dict[str, float] | None = None) -> None:
+        """New processes for `roles` on the same placement, models initialised (their
+        trained state is the caller's to restore)."""
+        views = self.views()
+        done: list[WorkerGroup] = []
+        for role in roles:
+            if not any(views[role].shares_processes(g) for g in done):
+                views[role].rebuild()
+                done.append(views[role])
+        _init_models({r: views[r] for r in roles}, {} if timing is None else timing)
+
     def shutdown(self) -> None:
         try:
             self.actor.shutdown_rollout()  # colocated engines (a no-op elsewhere)
@@ -329,6 +372,7 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
         "tools": {k: dict(v) for k, v in dict(rollout.tools).items()},
         "pad_token_id": pad_token_id,
         "request_timeout_s": cfg.trainer.call_timeout_s,
+        "on_replica_loss": rollout.on_replica_loss,
     }
     if cfg.env is not None:  # text environments (rl_algos.trainer.env_episodes)
         from rl_algos.trainer.env_episodes import text_env_pool_config
@@ -503,7 +547,10 @@ def _ray_groups(
             platform=platform,
         )
 
-    kwargs = {"call_timeout_s": trainer.call_timeout_s}
+    kwargs = {
+        "call_timeout_s": trainer.call_timeout_s,
+        "heartbeat_timeout_s": trainer.heartbeat_timeout_s,
+    }
     if critic_split:
         # The critic gets its own pool; the reward model stays with the actor.
         colocated = {k: v for k, v in roles.items() if k != "critic"}

@@ -36,7 +36,11 @@ class RolloutClient:
         self.generator = generator
         self.version = 0
         self._sender = generator.weight_sender() if generator is not None else None
+        self._sender_generation = self._replica_generation()
         self._warned = False
+
+    def _replica_generation(self) -> int:
+        return int(getattr(self.generator, "replica_generation", 0))
 
     def generate_sequences(self, batch: DataProto) -> DataProto:
         """One response per row (rows carry per-token versions when the engine records them)."""
@@ -52,7 +56,12 @@ class RolloutClient:
         if self.placement == "colocated":
             self.actor.sync_weights(version)
         elif self._sender is not None:
+            if self._replica_generation() != self._sender_generation:  # rollout failover
+                self.reset_after_failover()
             self.actor.push_weights(self._sender, version)
+            synced = getattr(self.generator, "weights_synced", None)
+            if synced is not None:
+                synced(version)  # replacement replicas may serve now
         else:
             if not self._warned:
                 log.warning(
@@ -64,6 +73,13 @@ class RolloutClient:
             return 0.0
         self.version = version
         return time.perf_counter() - start
+
+    def reset_after_failover(self) -> None:
+        """The training workers were rebuilt, or rollout replicas lost or replaced: a new
+        sender to the replicas there are now."""
+        if self.generator is not None:
+            self._sender = self.generator.weight_sender()
+            self._sender_generation = self._replica_generation()
 
     def shutdown(self) -> None:
         if self.generator is not None:

@@ -50,6 +50,14 @@ class _Jsonl:
         self.file.write(json.dumps({"step": step, **metrics}) + "\n")
         self.file.flush()
 
+    def rewind(self, step: int) -> None:
+        """Drop the lines of steps after `step` (they will be redone: failover)."""
+        self.file.close()
+        path = Path(self.file.name)
+        kept = [r for r in read_jsonl(path) if r["step"] <= step]
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.file = open(path, "a")  # noqa: SIM115
+
     def close(self) -> None:
         self.file.close()
 
@@ -182,6 +190,13 @@ class MetricsLogger:
                 self.backends.append(_WandB(project, run_name, config or {}, self.output_dir))
             else:
                 self.backends.append(_MLflow(project, run_name, config or {}, self.output_dir))
+
+    def rewind(self, step: int) -> None:
+        """The run goes back to `step` (failover restored that checkpoint): the JSONL file
+        drops the later steps, as a resumed run's does; other backends keep what they sent."""
+        for backend in self.backends:
+            if isinstance(backend, _Jsonl):
+                backend.rewind(step)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         clean = {

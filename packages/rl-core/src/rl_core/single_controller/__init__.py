@@ -28,6 +28,7 @@ from rl_core.single_controller.errors import (
     WorkerDiedError,
     WorkerError,
     WorkerGroupError,
+    WorkerHungError,
     WorkerTimeoutError,
 )
 from rl_core.single_controller.futures import GroupFuture
@@ -59,6 +60,7 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "WorkerGroupError",
+    "WorkerHungError",
     "WorkerInfo",
     "WorkerResources",
     "WorkerTimeoutError",

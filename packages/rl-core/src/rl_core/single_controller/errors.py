@@ -8,6 +8,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroupError",
+    "WorkerHungError",
     "WorkerTimeoutError",
 ]
 
@@ -115,3 +116,22 @@ class WorkerTimeoutError(WorkerGroupError, TimeoutError):
 
     def __reduce__(self):
         return (WorkerTimeoutError, (self.role, self.method, self.ranks, self.timeout_s))
+
+
+class WorkerHungError(WorkerTimeoutError):
+    """A worker process is alive but did not answer the group's heartbeat in time (frozen,
+    or stuck holding the interpreter): noticed while a call runs, long before the call's
+    own time-out."""
+
+    def __init__(self, role: str, method: str, ranks: list[int], heartbeat_timeout_s: float):
+        WorkerGroupError.__init__(
+            self,
+            f"{role!r} rank(s) {list(ranks)} did not answer a heartbeat within "
+            f"{heartbeat_timeout_s:g} s during {method}(): the process is alive but hung",
+        )
+        self.role, self.method, self.ranks = role, method, list(ranks)
+        self.timeout_s = heartbeat_timeout_s
+        self.rank = self.ranks[0] if self.ranks else None
+
+    def __reduce__(self):
+        return (WorkerHungError, (self.role, self.method, self.ranks, self.timeout_s))

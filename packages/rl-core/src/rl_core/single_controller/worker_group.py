@@ -137,6 +137,27 @@ class WorkerGroup(ABC):
             self._state.closed = True
             self._shutdown()
 
+    def shares_processes(self, other: WorkerGroup) -> bool:
+        """Whether `other` is a role view of the same processes (`spawn`)."""
+        return self._state is other._state
+
+    def rebuild(self) -> None:
+        """Replace every process of the group (all roles) with a new one on the same
+        placement: the old processes are killed, the new ones get a new rendezvous
+        (torch.distributed forms again) and build their roles. Models are not initialised:
+        call ``init_model`` (or the roles' equivalent) and restore their state. Used for
+        failover after a process was lost; the local backend cannot (its worker is the
+        driver)."""
+        if self._state.closed:
+            raise RuntimeError(f"worker group {self._state.name!r} was shut down")
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot rebuild its workers (the local backend's worker "
+            "is the driver process); use the Ray backend for failover"
+        )
+
     def __enter__(self) -> WorkerGroup:
         return self
 

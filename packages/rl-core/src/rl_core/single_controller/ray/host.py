@@ -103,7 +103,10 @@ class RayWorkerHost(WorkerHost):
             "accelerator_ids": {k: list(v) for k, v in context.get_accelerator_ids().items()},
         }
 
+    @ray.method(concurrency_group="heartbeat")
     def ping(self) -> int:
+        """The heartbeat: answered on a thread of its own, so a busy worker still answers
+        and only a dead or frozen process does not."""
         return os.getpid()
 
     @ray.method(num_returns=2)

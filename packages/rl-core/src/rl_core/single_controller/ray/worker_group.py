@@ -11,6 +11,19 @@ address and port become every worker's ``MASTER_ADDR``/``MASTER_PORT``; local ra
 from the node each actor actually landed on. Then every actor sets its environment and
 builds its role object(s).
 
+Liveness: a dead process fails the call it runs at once (Ray reports the actor's death). A
+process that is alive but hung (frozen, or stuck holding the interpreter) is noticed by a
+heartbeat: while the driver waits for a call, every ``heartbeat_interval_s`` it pings the
+ranks still running (``ping`` runs on a thread of its own in the worker, so a busy worker
+answers); a rank that has not answered within ``heartbeat_timeout_s`` fails the call with
+`WorkerHungError`, long before the call's own time-out.
+
+Failover: `kill_workers` ends the processes and keeps the placement groups; `rebuild`
+starts new processes in the same bundles (the same resources; a bundle of a lost node is
+re-placed by Ray when the cluster can), picks a new ``MASTER_PORT`` so torch.distributed
+forms again, and builds the roles again. The caller initialises the models and restores
+their state.
+
 Ray itself: `ensure_ray` (an existing connection as is; else the cluster at ``RAY_ADDRESS``;
 else a new embedded instance with its driver-death watchdog, never a stray cluster).
 """
@@ -38,6 +51,7 @@ from rl_core.single_controller.errors import (
     WorkerDiedError,
     WorkerError,
     WorkerGroupError,
+    WorkerHungError,
     WorkerTimeoutError,
 )
 from rl_core.single_controller.futures import GroupFuture
@@ -51,18 +65,57 @@ from rl_core.single_controller.worker_group import WorkerGroup, _GroupState
 __all__ = ["RayWorkerGroup"]
 
 _SHARED_PUT_TYPES = (DataProto, np.ndarray, torch.Tensor, bytes)
-_RemoteHost = ray.remote(RayWorkerHost)
+# `ping` runs in its own concurrency group: it answers while a call runs
+_RemoteHost = ray.remote(concurrency_groups={"heartbeat": 1})(RayWorkerHost)
 
 
 def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
+class _Heartbeat:
+    """Pings the hosts of a running call; raises for a rank that is dead or does not
+    answer within ``timeout_s`` (see the module docstring)."""
+
+    def __init__(self, hosts: list[Any], interval_s: float, timeout_s: float) -> None:
+        self.hosts, self.interval_s, self.timeout_s = hosts, interval_s, timeout_s
+        self._pings: dict[int, tuple[Any, float]] = {}  # rank -> (ref, sent at)
+
+    def check(self, waiter: _Waiter, ranks: list[int]) -> None:
+        now = time.monotonic()
+        hung = []
+        for rank in ranks:
+            if rank >= len(self.hosts):
+                continue
+            ref, sent = self._pings.get(rank, (None, now))
+            if ref is None:
+                self._pings[rank] = (self.hosts[rank].ping.remote(), now)
+                continue
+            ready, _ = ray.wait([ref], timeout=0, fetch_local=False)
+            if ready:
+                try:
+                    ray.get(ref, timeout=self.timeout_s)
+                except Exception as exc:  # the actor died: name it
+                    raise waiter.error(exc, rank) from None
+                self._pings[rank] = (self.hosts[rank].ping.remote(), now)
+            elif now - sent > self.timeout_s:
+                hung.append(rank)
+        if hung:
+            raise WorkerHungError(waiter.role, waiter.method, hung, self.timeout_s)
+
+
 class _Waiter:
     """Waits for per-rank refs with one deadline, failing fast and naming the rank."""
 
-    def __init__(self, role: str, method: str, infos: list[WorkerInfo]) -> None:
+    def __init__(
+        self,
+        role: str,
+        method: str,
+        infos: list[WorkerInfo],
+        heartbeat: _Heartbeat | None = None,
+    ) -> None:
         self.role, self.method, self.infos = role, method, infos
+        self.heartbeat = heartbeat
 
     def error(self, exc: BaseException, rank: int) -> WorkerGroupError:
         info = self.infos[rank] if rank < len(self.infos) else None
@@ -107,7 +160,9 @@ class _Waiter:
         order = [*refs, *extra]
         try:
             with receive_mapped() if mapped else contextlib.nullcontext():
-                fetched = ray.get(order, timeout=timeout_s)
+                fetched = self._get(order, {**refs, **extra}, timeout_s)
+        except WorkerGroupError:
+            raise
         except ray.exceptions.GetTimeoutError:
             ready, _ = ray.wait(order, num_returns=len(order), timeout=0, fetch_local=False)
             waiting = {**refs, **extra}
@@ -119,8 +174,30 @@ class _Waiter:
             raise self._first_failure([refs, extra], exc) from None
         return dict(zip(refs.values(), fetched)), fetched[len(refs) :]
 
+    def _get(self, order: list[Any], ranks: dict[Any, int], timeout_s: float | None) -> list:
+        """`ray.get(order)` within `timeout_s`, checking the heartbeat of the ranks still
+        running every ``heartbeat.interval_s``."""
+        if self.heartbeat is None:
+            return ray.get(order, timeout=timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = _remaining(deadline)
+            step = (
+                self.heartbeat.interval_s if left is None else min(left, self.heartbeat.interval_s)
+            )
+            try:
+                return ray.get(order, timeout=step)
+            except ray.exceptions.GetTimeoutError:
+                if left is not None and left <= step:
+                    raise
+            ready, _ = ray.wait(order, num_returns=len(order), timeout=0, fetch_local=False)
+            done = set(ready)
+            self.heartbeat.check(self, sorted({r for ref, r in ranks.items() if ref not in done}))
+
     def _first_failure(self, groups: list[dict[Any, int]], cause: Exception) -> WorkerGroupError:
-        """The error of the lowest rank whose ref holds one; else `cause`, named."""
+        """The error of the lowest rank whose ref holds one, a dead process first (its
+        peers' errors, e.g. a broken collective, follow from it); else `cause`, named."""
+        found: list[WorkerGroupError] = []
         for refs in groups:
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)
             for ref in sorted(ready, key=refs.__getitem__):
@@ -129,7 +206,9 @@ class _Waiter:
                 except ray.exceptions.GetTimeoutError:
                     continue
                 except Exception as exc:
-                    return self.error(exc, refs[ref])
+                    found.append(self.error(exc, refs[ref]))
+        if found:
+            return next((e for e in found if isinstance(e, WorkerDiedError)), found[0])
         return WorkerGroupError(
             f"{self.role!r} {self.method}(): fetching the results failed: "
             f"{type(cause).__name__}: {cause}"
@@ -148,7 +227,9 @@ class _RayFuture(GroupFuture):
     ) -> None:
         super().__init__(collector, timeout_s)
         self._refs = refs
-        self._waiter = _Waiter(collector.role, collector.method, group._state.infos)
+        self._waiter = _Waiter(
+            collector.role, collector.method, group._state.infos, group._heartbeat()
+        )
 
     def data_ref(self, index: int) -> Any:
         return self._refs[self._collector.ranks[index]][0]
@@ -202,6 +283,10 @@ class RayWorkerGroup(WorkerGroup):
     init_timeout_s: limit for starting the actors and running the workers' ``__init__``.
     call_timeout_s: limit for every call (and the default of ``GroupFuture.result``).
     runtime_env: Ray runtime environment of the actors (env vars, working dir, ...).
+    heartbeat_timeout_s: a rank that does not answer the heartbeat for this long while a
+        call runs fails the call with `WorkerHungError` (None: no heartbeat).
+    heartbeat_interval_s: how often the heartbeat is checked (default: a quarter of the
+        time-out, at most 10 s).
     """
 
     def __init__(
@@ -213,6 +298,8 @@ class RayWorkerGroup(WorkerGroup):
         init_timeout_s: float = 600.0,
         call_timeout_s: float | None = 1800.0,
         runtime_env: dict[str, Any] | None = None,
+        heartbeat_timeout_s: float | None = 60.0,
+        heartbeat_interval_s: float | None = None,
     ) -> None:
         if not isinstance(resource_pool, ResourcePool):
             raise TypeError(f"resource_pool must be a ResourcePool, got {resource_pool!r}")
@@ -224,12 +311,22 @@ class RayWorkerGroup(WorkerGroup):
         if accelerators is None:
             accelerators = 1.0 if self._platform.ray_resource else 0.0
         self._accelerators = float(accelerators)
+        # lists shared by every role view of the group (`spawn`): changed in place
         self._placement_groups: list[Any] = []
         self._hosts: list[Any] = []
-        actor_prefix = f"{name}-{uuid.uuid4().hex[:6]}"
+        self._actor_prefix = f"{name}-{uuid.uuid4().hex[:6]}"
+        self._runtime_env = runtime_env
+        self._init_timeout_s = init_timeout_s
+        if heartbeat_timeout_s is not None and heartbeat_timeout_s <= 0:
+            raise ValueError(f"heartbeat_timeout_s={heartbeat_timeout_s}: expected > 0 or None")
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._heartbeat_interval_s = heartbeat_interval_s or (
+            None if heartbeat_timeout_s is None else min(10.0, heartbeat_timeout_s / 4)
+        )
+        self._generation = 0  # how many times the processes were rebuilt
         try:
-            self._placement_groups = _reserve(resource_pool, self._platform, self._accelerators)
-            self._hosts = self._start_actors(actor_prefix, runtime_env)
+            self._placement_groups[:] = _reserve(resource_pool, self._platform, self._accelerators)
+            self._hosts[:] = self._start_actors(self._actor_prefix, runtime_env)
             infos = self._setup(name, roles, init_timeout_s)
         except BaseException:
             self._release()
@@ -313,6 +410,90 @@ class RayWorkerGroup(WorkerGroup):
         init.wait(refs, _remaining(deadline))
         return infos
 
+    # ------------------------------------------------------------------ failover
+    def _heartbeat(self) -> _Heartbeat | None:
+        if self._heartbeat_timeout_s is None:
+            return None
+        interval = float(self._heartbeat_interval_s or 1.0)
+        return _Heartbeat(list(self._hosts), interval, self._heartbeat_timeout_s)
+
+    @property
+    def generation(self) -> int:
+        """How many times `rebuild` replaced the processes (0: the first ones)."""
+        return self._generation
+
+    def check_health(self, timeout_s: float = 10.0) -> dict[int, str]:
+        """Ping every rank; returns rank -> why it is not healthy (dead, or no answer
+        within `timeout_s`). Empty when all answer."""
+        refs = {h.ping.remote(): r for r, h in enumerate(self._hosts)}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        problems: dict[int, str] = {}
+        for ref, rank in refs.items():
+            if ref not in ready:
+                problems[rank] = f"no heartbeat within {timeout_s:g} s (hung)"
+                continue
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as exc:
+                problems[rank] = f"dead: {type(exc).__name__}"
+        return dict(sorted(problems.items()))
+
+    def kill_workers(self) -> None:
+        """End every process of the group (all roles) now; the placement stays reserved
+        for `rebuild`. Calls in flight fail with `WorkerDiedError`."""
+        for host in self._hosts:
+            with contextlib.suppress(Exception):
+                ray.kill(host, no_restart=True)
+
+    def _rebuild(self) -> None:
+        """New processes in the same placement bundles (the old ones are killed first),
+        a new rendezvous, the roles built again."""
+        state = self._state
+        self.kill_workers()
+        for attempt in (0, 1):
+            try:
+                if attempt == 0:
+                    self._await_placement()
+                else:  # a bundle still tied to a lost node: reserve the pool anew
+                    for pg in self._placement_groups:
+                        with contextlib.suppress(Exception):
+                            remove_placement_group(pg)
+                    self._placement_groups[:] = _reserve(
+                        self._pool, self._platform, self._accelerators
+                    )
+                self._generation += 1
+                prefix = f"{self._actor_prefix}.{self._generation}"
+                self._hosts[:] = self._start_actors(prefix, self._runtime_env)
+                infos = self._setup(state.name, state.roles, self._init_timeout_s)
+                break
+            except WorkerDiedError:
+                self.kill_workers()
+                if attempt == 1:
+                    raise
+            except BaseException:
+                self.kill_workers()
+                raise
+        state.infos[:] = infos  # futures and views read the shared list
+        state.meshes.clear()
+
+    def _await_placement(self) -> None:
+        """Wait for the group's placement groups (Ray re-places the bundles of a lost
+        node when the cluster has room); fail naming what is missing."""
+        timeout = self._pool.placement_timeout_s
+        _, pending = ray.wait(
+            [pg.ready() for pg in self._placement_groups],
+            num_returns=len(self._placement_groups),
+            timeout=timeout,
+        )
+        if pending:
+            raise ResourcePoolError(
+                f"{self._state.name!r}: rebuilding the group needs its placement "
+                f"process_on_nodes={self._pool.process_on_nodes} again, and the cluster did not "
+                f"grant it within {timeout:g} s (a lost node and no room elsewhere?). Cluster "
+                f"total: {_resources(ray.cluster_resources())}; available now: "
+                f"{_resources(ray.available_resources())}."
+            )
+
     # ------------------------------------------------------------------ calls
     @property
     def workers(self) -> list[Any]:
@@ -356,7 +537,8 @@ class RayWorkerGroup(WorkerGroup):
         for pg in self._placement_groups:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
-        self._hosts, self._placement_groups = [], []
+        self._hosts.clear()
+        self._placement_groups.clear()
 
 
 def _shared_objects(per_rank: dict[int, tuple[tuple, dict]]) -> dict[int, Any]:

@@ -1,0 +1,115 @@
+"""Failover: what the trainer does when a worker process is lost during a run.
+
+The single controller (rl-core) notices a lost process: Ray reports a dead actor at once
+(`WorkerDiedError`), a hung one fails the heartbeat (`WorkerHungError`) or, at the latest,
+the call's time-out (`WorkerTimeoutError`). The trainer then (`RLTrainer._recover`):
+
+1. stops the async producer (if any) and kills the processes of the lost group, with every
+   role that shares them (colocated: actor, rollout, reference, critic, reward model);
+2. waits the back-off (``trainer.restart_backoff_s``, doubled for each further restart);
+3. builds the group again on the same placement (new processes, same resources,
+   torch.distributed formed again) and initialises the models;
+4. restores the newest intact checkpoint into every group (or the initial state when there
+   is none yet), rewinds the metrics log to that step, and continues.
+
+A failover therefore gives the same result as stopping the run and resuming it by hand
+from that checkpoint. ``trainer.max_restarts`` bounds how often; past it, the worker's own
+error ends the run. Errors raised *by* a worker's code (`WorkerError`) are bugs or bad
+input, not lost processes: they are never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from rl_core.single_controller import (
+    WorkerDiedError,
+    WorkerGroupError,
+    WorkerHungError,
+    WorkerTimeoutError,
+)
+
+__all__ = ["FailoverPolicy", "RestartEvent", "lost_worker"]
+
+log = logging.getLogger(__name__)
+
+
+def lost_worker(exc: BaseException) -> WorkerGroupError | None:
+    """The lost-process error behind `exc` (itself, or in its cause chain: e.g. the async
+    producer's failure), or None when `exc` is not about a lost process."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, WorkerDiedError | WorkerHungError | WorkerTimeoutError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _cause(error: WorkerGroupError) -> str:
+    if isinstance(error, WorkerHungError):
+        return f"hung (no heartbeat within {error.timeout_s:g} s during {error.method}())"
+    if isinstance(error, WorkerTimeoutError):
+        return f"hung ({error.method}() past its {error.timeout_s:g} s time-out)"
+    assert isinstance(error, WorkerDiedError)
+    return f"died during {error.method}(): {error.detail[:160]}"
+
+
+@dataclass
+class RestartEvent:
+    """One failover: who was lost, why, and how long each phase took (monotonic seconds)."""
+
+    role: str
+    rank: int | None
+    cause: str
+    detected_at: float
+    resumed_step: int = 0
+    restored_from: str | None = None
+    rebuilt_at: float = 0.0
+
+
+@dataclass
+class FailoverPolicy:
+    """``trainer.max_restarts`` with a doubling back-off; keeps the events of the run."""
+
+    max_restarts: int
+    backoff_s: float
+    events: list[RestartEvent] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        return len(self.events)
+
+    def admit(self, error: WorkerGroupError) -> RestartEvent | None:
+        """A new restart for `error`, after its back-off; None when the bound is reached."""
+        if self.restarts >= self.max_restarts:
+            log.error(
+                "failover: trainer.max_restarts=%d reached; stopping the run", self.max_restarts
+            )
+            return None
+        rank = getattr(error, "rank", None)
+        ranks = getattr(error, "ranks", None)
+        if rank is None and ranks:
+            rank = ranks[0]
+        event = RestartEvent(error.role, rank, _cause(error), time.monotonic())
+        delay = self.backoff_s * 2**self.restarts
+        self.events.append(event)
+        if delay > 0:
+            time.sleep(delay)
+        return event
+
+    def log_restart(self, event: RestartEvent) -> None:
+        """The one line each restart leaves in the log."""
+        log.warning(
+            "failover %d/%d: group %r rank %s %s; rebuilt it and resumed from step %d (%s)",
+            self.restarts,
+            self.max_restarts,
+            event.role,
+            event.rank,
+            event.cause,
+            event.resumed_step,
+            event.restored_from or "no checkpoint yet: the initial weights",
+        )
