@@ -54,6 +54,7 @@ from torch import Tensor
 from rl_core.config import check, validate
 from rl_core.protocol import DataProto
 from rl_core.rollout import GenerationOutput, RolloutConfig, SamplingParams
+from rl_core.text_env_pool import TextEnvPool, TextEnvPoolConfig
 from rl_rollout.agent_loop.base import (
     AgentInput,
     AgentLoop,
@@ -90,7 +91,9 @@ class RolloutManagerConfig:
     ``remote_urls``, existing OpenAI-compatible servers serving ``remote_model`` (default:
     ``rollout.model_path``) with fixed weights (evaluation, agents). Empty
     ``sampling.stop_token_ids`` means "stop at every EOS id of the tokenizer and of the
-    model's generation config" (`default_stop_token_ids`).
+    model's generation config" (`default_stop_token_ids`). ``env``: the text environments
+    (name -> options, worker processes, time limits) that rows with a non-tensor
+    ``env_name`` play through the ``env`` agent loop.
     """
 
     rollout: RolloutConfig
@@ -104,6 +107,7 @@ class RolloutManagerConfig:
     loop: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    env: TextEnvPoolConfig | None = None
     request_timeout_s: float = 600.0
     batch_timeout_s: float = 3600.0
     start_timeout_s: float = 600.0
@@ -227,6 +231,7 @@ class RolloutManager:
             tool = build_tool(name, **kwargs)
             self.tools[tool.name] = tool
         self._loops: dict[str, AgentLoop] = {}
+        self.envs = TextEnvPool(config.env) if config.env is not None else None
         self.default_stop_ids = default_stop_token_ids(tokenizer, config.rollout.model_path)
         self._get_loop(config.agent_loop)  # fail early on an unknown default loop
         self.pad_token_id = self._pad_token_id()
@@ -290,6 +295,7 @@ class RolloutManager:
                 config=self.config.loop,
                 tokenizer=self.tokenizer,
                 tools=self.tools,
+                envs=self.envs,
             )
         return self._loops[name]
 
@@ -332,13 +338,15 @@ class RolloutManager:
         self, batch: DataProto, params: SamplingParams
     ) -> tuple[list[AgentInput], list[AgentLoop]]:
         nt = batch.non_tensor_batch
+        env_names = nt.get("env_name")
         prompts = _prompt_ids(batch)
         messages = nt.get("raw_prompt") if prompts is None else None
-        if prompts is None and messages is None:
+        if prompts is None and messages is None and env_names is None:
             raise ValueError(
                 "generate_sequences needs the prompts as non-tensor 'raw_prompt_ids' (token id "
                 "lists), tensors 'prompt_ids' + 'attention_mask', or non-tensor 'raw_prompt' "
-                f"(chat messages); the batch has tensors {_tensor_keys(batch)} and non-tensors "
+                "(chat messages), or non-tensor 'env_name' (environment episodes); "
+                f"the batch has tensors {_tensor_keys(batch)} and non-tensors "
                 f"{sorted(nt)}"
             )
         names = nt.get("agent_name")
@@ -346,8 +354,19 @@ class RolloutManager:
         batch_id = uuid.uuid4().hex[:8]
         samples, loops = [], []
         for i in range(len(batch)):
-            name = str(names[i]) if names is not None else self.config.agent_loop
+            env_name = None if env_names is None else env_names[i]
+            if names is not None:
+                name = str(names[i])
+            else:
+                name = "env" if env_name is not None else self.config.agent_loop
             loops.append(self._get_loop(name))
+            extra: dict[str, Any] = {}
+            if env_name is not None:
+                extra = {
+                    "env_name": str(env_name),
+                    "env_task": nt["env_task"][i] if "env_task" in nt else {},
+                    "env_seed": _env_seed(nt, i),
+                }
             ids = None if prompts is None else prompts[i]
             if ids is not None and len(ids) == 0:
                 raise ValueError(f"row {i} has an empty prompt: expected at least one token")
@@ -369,7 +388,7 @@ class RolloutManager:
                     f"multi_modal_data[{i}] is {type(mm).__name__}: expected None or a dict such "
                     "as {'image': [PIL images]}"
                 )
-            samples.append(AgentInput(ids, row_params, session, msgs, multi_modal_data=mm))
+            samples.append(AgentInput(ids, row_params, session, msgs, extra, mm))
         return samples, loops
 
     def _assemble(
@@ -432,6 +451,14 @@ class RolloutManager:
         non_tensors["finish_reason"] = np.array([o.finish_reason for o in outputs], dtype=object)
         meta = dict(batch.meta_info)
         meta["rollout_metrics"] = _batch_metrics(outputs, elapsed)
+        if any(o.token_rewards is not None for o in outputs):
+            env_rewards = torch.zeros((size, resp_len), dtype=torch.float32)
+            for i, out in enumerate(outputs):
+                if out.token_rewards:
+                    env_rewards[i, : len(out.token_rewards)] = torch.tensor(out.token_rewards)
+            tensors["env_rewards"] = env_rewards
+            non_tensors["env_error"] = np.array([o.env_error for o in outputs], dtype=object)
+            meta["rollout_metrics"].update(_env_metrics(outputs))
         return DataProto.from_dict(tensors, non_tensors, meta)
 
     # ------------------------------------------------------------------ engine control
@@ -537,6 +564,8 @@ class RolloutManager:
             return
 
         async def stop() -> None:
+            if self.envs is not None:
+                self.envs.shutdown()
             await asyncio.gather(*(r.shutdown() for r in self.replicas), return_exceptions=True)
             await asyncio.gather(*(t.close() for t in self.tools.values()), return_exceptions=True)
 
@@ -607,3 +636,26 @@ def _batch_metrics(outputs: list[AgentLoopOutput], elapsed: float) -> dict[str, 
         {f"rollout/{k}": float(v) for k, v in sorted(totals.items()) if k != "tool_calls"}
     )
     return metrics
+
+
+def _env_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
+    """Environment episodes: how many, how many failed (per environment), mean reward."""
+    episodes = [o for o in outputs if o.env_name is not None]
+    failed = [o for o in episodes if o.env_error]
+    ok = [o for o in episodes if not o.env_error]
+    metrics = {
+        "env/episodes": float(len(episodes)),
+        "env/failed_episodes": float(len(failed)),
+        "env/reward/mean": sum(sum(o.token_rewards or []) for o in ok) / max(len(ok), 1),
+    }
+    for name in sorted({o.env_name for o in episodes}):
+        metrics[f"env/failed_episodes/{name}"] = float(sum(o.env_name == name for o in failed))
+    return metrics
+
+
+def _env_seed(nt: Mapping[str, Any], i: int) -> int:
+    """Row `i`'s episode seed: ``env_seed`` (shared by a prompt's samples), else ``seed``."""
+    for key in ("env_seed", "seed"):
+        if key in nt and nt[key][i] is not None:
+            return int(nt[key][i])
+    return i

@@ -1,4 +1,4 @@
-"""Agent loops (``rl.agent_loops``): ``single_turn`` and ``tool``; tool-call parsers
+"""Agent loops (``rl.agent_loops``): ``single_turn``, ``tool`` and ``env``; tool-call parsers
 (``rl.tool_parsers``): ``hermes``; chat-template arithmetic for token-in/token-out turns."""
 
 from rl_rollout.agent_loop.base import (
@@ -12,6 +12,7 @@ from rl_rollout.agent_loop.base import (
     build_agent_loop,
 )
 from rl_rollout.agent_loop.chat import ChatTemplate
+from rl_rollout.agent_loop.env_loop import EnvAgentLoop
 from rl_rollout.agent_loop.single_turn import SingleTurnAgentLoop
 from rl_rollout.agent_loop.tool_loop import ToolAgentLoop
 from rl_rollout.agent_loop.tool_parsers import (
@@ -32,6 +33,7 @@ __all__ = [
     "AgentLoopOutput",
     "ChatTemplate",
     "EngineClient",
+    "EnvAgentLoop",
     "HermesToolParser",
     "LLMClient",
     "ParsedTurn",

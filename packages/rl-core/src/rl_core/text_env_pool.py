@@ -1,0 +1,518 @@
+"""Text environments out of the caller's process: environment worker processes and the
+async client the agent loop (and the trainer, for tasks) talks to.
+
+    pool = TextEnvPool(TextEnvPoolConfig(envs={"my_pkg.envs:GuessEnv": {}}, num_workers=2))
+    episode = await pool.open_episode("my_pkg.envs:GuessEnv")
+    first = await episode.reset(task, seed)       # EnvReset, validated
+    step = await episode.step(model_turn)         # TextEnvStep, validated
+    bonus = await episode.final_reward()
+    await episode.close()
+    pool.shutdown()
+
+Each worker (a ``spawn``-ed subprocess with backend "process", a Ray actor with
+``num_cpus_per_worker`` CPUs with backend "ray") hosts many environment instances and runs
+their calls in threads, so one slow episode does not stall the others. The client gives
+every call the time left of ``step_timeout_s`` and of the episode's ``episode_timeout_s``.
+What goes wrong is a `TextEnvError` naming the environment and the turn:
+
+* the environment raises, or returns something malformed: `EnvCrashedError` /
+  `EnvOutputError` (validated in the worker with `rl_core.text_env`'s checks);
+* a call does not answer in time: `EnvTimeoutError` (the hung thread is abandoned; a worker
+  with too many hung calls is replaced, failing the episodes it hosted);
+* the worker process dies: `EnvCrashedError` for every call in flight there; the next
+  episode starts a new worker.
+
+Ray is imported only with backend "ray".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import itertools
+import multiprocessing
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rl_core.config import check
+from rl_core.text_env import (
+    EnvCrashedError,
+    EnvOutputError,
+    EnvReset,
+    EnvTimeoutError,
+    ModelTurn,
+    TextEnv,
+    TextEnvError,
+    TextEnvStep,
+    check_reset,
+    check_reward,
+    check_step,
+    check_tasks,
+    make_text_env,
+    resolve_text_env,
+)
+
+__all__ = ["EnvEpisode", "EnvHost", "TextEnvPool", "TextEnvPoolConfig"]
+
+
+@dataclass
+class TextEnvPoolConfig:
+    """Which environments (name -> options) and how they run.
+
+    backend: "process" (subprocesses of this process) or "ray" (actors with
+    ``num_cpus_per_worker`` CPUs). max_concurrency: calls a worker runs at once (threads).
+    A worker that holds ``max_hung_calls`` calls past their time-out is replaced."""
+
+    envs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    backend: Literal["process", "ray"] = "process"
+    num_workers: int = 1
+    max_concurrency: int = 32
+    step_timeout_s: float = 60.0
+    episode_timeout_s: float = 600.0
+    start_timeout_s: float = 120.0
+    num_cpus_per_worker: float = 1.0
+    max_hung_calls: int = 4
+
+    def check(self) -> None:
+        check(self.num_workers >= 1, "num_workers", self.num_workers, "an integer >= 1")
+        check(self.max_concurrency >= 1, "max_concurrency", self.max_concurrency, ">= 1")
+        check(self.step_timeout_s > 0, "step_timeout_s", self.step_timeout_s, "> 0 seconds")
+        check(
+            self.episode_timeout_s >= self.step_timeout_s,
+            "episode_timeout_s",
+            self.episode_timeout_s,
+            f">= step_timeout_s ({self.step_timeout_s})",
+        )
+        check(self.max_hung_calls >= 1, "max_hung_calls", self.max_hung_calls, ">= 1")
+        check(self.backend in ("process", "ray"), "backend", self.backend, "'process' or 'ray'")
+
+
+# ---------------------------------------------------------------------- worker side
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class EnvHost:
+    """Hosts environment instances in a worker process; `handle` runs one call and returns
+    ``(True, value)`` or ``(False, TextEnvError)``. Thread-safe: calls of different
+    episodes run in parallel threads."""
+
+    def __init__(self, envs: dict[str, dict[str, Any]]) -> None:
+        self.envs = {k: dict(v or {}) for k, v in envs.items()}
+        self.episodes: dict[str, tuple[str, TextEnv]] = {}
+        self._task_envs: dict[str, TextEnv] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _await(self, value: Any) -> Any:
+        if not inspect.isawaitable(value):
+            return value
+        loop = getattr(self._local, "loop", None)
+        if loop is None:
+            loop = self._local.loop = asyncio.new_event_loop()
+
+        async def wait() -> Any:
+            return await value
+
+        return loop.run_until_complete(wait())
+
+    def _run(self, name: str, turn: int | None, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return self._await(fn(*args))
+        except TextEnvError:
+            raise
+        except Exception as exc:
+            detail = f"{what} raised {type(exc).__name__}: {_one_line(str(exc))}"
+            raise EnvCrashedError(name, turn, detail) from exc
+
+    def _make(self, name: str) -> TextEnv:
+        if name not in self.envs:
+            raise EnvCrashedError(
+                name, None, f"not one of this pool's environments {sorted(self.envs)}"
+            )
+        return self._run(name, None, "the factory", make_text_env, name, self.envs[name])
+
+    def _episode(self, episode_id: str, turn: int | None) -> tuple[str, TextEnv]:
+        with self._lock:
+            found = self.episodes.get(episode_id)
+        if found is None:
+            raise EnvCrashedError("?", turn, f"episode {episode_id!r} is not open in this worker")
+        return found
+
+    def handle(self, method: str, args: tuple) -> tuple[bool, Any]:
+        try:
+            return True, getattr(self, f"do_{method}")(*args)
+        except TextEnvError as exc:
+            return False, exc
+        except Exception as exc:  # a bug here, not in the environment: still named
+            return False, EnvCrashedError("?", None, f"{method}: {type(exc).__name__}: {exc}")
+
+    def do_ping(self) -> str:
+        return "pong"
+
+    def do_tasks(self, name: str, split: str, seed: int, count: int) -> list[dict[str, Any]]:
+        with self._lock:
+            env = self._task_envs.get(name)
+        if env is None:
+            env = self._make(name)
+            with self._lock:
+                self._task_envs[name] = env
+        value = self._run(name, None, "tasks()", env.tasks, split, seed, count)
+        return check_tasks(value, name, count)
+
+    def do_open(self, episode_id: str, name: str) -> None:
+        env = self._make(name)
+        with self._lock:
+            self.episodes[episode_id] = (name, env)
+
+    def do_reset(self, episode_id: str, task: dict[str, Any], seed: int) -> EnvReset:
+        name, env = self._episode(episode_id, 0)
+        return check_reset(self._run(name, 0, "reset()", env.reset, task, seed), name)
+
+    def do_step(self, episode_id: str, turn: ModelTurn) -> TextEnvStep:
+        name, env = self._episode(episode_id, turn.turn)
+        return check_step(self._run(name, turn.turn, "step()", env.step, turn), name, turn.turn)
+
+    def do_final_reward(self, episode_id: str, turn: int) -> float:
+        name, env = self._episode(episode_id, turn)
+        value = self._run(name, turn, "final_reward()", env.final_reward)
+        return check_reward(value, name, turn, "final_reward()")
+
+    def do_close(self, episode_id: str) -> None:
+        with self._lock:
+            found = self.episodes.pop(episode_id, None)
+        if found is not None:
+            self._run(found[0], None, "close()", found[1].close)
+
+    def close_all(self) -> None:
+        with self._lock:
+            envs = [e for _, e in self.episodes.values()] + list(self._task_envs.values())
+            self.episodes.clear()
+            self._task_envs.clear()
+        for env in envs:
+            with contextlib.suppress(Exception):
+                self._await(env.close())
+
+
+def _serve(conn: Any, envs: dict[str, dict[str, Any]], threads: int) -> None:
+    """The worker process: read calls, run them in threads, send the results back."""
+    host = EnvHost(envs)
+    send_lock = threading.Lock()
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="env")
+
+    def run(call_id: int, method: str, args: tuple) -> None:
+        result = host.handle(method, args)
+        with send_lock:
+            try:
+                conn.send((call_id, *result))
+            except Exception as exc:  # e.g. an info dict that does not pickle
+                err = EnvOutputError("?", None, f"{method}: the result cannot be sent: {exc}")
+                conn.send((call_id, False, err))
+
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break
+        if message is None:
+            break
+        pool.submit(run, *message)
+    host.close_all()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------------- client side
+
+
+class _Worker:
+    """One worker as the client sees it: ``await call(method, args, timeout)``."""
+
+    generation: int
+    hung: int = 0
+    dead: str | None = None
+
+    async def call(self, method: str, args: tuple, timeout: float) -> Any:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+
+class _ProcessWorker(_Worker):
+    def __init__(self, config: TextEnvPoolConfig, generation: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        threads = config.max_concurrency + config.max_hung_calls
+        self.process = ctx.Process(
+            target=_serve, args=(child, config.envs, threads), daemon=True, name="rl-env-worker"
+        )
+        self.process.start()
+        child.close()
+        self.generation = generation
+        self.pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self.ids = itertools.count()
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, daemon=True, name="rl-env-reader")
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                call_id, ok, value = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            with self.lock:
+                entry = self.pending.pop(call_id, None)
+                if entry is None:  # a call that had timed out finished after all
+                    self.hung = max(0, self.hung - 1)
+            if entry is not None:
+                entry[0].call_soon_threadsafe(_resolve, entry[1], ok, value)
+        self.process.join(timeout=5)
+        code = self.process.exitcode
+        with self.lock:
+            self.dead = self.dead or f"the environment worker process died (exit code {code})"
+            pending, self.pending = self.pending, {}
+        for loop, future in pending.values():
+            loop.call_soon_threadsafe(_resolve, future, False, RuntimeError(self.dead))
+
+    async def call(self, method: str, args: tuple, timeout: float) -> Any:
+        if self.dead:
+            raise RuntimeError(self.dead)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        call_id = next(self.ids)
+        with self.lock:
+            self.pending[call_id] = (loop, future)
+        try:
+            with self.lock:
+                self.conn.send((call_id, method, args))
+        except (OSError, ValueError) as exc:
+            with self.lock:
+                self.pending.pop(call_id, None)
+            raise RuntimeError(f"the environment worker process is gone ({exc})") from exc
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            with self.lock:
+                if self.pending.pop(call_id, None) is not None:
+                    self.hung += 1
+            raise
+
+    def kill(self) -> None:
+        with self.lock:
+            self.dead = self.dead or "the environment worker was replaced"
+        with contextlib.suppress(Exception):
+            self.conn.send(None)
+        self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+
+
+def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+class _RayWorker(_Worker):
+    def __init__(self, config: TextEnvPoolConfig, generation: int) -> None:
+        import ray
+
+        from rl_core.single_controller.ray import ensure_ray
+
+        ensure_ray()
+        actor_cls = ray.remote(
+            num_cpus=config.num_cpus_per_worker,
+            max_concurrency=config.max_concurrency + config.max_hung_calls,
+        )(_HostActor)
+        self.actor = actor_cls.remote(config.envs)
+        self.generation = generation
+        self._ray = ray
+
+    async def call(self, method: str, args: tuple, timeout: float) -> Any:
+        if self.dead:
+            raise RuntimeError(self.dead)
+        try:
+            ok, value = await asyncio.wait_for(
+                asyncio.wrap_future(self.actor.handle.remote(method, args).future()), timeout
+            )
+        except TimeoutError:
+            self.hung += 1
+            raise
+        except self._ray.exceptions.RayError as exc:
+            self.dead = f"the environment worker actor died ({type(exc).__name__})"
+            raise RuntimeError(self.dead) from exc
+        if not ok:
+            raise value
+        return value
+
+    def kill(self) -> None:
+        self.dead = self.dead or "the environment worker was replaced"
+        with contextlib.suppress(Exception):
+            self._ray.kill(self.actor, no_restart=True)
+
+
+class _HostActor:
+    def __init__(self, envs: dict[str, dict[str, Any]]) -> None:
+        self.host = EnvHost(envs)
+
+    def handle(self, method: str, args: tuple) -> tuple[bool, Any]:
+        return self.host.handle(method, args)
+
+
+class TextEnvPool:
+    """Environment workers and the calls to them (see the module docstring)."""
+
+    def __init__(self, config: TextEnvPoolConfig) -> None:
+        config.check()
+        for name in config.envs:
+            resolve_text_env(name)  # an unknown name fails here, in the caller's process
+        self.config = config
+        self._workers: list[_Worker | None] = [None] * config.num_workers
+        self._load = [0] * config.num_workers
+        self._generation = itertools.count()
+        self._episode_ids = itertools.count()
+        self._lock = threading.Lock()
+        self.failures: dict[str, int] = {}
+
+    def _worker(self, index: int) -> _Worker:
+        with self._lock:
+            worker = self._workers[index]
+            if worker is not None and (worker.dead or worker.hung >= self.config.max_hung_calls):
+                worker.kill()
+                worker = None
+            if worker is None:
+                cls = _RayWorker if self.config.backend == "ray" else _ProcessWorker
+                worker = self._workers[index] = cls(self.config, next(self._generation))
+            return worker
+
+    def _pick(self) -> int:
+        with self._lock:
+            index = min(range(len(self._load)), key=lambda i: self._load[i])
+            self._load[index] += 1
+            return index
+
+    def _release(self, index: int) -> None:
+        with self._lock:
+            self._load[index] -= 1
+
+    async def call(
+        self, worker: _Worker, name: str, turn: int | None, method: str, args: tuple, timeout: float
+    ) -> Any:
+        """One call with a time limit; every failure as a `TextEnvError` of `name`/`turn`."""
+        try:
+            return await worker.call(method, args, timeout)
+        except TextEnvError as exc:
+            if exc.env_name == "?":
+                raise type(exc)(name, turn, exc.detail) from None
+            raise
+        except TimeoutError:
+            raise EnvTimeoutError(
+                name, turn, f"{method}() did not answer within {timeout:g} s (step_timeout_s)"
+            ) from None
+        except RuntimeError as exc:
+            raise EnvCrashedError(name, turn, f"{method}(): {exc}") from None
+
+    async def tasks(self, name: str, split: str, seed: int, count: int) -> list[dict[str, Any]]:
+        """``count`` tasks of environment `name` (computed in a worker)."""
+        index = self._pick()
+        try:
+            worker = self._worker(index)
+            timeout = max(self.config.step_timeout_s, self.config.start_timeout_s)
+            return await self.call(worker, name, None, "tasks", (name, split, seed, count), timeout)
+        finally:
+            self._release(index)
+
+    def tasks_sync(self, name: str, split: str, seed: int, count: int) -> list[dict[str, Any]]:
+        """`tasks` from synchronous code (not from a running event loop)."""
+        return asyncio.run(self.tasks(name, split, seed, count))
+
+    async def open_episode(self, name: str) -> EnvEpisode:
+        """A new instance of environment `name` in the least loaded worker."""
+        if name not in self.config.envs:
+            raise EnvCrashedError(
+                name, None, f"not one of this pool's environments {sorted(self.config.envs)}"
+            )
+        index = self._pick()
+        episode = EnvEpisode(self, index, name, f"ep-{next(self._episode_ids)}")
+        try:
+            episode.worker = self._worker(index)
+            timeout = max(self.config.step_timeout_s, self.config.start_timeout_s)
+            await self.call(episode.worker, name, None, "open", (episode.episode_id, name), timeout)
+        except BaseException:
+            episode.released = True
+            self._release(index)
+            raise
+        return episode
+
+    def shutdown(self) -> None:
+        """Stop every worker; idempotent."""
+        with self._lock:
+            workers, self._workers = self._workers, [None] * self.config.num_workers
+        for worker in workers:
+            if worker is not None:
+                worker.kill()
+
+
+class EnvEpisode:
+    """One episode in a worker: every call gets the time left of the step and episode
+    limits and fails with a `TextEnvError` naming the environment and the turn."""
+
+    def __init__(self, pool: TextEnvPool, index: int, name: str, episode_id: str) -> None:
+        self.pool, self.index, self.name, self.episode_id = pool, index, name, episode_id
+        self.worker: _Worker | None = None
+        self.turn = 0
+        self.deadline = time.monotonic() + pool.config.episode_timeout_s
+        self.released = False
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        left = self.deadline - time.monotonic()
+        step = self.pool.config.step_timeout_s
+        episode_limit = f"episode_timeout_s={self.pool.config.episode_timeout_s:g} s"
+        if left <= 0:
+            raise EnvTimeoutError(self.name, self.turn, f"the episode ran past {episode_limit}")
+        args = (self.episode_id, *args)
+        try:
+            return await self.pool.call(
+                self.worker, self.name, self.turn, method, args, min(step, left)
+            )
+        except EnvTimeoutError:
+            if left < step:
+                raise EnvTimeoutError(
+                    self.name, self.turn, f"{method}() ran past {episode_limit}"
+                ) from None
+            raise
+
+    async def reset(self, task: dict[str, Any], seed: int) -> EnvReset:
+        self.turn = 0
+        return await self._call("reset", dict(task), int(seed))
+
+    async def step(self, turn: ModelTurn) -> TextEnvStep:
+        self.turn = turn.turn
+        return await self._call("step", turn)
+
+    async def final_reward(self) -> float:
+        return await self._call("final_reward", self.turn)
+
+    async def close(self) -> None:
+        """Free the instance (best effort, short time limit); the worker slot is released."""
+        if self.released:
+            return
+        self.released = True
+        self.pool._release(self.index)
+        if self.worker is None or self.worker.dead:
+            return
+        with contextlib.suppress(TimeoutError, TextEnvError, RuntimeError):
+            await self.worker.call(
+                "close", (self.episode_id,), min(5.0, self.pool.config.step_timeout_s)
+            )
