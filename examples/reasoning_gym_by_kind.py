@@ -46,7 +46,9 @@ def evaluate(
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         texts = [
-            tokenizer.apply_chat_template(list(r["prompt"]), tokenize=False, add_generation_prompt=True)
+            tokenizer.apply_chat_template(
+                list(r["prompt"]), tokenize=False, add_generation_prompt=True
+            )
             for r in chunk
         ]
         inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -58,7 +60,9 @@ def evaluate(
                 eos_token_id=[t for t in stop if t is not None],
                 pad_token_id=tokenizer.pad_token_id,
             )
-        replies = tokenizer.batch_decode(out[:, inputs.input_ids.shape[1] :], skip_special_tokens=True)
+        replies = tokenizer.batch_decode(
+            out[:, inputs.input_ids.shape[1] :], skip_special_tokens=True
+        )
         for row, reply in zip(chunk, replies, strict=True):
             dataset, entry = regenerate_entry(row["extra_info"]["reasoning_gym"])
             s = score_reply(dataset, entry, reply)
@@ -73,7 +77,10 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         groups["all"].append(r)
         groups[r["kind"]].append(r)
-    lines = ["| problems | n | accuracy (any format) | strict (\\boxed{}) |", "|---|---:|---:|---:|"]
+    lines = [
+        "| problems | n | accuracy (any format) | strict (\\boxed{}) |",
+        "|---|---:|---:|---:|",
+    ]
     for key in sorted(groups, key=lambda k: (k != "all", k)):
         rs = groups[key]
         acc = sum(r["acc"] for r in rs) / len(rs)
