@@ -65,17 +65,14 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def servers():
-    """The shared server (PORT) and a second one that the `die` test kills, started together."""
-    die_port = _free_port()
-    main, doomed = _start(PORT), _start(die_port)
+def server():
+    """The server of this module's tests; the last test kills it."""
+    proc = _start(PORT)
     try:
-        _wait(main, PORT)
-        _wait(doomed, die_port)
-        yield {"main": URL, "doomed": f"http://127.0.0.1:{die_port}"}
+        _wait(proc, PORT)
+        yield URL
     finally:
-        _stop(main)
-        _stop(doomed)
+        _stop(proc)
 
 
 def turn(text: str, k: int) -> ModelTurn:
@@ -133,8 +130,16 @@ def test_a_misbehaving_server_is_a_named_error(mode, error, says):
         env.close()
 
 
-def test_a_server_that_dies_mid_episode_and_one_that_is_gone(servers):
-    url = servers["doomed"]
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="expected http"):
+        make_text_env("openenv:localhost:8000")
+    with pytest.raises(ValueError, match="timeout_s"):
+        make_text_env(f"openenv:{URL}", {"timeout_s": 0})
+
+
+def test_a_server_that_dies_mid_episode_and_one_that_is_gone(server):
+    """Last in this module: the server process exits."""
+    url = server
     env = make_text_env(f"openenv:{url}", {"timeout_s": 5})
     try:
         env.reset({"reset_kwargs": {"mode": "die"}}, seed=1)
@@ -147,10 +152,3 @@ def test_a_server_that_dies_mid_episode_and_one_that_is_gone(servers):
         assert gone.value.turn == 0 and "connect failed" in str(gone.value)
     finally:
         env.close()
-
-
-def test_bad_options_are_named():
-    with pytest.raises(ValueError, match="expected http"):
-        make_text_env("openenv:localhost:8000")
-    with pytest.raises(ValueError, match="timeout_s"):
-        make_text_env(f"openenv:{URL}", {"timeout_s": 0})
