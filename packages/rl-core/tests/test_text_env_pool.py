@@ -45,7 +45,7 @@ def test_an_episode_runs_in_a_worker_process():
         tasks = pool.tasks_sync(DIGITS, "train", 7, 3)
         assert tasks == pool.tasks_sync(DIGITS, "train", 7, 3) and len(tasks) == 3
         worker = pool._workers[0]
-        assert worker.process.pid != os.getpid() and worker.process.is_alive()
+        assert worker.process.pid != os.getpid() and worker.process.poll() is None
     finally:
         pool.shutdown()
 
@@ -106,7 +106,7 @@ def test_a_hanging_step_times_out_and_the_worker_is_recycled():
         old = pool._workers[0]
         assert old.hung == 1
         assert asyncio.run(play(pool, DIGITS))[1][-1].terminated
-        assert pool._workers[0] is not old and not old.process.is_alive()
+        assert pool._workers[0] is not old and old.process.poll() is not None
     finally:
         pool.shutdown()
 

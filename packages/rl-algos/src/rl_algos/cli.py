@@ -122,7 +122,7 @@ def _eval(config) -> int:
     finally:
         trainer.close()
     if not metrics:
-        print("no validation data: set data.val_files", file=sys.stderr)
+        print("no validation data: set data.val_files (or env.val_episodes)", file=sys.stderr)
         return 1
     print(json.dumps({"step": trainer.global_step, **metrics}, indent=1))
     return 0

@@ -32,10 +32,13 @@ import concurrent.futures
 import contextlib
 import inspect
 import itertools
-import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Listener
 from typing import Any, Literal
 
 from rl_core.config import check
@@ -228,6 +231,22 @@ def _serve(conn: Any, envs: dict[str, dict[str, Any]], threads: int) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+_CHILD_CODE = "from rl_core.text_env_pool import _child_main; _child_main()"
+
+
+def _child_main() -> None:
+    """Entry point of an environment worker process (see `_ProcessWorker`)."""
+    address = os.environ.pop("RL_ENV_WORKER_ADDRESS")
+    key = bytes.fromhex(os.environ.pop("RL_ENV_WORKER_KEY"))
+    conn = Client(address, family="AF_UNIX", authkey=key)
+    path, envs, threads = conn.recv()
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    try:
+        _serve(conn, envs, threads)
+    finally:
+        os._exit(0)  # threads of hung calls must not keep the process alive
+
+
 # ---------------------------------------------------------------------- client side
 
 
@@ -246,15 +265,21 @@ class _Worker:
 
 
 class _ProcessWorker(_Worker):
+    """A fresh interpreter (``python -c``: it imports rl_core and the environments' modules,
+    never the caller's main script) connected over an authenticated local socket."""
+
     def __init__(self, config: TextEnvPoolConfig, generation: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        threads = config.max_concurrency + config.max_hung_calls
-        self.process = ctx.Process(
-            target=_serve, args=(child, config.envs, threads), daemon=True, name="rl-env-worker"
+        self.key = os.urandom(32)
+        self.listener = Listener(family="AF_UNIX", authkey=self.key)
+        env = dict(os.environ, RL_ENV_WORKER_ADDRESS=self.listener.address)
+        env["RL_ENV_WORKER_KEY"] = self.key.hex()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _CHILD_CODE], env=env, stdin=subprocess.DEVNULL
         )
-        self.process.start()
-        child.close()
+        self.init = (list(sys.path), config.envs, config.max_concurrency + config.max_hung_calls)
+        self.start_timeout_s = config.start_timeout_s
+        self.connected: concurrent.futures.Future = concurrent.futures.Future()
+        self.conn: Any = None
         self.generation = generation
         self.pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self.ids = itertools.count()
@@ -262,8 +287,41 @@ class _ProcessWorker(_Worker):
         self.reader = threading.Thread(target=self._read, daemon=True, name="rl-env-reader")
         self.reader.start()
 
+    def _connect(self) -> bool:
+        """Accept the child's connection (the listener closes if it exits or is late)."""
+        start = time.monotonic()
+
+        def watch() -> None:
+            while not self.connected.done():
+                late = time.monotonic() - start > self.start_timeout_s
+                if self.process.poll() is not None or late:
+                    self.listener.close()
+                    return
+                time.sleep(0.05)
+
+        threading.Thread(target=watch, daemon=True).start()
+        try:
+            conn = self.listener.accept()
+            conn.send(self.init)
+        except (OSError, EOFError) as exc:
+            code = self.process.poll()
+            why = (
+                f"the environment worker process exited at start (exit code {code})"
+                if code is not None
+                else f"the environment worker process did not start in {self.start_timeout_s:g} s"
+            )
+            self.connected.set_exception(RuntimeError(f"{why} ({exc})"))
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                self.listener.close()
+        self.conn = conn
+        self.connected.set_result(True)
+        return True
+
     def _read(self) -> None:
-        while True:
+        connected = self._connect()
+        while connected:
             try:
                 call_id, ok, value = self.conn.recv()
             except (EOFError, OSError):
@@ -274,8 +332,10 @@ class _ProcessWorker(_Worker):
                     self.hung = max(0, self.hung - 1)
             if entry is not None:
                 entry[0].call_soon_threadsafe(_resolve, entry[1], ok, value)
-        self.process.join(timeout=5)
-        code = self.process.exitcode
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
         with self.lock:
             self.dead = self.dead or f"the environment worker process died (exit code {code})"
             pending, self.pending = self.pending, {}
@@ -285,6 +345,14 @@ class _ProcessWorker(_Worker):
     async def call(self, method: str, args: tuple, timeout: float) -> Any:
         if self.dead:
             raise RuntimeError(self.dead)
+        if not self.connected.done():
+            start = time.monotonic()
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(self.connected), self.start_timeout_s)
+            except TimeoutError:
+                raise RuntimeError("the environment worker process did not start") from None
+            timeout = max(timeout - (time.monotonic() - start), 0.0) or timeout
+        self.connected.result()  # its start-up error, if any
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         call_id = next(self.ids)
@@ -308,11 +376,16 @@ class _ProcessWorker(_Worker):
     def kill(self) -> None:
         with self.lock:
             self.dead = self.dead or "the environment worker was replaced"
-        with contextlib.suppress(Exception):
-            self.conn.send(None)
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.send(None)
+        with contextlib.suppress(OSError):
+            self.listener.close()
         self.process.kill()
-        self.process.join(timeout=10)
-        self.conn.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        if self.conn is not None:
+            self.conn.close()
 
 
 def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
@@ -331,6 +404,13 @@ class _RayWorker(_Worker):
         from rl_core.single_controller.ray import ensure_ray
 
         ensure_ray()
+        free = ray.available_resources().get("CPU", 0.0)
+        if free < config.num_cpus_per_worker:
+            raise RuntimeError(
+                f"an environment worker asks for {config.num_cpus_per_worker:g} CPUs "
+                f"(env.cpus_per_worker) but the Ray cluster has {free:g} free: lower it, or "
+                "leave CPUs to the environments (trainer.cpus_per_worker, trainer.ray_num_cpus)"
+            )
         actor_cls = ray.remote(
             num_cpus=config.num_cpus_per_worker,
             max_concurrency=config.max_concurrency + config.max_hung_calls,

@@ -366,6 +366,7 @@ class RolloutManager:
                     "env_name": str(env_name),
                     "env_task": nt["env_task"][i] if "env_task" in nt else {},
                     "env_seed": _env_seed(nt, i),
+                    "max_context": self.max_model_len,
                 }
             ids = None if prompts is None else prompts[i]
             if ids is not None and len(ids) == 0:

@@ -57,10 +57,17 @@ class EnvConfig:
     options: dict[str, Any] = field(default_factory=dict)
     mix: list[EnvSpec] = field(default_factory=list)
     num_workers: int = 1
+    cpus_per_worker: float = 1.0
     max_concurrency: int = 32
     step_timeout_s: float = 60.0
     episode_timeout_s: float = 600.0
     max_failure_fraction: float = 0.25
+    val_episodes: int = 0
+    """Text environments: held-out tasks per environment (split "val") each validation;
+    0: no validation."""
+    max_tokens_per_turn: int | None = None
+    """Text environments: the most tokens the model generates in one turn (null: up to the
+    rest of data.max_response_length)."""
 
     def __post_init__(self) -> None:
         check(
@@ -76,6 +83,7 @@ class EnvConfig:
             "options of `name`; with `mix`, give each entry its own options",
         )
         check(self.num_workers >= 1, "num_workers", self.num_workers, "an integer >= 1")
+        check(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")
         check(self.max_concurrency >= 1, "max_concurrency", self.max_concurrency, ">= 1")
         check(self.step_timeout_s > 0, "step_timeout_s", self.step_timeout_s, "> 0 seconds")
         check(
@@ -90,6 +98,9 @@ class EnvConfig:
             self.max_failure_fraction,
             "in [0, 1]",
         )
+        check(self.val_episodes >= 0, "val_episodes", self.val_episodes, "an integer >= 0")
+        check(self.max_tokens_per_turn is None or self.max_tokens_per_turn >= 1,
+              "max_tokens_per_turn", self.max_tokens_per_turn, "null or an integer >= 1")  # fmt: skip
 
     @property
     def specs(self) -> list[EnvSpec]:

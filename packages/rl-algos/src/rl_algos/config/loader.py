@@ -71,7 +71,9 @@ def _check_consistency(cfg: RLConfig) -> None:
             "a Hugging Face model directory, gguf:<file or package>, or smollm2-135m-instruct",
         )
     generate = cfg.data.generate
-    if generate.task is not None:
+    if cfg.env is not None:
+        _check_text_env_run(cfg)
+    elif generate.task is not None:
         from rl_algos.data.tasks import GENERATED_TASKS, TASKS
 
         _one_of("data.generate.task", generate.task, sorted(TASKS) + GENERATED_TASKS.names())
@@ -108,6 +110,30 @@ def _check_consistency(cfg: RLConfig) -> None:
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)
     _check_async(cfg)
+
+
+def _check_text_env_run(cfg: RLConfig) -> None:
+    """An LLM run with an ``env`` section: episodes and rewards come from the text
+    environments, so no prompt files, no reward function and no greedy baseline."""
+    from rl_core.text_env import is_text_env, text_env_names
+
+    for key, value in (
+        ("data.train_files", cfg.data.train_files),
+        ("data.val_files", cfg.data.val_files),
+        ("data.generate.task", cfg.data.generate.task),
+        ("reward.function_path", cfg.reward.function_path),
+    ):
+        if value:
+            raise _conflict(key, value, "empty with an env section: episodes and rewards "
+                            "come from the environments")  # fmt: skip
+    check(cfg.algorithm.adv_estimator != "remax", "algorithm.adv_estimator", "remax",
+          "an estimator without a greedy baseline rollout with an env section")  # fmt: skip
+    known = ", ".join(text_env_names()) or "none installed"
+    for i, spec in enumerate(cfg.env.specs):
+        key = "env.name" if cfg.env.name is not None else f"env.mix[{i}].name"
+        check(is_text_env(spec.name), key, spec.name,
+              f"a text environment (registered: {known}; or 'package.module:Class' naming a "
+              "rl_core.text_env.TextEnv subclass)")  # fmt: skip
 
 
 def _check_async(cfg: RLConfig) -> None:

@@ -92,12 +92,8 @@ class RLTrainer:
         reward functions, the checkpoint to resume from."""
         from transformers import AutoTokenizer
 
-        from rl_algos.data import PromptDataLoader
-        from rl_algos.data.dataset import DATASETS
-        from rl_algos.rewards import RewardManager
-        from rl_algos.rewards.manager import ScoreLimits
         from rl_algos.trainer.model_source import resolve_model_path
-        from rl_algos.trainer.preflight import check_data_sources, check_same_tokenizer
+        from rl_algos.trainer.preflight import check_same_tokenizer
 
         self.config = cfg = config
         # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
@@ -125,6 +121,39 @@ class RLTrainer:
                 check_same_tokenizer(
                     self.tokenizer, AutoTokenizer.from_pretrained(cfg.reward.model_path)
                 )
+
+        self.env_source = None
+        if cfg.env is not None:  # episodes from text environments, rewards from them
+            from rl_algos.trainer.env_episodes import EnvEpisodeSource
+
+            with timed(setup, "env_tasks"):
+                self.env_source = EnvEpisodeSource(
+                    cfg.env, cfg.data.train_batch_size, cfg.trainer.seed
+                )
+            self.train_loader = self.env_source
+            self.train_set = self.val_set = None
+            self.reward = None
+        else:
+            self._prepare_prompts(cfg, setup)
+        self.kl_ctrl = None
+        if cfg.algorithm.use_kl_in_reward:
+            kc = cfg.algorithm.kl_ctrl
+            self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
+        if cfg.async_.max_staleness > 0 and cfg.async_.correction == "none":
+            log.warning(
+                "async.max_staleness=%d with async.correction=none: stale samples are trained "
+                "without an off-policy correction",
+                cfg.async_.max_staleness,
+            )
+
+    def _prepare_prompts(self, cfg: Any, setup: dict[str, float]) -> None:
+        """Prompt runs: the datasets, the loader and the reward functions."""
+        from rl_algos.data import PromptDataLoader
+        from rl_algos.data.dataset import DATASETS
+        from rl_algos.rewards import RewardManager
+        from rl_algos.rewards.manager import ScoreLimits
+        from rl_algos.trainer.preflight import check_data_sources
 
         data = cfg.data
         common = dict(
@@ -168,17 +197,6 @@ class RLTrainer:
                     batch_timeout_s=rc.batch_timeout_s,
                 ),
             )
-        self.kl_ctrl = None
-        if cfg.algorithm.use_kl_in_reward:
-            kc = cfg.algorithm.kl_ctrl
-            self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        self.recompute_old_log_probs = recomputes_old_log_probs(cfg)
-        if cfg.async_.max_staleness > 0 and cfg.async_.correction == "none":
-            log.warning(
-                "async.max_staleness=%d with async.correction=none: stale samples are trained "
-                "without an off-policy correction",
-                cfg.async_.max_staleness,
-            )
 
     # ------------------------------------------------------------------ dataflow
 
@@ -201,7 +219,10 @@ class RLTrainer:
         version = self.rollout.version
         out = self.rollout.generate_sequences(batch)
         out.meta_info["rollout_version"] = version
-        out.batch["token_level_scores"], metrics = self._score(out)
+        if self.env_source is not None:
+            out, metrics = self._env_scores(out, "train")
+        else:
+            out.batch["token_level_scores"], metrics = self._score(out)
         if cfg.algorithm.adv_estimator == "remax":
             out.batch["reward_baselines"] = self._greedy_baselines(prompts, out, index, round_index)
             metrics["reward/baseline_mean"] = float(out.batch["reward_baselines"].mean())
@@ -249,6 +270,21 @@ class RLTrainer:
             scores += cfg.model_weight * rm
             metrics["reward/model_score_mean"] = float(rm.sum(-1).mean())
         return scores, metrics
+
+    def _env_scores(self, out: DataProto, where: str) -> tuple[DataProto, dict[str, float]]:
+        """Environment runs: drop (and count) the failed episodes; the environments'
+        per-turn and final rewards are the token-level scores (plus the reward model's)."""
+        from rl_algos.trainer.env_episodes import drop_failed_episodes, episode_metrics
+
+        out, metrics = drop_failed_episodes(out, self.config.env.max_failure_fraction, where)
+        scores = out.batch["env_rewards"].clone()
+        if self.groups.reward_model is not None:
+            rm = self.groups.reward_model.compute_rm_score(out).batch["rm_scores"]
+            scores += self.config.reward.model_weight * rm
+            metrics["reward/model_score_mean"] = float(rm.sum(-1).mean())
+        out.batch["token_level_scores"] = scores
+        metrics.update(episode_metrics(out, "env" if where == "train" else f"{where}/env"))
+        return out, metrics
 
     def _rollout(self, timing: dict[str, float], index: int) -> tuple[DataProto, dict[str, float]]:
         """Generate and score batch `index` (DAPO: until enough informative groups)."""
@@ -383,6 +419,8 @@ class RLTrainer:
         (greedy by default), scored without training-only shaping: accuracy (mean@n),
         pass@k, maj@k, overall and per data source (`rl_algos.validation`)."""
         cfg = self.config
+        if self.env_source is not None:
+            return self._validate_envs()
         if self.val_set is None:
             return {}
         from rl_algos.data import collate_prompts
@@ -434,6 +472,50 @@ class RLTrainer:
                 metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
         metrics["timing/validate_s"] = time.perf_counter() - start
         return metrics
+
+    def _validate_envs(self) -> dict[str, float]:
+        """``env.val_episodes`` held-out tasks per environment, ``rollout.val_n`` episodes
+        each at ``rollout.val_temperature``: the mean reward and ``val/accuracy`` (the share
+        of episodes whose rewards add up to at least 1), overall and per environment."""
+        from rl_algos.validation import validation_metrics
+
+        cfg = self.config
+        prompts = self.env_source.val_batch()
+        if prompts is None:
+            return {}
+        prompts.non_tensor_batch["uid"] = np.array(
+            [f"val-{i}" for i in range(len(prompts))], dtype=object
+        )
+        prompts = prompts.repeat(cfg.rollout.val_n, interleave=True)
+        prompts.non_tensor_batch["seed"] = np.array(
+            [cfg.trainer.seed + i for i in range(len(prompts))], dtype=object
+        )
+        prompts.meta_info.update(
+            temperature=cfg.rollout.val_temperature, prompt_length=cfg.data.max_prompt_length
+        )
+        start = time.perf_counter()
+        with self._producer_paused():
+            out = self.rollout.generate_sequences(prompts)
+        out, metrics = self._env_scores(out, "val")
+        scores = out.batch["token_level_scores"].sum(-1)
+        metrics.update(
+            validation_metrics(
+                out.non_tensor_batch["uid"].tolist(),
+                scores.tolist(),
+                (scores >= 1.0).tolist(),
+                [str(s) for s in out.non_tensor_batch["env_name"]],
+            )
+        )
+        metrics["val/response_length"] = float(out.batch["response_mask"].sum(-1).float().mean())
+        metrics["timing/validate_s"] = time.perf_counter() - start
+        return metrics
+
+    @property
+    def _validates(self) -> bool:
+        """Whether the run has held-out prompts or environment tasks."""
+        if self.env_source is not None:
+            return self.env_source.val_episodes > 0
+        return self.val_set is not None
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -530,7 +612,7 @@ class RLTrainer:
             self.buffer.restore(getattr(self, "_restored", []))
         progress = _progress(cfg.trainer.total_steps, self.global_step, cfg.trainer.progress_bar)
         try:
-            if self.global_step == 0 and cfg.trainer.val_before_train and self.val_set is not None:
+            if self.global_step == 0 and cfg.trainer.val_before_train and self._validates:
                 metrics = self.validate()
                 logger.log(0, metrics)
                 history.append({"step": 0, **metrics})
@@ -539,7 +621,7 @@ class RLTrainer:
                 step = self.global_step
                 every = cfg.trainer.val_every
                 if (
-                    self.val_set is not None
+                    self._validates
                     and every
                     and (step % every == 0 or step == cfg.trainer.total_steps)
                 ):
@@ -567,7 +649,10 @@ class RLTrainer:
     def close(self) -> None:
         if self.buffer is not None:
             self.buffer.close()
-        self.reward.close()
+        if self.reward is not None:
+            self.reward.close()
+        if self.env_source is not None:
+            self.env_source.close()
         self.rollout.shutdown()
         self.groups.shutdown()
 

@@ -270,6 +270,13 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
         "pad_token_id": pad_token_id,
         "request_timeout_s": cfg.trainer.call_timeout_s,
     }
+    if cfg.env is not None:  # text environments (rl_algos.trainer.env_episodes)
+        from rl_algos.trainer.env_episodes import text_env_pool_config
+
+        backend = "ray" if cfg.trainer.backend == "ray" else "process"
+        config["env"] = text_env_pool_config(cfg.env, backend)
+        if cfg.env.max_tokens_per_turn is not None:
+            config["sampling"]["max_tokens"] = cfg.env.max_tokens_per_turn
     if rollout.placement == "split":
         config.update(
             num_replicas=rollout.num_replicas,

@@ -18,7 +18,9 @@ every call returns within ``call_time_limit_s``; ``close`` is idempotent. Async 
 are awaited.
 
 `TwoTurnDigitEnv` is a small deterministic two-turn environment used by rl-rollout's and
-the trainer's tests (and runs this suite in rl-core's own tests).
+the trainer's tests (and runs this suite in rl-core's own tests); `FaultyTextEnv` fails the
+way untrusted environments do (raises, hangs, returns garbage, kills its process) for the
+failure-handling tests.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from rl_core.text_env import (
     make_text_env,
 )
 
-__all__ = ["TextEnvConformance", "TwoTurnDigitEnv", "call_env"]
+__all__ = ["FaultyTextEnv", "TextEnvConformance", "TwoTurnDigitEnv", "call_env"]
 
 
 def call_env(method: Any, *args: Any) -> Any:
@@ -99,6 +101,40 @@ class TwoTurnDigitEnv(TextEnv):
 
     def close(self) -> None:
         self.closed = True
+
+
+class FaultyTextEnv(TwoTurnDigitEnv):
+    """`TwoTurnDigitEnv` whose first step fails with `mode` on the tasks whose ``index`` is
+    a multiple of `every`: "raise" (an exception), "hang" (sleeps an hour), "nan" (a NaN
+    reward), "garbage" (returns a string), "exit" (kills its worker process)."""
+
+    MODES = ("raise", "hang", "nan", "garbage", "exit")
+
+    def __init__(self, mode: str = "raise", every: int = 1) -> None:
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"FaultyTextEnv: mode {mode!r}, expected one of {self.MODES}")
+        self.mode, self.every = mode, int(every)
+        self.faulty = False
+
+    def reset(self, task: Any, seed: int) -> EnvReset:
+        self.faulty = int(task.get("index", 0)) % self.every == 0
+        return super().reset(task, seed)
+
+    def step(self, turn: ModelTurn) -> Any:
+        if not self.faulty:
+            return super().step(turn)
+        if self.mode == "raise":
+            raise RuntimeError("FaultyTextEnv failed on purpose")
+        if self.mode == "hang":
+            time.sleep(3600)
+        if self.mode == "nan":
+            return TextEnvStep([], float("nan"))
+        if self.mode == "exit":
+            import os
+
+            os._exit(13)
+        return "garbage"
 
 
 class TextEnvConformance:

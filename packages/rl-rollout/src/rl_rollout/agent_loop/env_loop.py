@@ -22,6 +22,7 @@ counts them. At most ``max_concurrency`` episodes run at once in this loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from rl_core.text_env import ModelTurn, TextEnvError
@@ -86,11 +87,22 @@ class EnvAgentLoop(AgentLoop):
         seed = int(sample.extra.get("env_seed") or 0)
         first = await episode.reset(task, seed)
         s.prompt_ids = self.chat.encode(first.messages)
-        budget = cfg.response_length
+        # the response budget, and the engine's context when the manager passes it
+        context = int(sample.extra.get("max_context") or 2**62)
+        budget = min(cfg.response_length, context - len(s.prompt_ids))
+        if budget < 1:
+            s.error = (
+                f"environment {episode.name!r} turn 0: the initial observation is "
+                f"{len(s.prompt_ids)} tokens: expected fewer than the context ({context})"
+            )
+            return
         while True:
+            params = self.turn_params(sample, len(s.ids))
+            if params.max_tokens > budget - len(s.ids):
+                params = dataclasses.replace(params, max_tokens=budget - len(s.ids))
             out = await self.client.generate(
                 s.prompt_ids + s.ids,
-                self.turn_params(sample, len(s.ids)),
+                params,
                 sample.session_id,
                 **sample.client_kwargs(),
             )
@@ -125,6 +137,11 @@ class EnvAgentLoop(AgentLoop):
             s.add(inserted, 0, [0.0] * len(inserted), None)
         s.final = await episode.final_reward()
         s.reward_at_last_policy_token(s.final)
+        if s.pending and not any(s.mask):
+            s.error = (
+                f"environment {episode.name!r} turn {s.turns}: a reward of {s.pending:g} "
+                "but the model generated no token to put it on"
+            )
 
 
 class _Episode:
