@@ -21,11 +21,24 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 from typing import Any
 
 from rl_algos.data.reasoning_gym import ReasoningGymTask, regenerate_entry
 from rl_algos.data.tasks import make_splits
 from rl_algos.rewards.reasoning_gym import score_reply
+
+_TWO_TERMS = re.compile(r"Calculate (-?\d+) ([-+*/]) (-?\d+)\.")
+
+
+def kind_of(row: dict[str, Any]) -> str:
+    """basic_arithmetic's two-term problems by operator and sign of the operands ("a * -b");
+    other problems by the kind the task recorded (their reasoning-gym metadata)."""
+    match = _TWO_TERMS.search(row["prompt"][-1]["content"])
+    if match is None:
+        return row["extra_info"].get("kind") or "all"
+    left, op, right = match.groups()
+    return f"{'-a' if left.startswith('-') else 'a'} {op} {'-b' if right.startswith('-') else 'b'}"
 
 
 def evaluate(
@@ -66,7 +79,7 @@ def evaluate(
         for row, reply in zip(chunk, replies, strict=True):
             dataset, entry = regenerate_entry(row["extra_info"]["reasoning_gym"])
             s = score_reply(dataset, entry, reply)
-            kind = row["extra_info"].get("kind") or "all"
+            kind = kind_of(row)
             results.append({"kind": kind, "acc": s["acc"], "strict": s["strict"], "reply": reply})
     return results
 
