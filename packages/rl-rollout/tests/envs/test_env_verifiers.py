@@ -7,6 +7,8 @@ the batch holds exactly the sampled token ids."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -137,3 +139,20 @@ class TestVerifiersConformance(TextEnvConformance):
     env_name = SUM
     model_turns = ["5"]
     call_time_limit_s = 120.0  # the first episode installs verifiers' chat program (uv)
+
+
+def test_the_tools_a_request_offers_are_described_in_the_system_message():
+    from rl_rollout.agent_loop import HermesToolParser
+    from rl_rollout.envs.verifiers import with_tools
+
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    base = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}]
+    out = with_tools(base, [tool])
+    assert out[1:] == base[1:] and out[0]["content"].startswith("Be brief.\n\n")
+    assert json.dumps(tool, sort_keys=True) in out[0]["content"]
+    assert with_tools(base[1:], [tool])[0]["role"] == "system"
+    assert with_tools(base, []) == base
+    # what the system message asks for is what the hermes parser reads back
+    reply = '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>'
+    (call,) = HermesToolParser().parse(reply).calls
+    assert (call.name, call.arguments) == ("add", {"a": 2})

@@ -8,7 +8,9 @@ worker (`_ChatBridge`), and turns each request into the `rl_core.text_env` contr
 
 * ``reset(task, seed)`` starts ``Env.run_episode`` for the taskset's task (the task row's
   ``index``) and returns the messages of the first model request (system prompt, user
-  prompt, and the tools it offers in ``info["tools"]``);
+  prompt); the tools it offers are described at the end of the system message in the
+  Hermes convention (``<tools>`` ... ``<tool_call>``, what the ``hermes`` tool parser
+  reads back) and listed in ``info["tools"]``;
 * ``step(turn)`` answers the pending request with the model's turn (its text, and its
   parsed tool calls as OpenAI ``tool_calls``), then returns what the environment sends
   before its next request (tool results, the next user message), or, when the episode
@@ -173,6 +175,31 @@ def _text(content: Any) -> str:
     return str(content)
 
 
+def tools_system_text(tools: list[Mapping[str, Any]]) -> str:
+    """The environment's tools (OpenAI function schemas) as system-prompt text in the
+    Hermes convention the ``hermes`` tool parser reads back (``<tool_call>{...}</tool_call>``)."""
+    schemas = "\n".join(json.dumps(t, sort_keys=True) for t in tools)
+    return (
+        "You may call one or more functions to assist with the user query. The function "
+        f"signatures are within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n"
+        "For each function call, return a JSON object with the function name and arguments "
+        'within <tool_call></tool_call> XML tags: <tool_call>{"name": <function-name>, '
+        '"arguments": <args-json-object>}</tool_call>'
+    )
+
+
+def with_tools(messages: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
+    """`messages` with the tools' description at the end of the system message (a new
+    system message first when there is none); unchanged without tools."""
+    if not tools:
+        return messages
+    text = tools_system_text(list(tools))
+    if messages and messages[0]["role"] == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
 def _our_message(message: Mapping[str, Any]) -> dict[str, Any]:
     out = {"role": str(message.get("role")), "content": _text(message.get("content"))}
     if message.get("role") == "tool" and message.get("name"):
@@ -307,7 +334,7 @@ class VerifiersTextEnv(TextEnv):
                 self.name, 0, "the episode ended before asking the model anything"
             )
         body, self._pending = request
-        messages = self._new_messages(body, first=True)
+        messages = with_tools(self._new_messages(body), body.get("tools"))
         return EnvReset(
             messages, {"tools": body.get("tools") or [], "task_index": vf_task.data.idx}
         )
@@ -359,7 +386,7 @@ class VerifiersTextEnv(TextEnv):
             f"no model request and no episode end within {self.timeout_s:g} s",
         )
 
-    def _new_messages(self, body: Mapping[str, Any], first: bool = False) -> list[dict[str, Any]]:
+    def _new_messages(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The request's messages past those the adapter has seen (the whole list first)."""
         raw = body.get("messages")
         if not isinstance(raw, list) or not all(isinstance(m, Mapping) for m in raw):
