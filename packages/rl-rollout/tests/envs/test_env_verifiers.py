@@ -156,3 +156,21 @@ def test_the_tools_a_request_offers_are_described_in_the_system_message():
     reply = '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>'
     (call,) = HermesToolParser().parse(reply).calls
     assert (call.name, call.arguments) == ("add", {"a": 2})
+
+
+def test_an_env_object_works_like_its_name():
+    import verifiers.v1 as vf
+
+    from rl_rollout.envs.verifiers import VerifiersTextEnv
+
+    config = {
+        "taskset": {"id": "vf_sum_taskset"},
+        "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}},
+    }
+    env = VerifiersTextEnv(vf.load_environment(vf.resolve_env_config(config)))
+    try:
+        assert env.name == "verifiers:SingleAgentEnv"
+        env.reset({"index": 3}, seed=0)  # "What is 9 + 1?"
+        assert env.step(turn("10", 1)).reward == pytest.approx(1.05)
+    finally:
+        env.close()
