@@ -160,6 +160,7 @@ def test_is_text_env_tells_kinds_apart():
     assert not is_text_env("reach")  # a VLA environment name: not registered here
     assert not is_text_env("fractions:Fraction")
     assert not is_text_env("rl_core.testing.text_env:Missing")
+    assert is_text_env("rl_core.testing.text_env:call_env")  # a factory: checked when built
     TEXT_ENVS.register("k", lambda target: TwoTurnDigitEnv())
     try:
         assert is_text_env("k:anything")

@@ -341,8 +341,9 @@ def resolve_text_env(name: str) -> Callable[..., Any]:
 
 
 def is_text_env(name: str) -> bool:
-    """Whether `name` names a text environment (registered name or prefix, or a user's
-    ``package.module:Class`` that subclasses `TextEnv`). Never raises."""
+    """Whether `name` names a text environment: a registered name or prefix, or a user's
+    ``package.module:attr`` that is a `TextEnv` subclass or a factory function (what it
+    builds is checked by `make_text_env`). Never raises."""
     try:
         prefix, target = _split_name(name)
         if target is None:
@@ -354,7 +355,7 @@ def is_text_env(name: str) -> bool:
         return False
     if inspect.isclass(obj):
         return issubclass(obj, TextEnv)
-    return getattr(obj, "env_kind", None) == "text"
+    return True  # a factory function: what it builds is checked when it is called
 
 
 def make_text_env(name: str, options: Mapping[str, Any] | None = None) -> TextEnv:

@@ -397,59 +397,6 @@ def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
         future.set_exception(value)
 
 
-class _RayWorker(_Worker):
-    def __init__(self, config: TextEnvPoolConfig, generation: int) -> None:
-        import ray
-
-        from rl_core.single_controller.ray import ensure_ray
-
-        ensure_ray()
-        free = ray.available_resources().get("CPU", 0.0)
-        if free < config.num_cpus_per_worker:
-            raise RuntimeError(
-                f"an environment worker asks for {config.num_cpus_per_worker:g} CPUs "
-                f"(env.cpus_per_worker) but the Ray cluster has {free:g} free: lower it, or "
-                "leave CPUs to the environments (trainer.cpus_per_worker, trainer.ray_num_cpus)"
-            )
-        actor_cls = ray.remote(
-            num_cpus=config.num_cpus_per_worker,
-            max_concurrency=config.max_concurrency + config.max_hung_calls,
-        )(_HostActor)
-        self.actor = actor_cls.remote(config.envs)
-        self.generation = generation
-        self._ray = ray
-
-    async def call(self, method: str, args: tuple, timeout: float) -> Any:
-        if self.dead:
-            raise RuntimeError(self.dead)
-        try:
-            ok, value = await asyncio.wait_for(
-                asyncio.wrap_future(self.actor.handle.remote(method, args).future()), timeout
-            )
-        except TimeoutError:
-            self.hung += 1
-            raise
-        except self._ray.exceptions.RayError as exc:
-            self.dead = f"the environment worker actor died ({type(exc).__name__})"
-            raise RuntimeError(self.dead) from exc
-        if not ok:
-            raise value
-        return value
-
-    def kill(self) -> None:
-        self.dead = self.dead or "the environment worker was replaced"
-        with contextlib.suppress(Exception):
-            self._ray.kill(self.actor, no_restart=True)
-
-
-class _HostActor:
-    def __init__(self, envs: dict[str, dict[str, Any]]) -> None:
-        self.host = EnvHost(envs)
-
-    def handle(self, method: str, args: tuple) -> tuple[bool, Any]:
-        return self.host.handle(method, args)
-
-
 class TextEnvPool:
     """Environment workers and the calls to them (see the module docstring)."""
 
@@ -472,7 +419,10 @@ class TextEnvPool:
                 worker.kill()
                 worker = None
             if worker is None:
-                cls = _RayWorker if self.config.backend == "ray" else _ProcessWorker
+                if self.config.backend == "ray":
+                    from rl_core.single_controller.ray.env_workers import RayEnvWorker as cls
+                else:
+                    cls = _ProcessWorker
                 worker = self._workers[index] = cls(self.config, next(self._generation))
             return worker
 
