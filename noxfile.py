@@ -73,7 +73,9 @@ def _make_tests_session(key: str, directory: str, extras: tuple[str, ...], marke
             "RAY_AUTH_MODE": "disabled",
             "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         }
-        session.run("pytest", f"{directory}/tests", "-m", expr, *session.posargs, env=env)
+        # tests/envs: the environment-library adapters, in tests-envs (with those libraries)
+        ignore = f"--ignore={directory}/tests/envs"
+        session.run("pytest", f"{directory}/tests", ignore, "-m", expr, *session.posargs, env=env)
 
     tests.__doc__ = f"Run {key}'s tests in an environment with only that package installed."
 
@@ -87,6 +89,26 @@ def tests_repo(session: nox.Session) -> None:
     """Repository-level checks (dependency rule, versions, changelogs) in the full dev env."""
     _sync_all(session)
     session.run("pytest", "tests", "--ignore=tests/integration", *session.posargs)
+
+
+# The environment adapters against the real libraries (verifiers 0.4, openenv-core,
+# reasoning-gym, textarena; the `envs` dependency group), each running rl_core.testing's
+# TextEnvConformance suite, and their failure cases (servers that hang, die or send garbage,
+# a verifiers reward that raises). verifiers conflicts with sglang (openai pins): the group
+# leaves sglang out.
+ENV_TESTS = ("packages/rl-algos/tests/envs", "packages/rl-rollout/tests/envs")
+
+
+@nox.session(name="tests-envs", python="3.11")
+def tests_envs(session: nox.Session) -> None:
+    """Text-environment adapters (rl_rollout.envs, rl_algos' reasoning_gym) against the
+    real packages, with the conformance suite and the failure cases."""
+    session.run_install(
+        "uv", "sync", "--locked", "--no-default-groups", "--group", "envs",
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}, external=True,
+    )  # fmt: skip
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    session.run("pytest", *ENV_TESTS, "-m", HARDWARE_MARKERS, *session.posargs, env=env)
 
 
 DEVICE_TESTS = (
@@ -286,6 +308,7 @@ nox.options.sessions = [
     "tests-repo",
     *[f"tests-{key}" for key in PACKAGES],
     "tests-verl-oracle",  # verl 0.9 as the oracle of the losses: ~1 minute on 2 CPUs
+    "tests-envs",  # environment adapters vs the real libraries (see ENV_TESTS for the time)
     "tests-device",  # fsdp engine + hf rollout on the stand-in accelerator, ~2-3 min on 2 CPUs
     "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
