@@ -68,13 +68,13 @@ def test_plain_split_is_generated_and_reported_beside_val_accuracy(
 
     raw = raw_config(tmp_path / "run", "grpo")
     raw["data"].pop("train_files"), raw["data"].pop("val_files")
-    raw["data"]["max_prompt_length"] = 256
+    raw["data"]["max_prompt_length"] = 1024
     raw["data"]["generate"] = {
         "task": "arithmetic",
         "train_size": 16,
         "test_size": 6,
         "plain_test_size": 10,
-        "options": {"max_value": 9, "few_shot": 2, "few_shot_min": 0, "system_prompt": "Calc."},
+        "options": {"max_value": 9, "few_shot": 1, "few_shot_min": 0, "system_prompt": "Calc."},
     }
     reward = Path(__file__).resolve().parents[2] / "examples" / "rewards" / "boxed_answer.py"
     raw["reward"]["function_path"] = str(reward)
