@@ -408,3 +408,92 @@ def test_arithmetic_few_shot_without_other_problems_is_a_named_error():
     task = ArithmeticTask(min_value=3, max_value=3, ops=["+"], few_shot=1)
     with pytest.raises(ValueError, match=r"few_shot 1 needs demo problems other than '3 \+ 3'"):
         task.sample(random.Random(0))
+
+
+def test_held_out_phrasings_are_never_the_varied_ones():
+    from rl_algos.data import tasks as t
+
+    varied = ArithmeticTask(digits=(1, 2), max_multiplier=9, phrasings="varied")
+    held_out = ArithmeticTask(digits=(1, 2), max_multiplier=9, phrasings="held_out")
+
+    def stems(task, seed):  # the question with its numbers blanked out
+        rows = make_splits(task, 400, 0, seed=seed)["train"]
+        return {re.sub(r"\d+", "N", r["prompt"][-1]["content"].split(" Put ")[0]) for r in rows}
+
+    seen_varied, seen_held_out = stems(varied, 1), stems(held_out, 1)
+    assert not seen_varied & seen_held_out
+    # every held-out form occurs (4 worded per op, 4 symbolic, x 3 symbols for a product)
+    worded = {f.format(a="N", b="N") for forms in t._HELD_OUT_WORDED.values() for f in forms}
+    assert worded <= seen_held_out
+    assert {"How much is N + N?", "N - N?", "quick question: N \u00d7 N"} <= seen_held_out
+
+
+def test_few_shot_min_mixes_demo_counts_and_keeps_the_problems():
+    options = dict(digits=(1, 2), max_multiplier=9, phrasings="varied", instruction_example=False)
+    fixed = make_splits(ArithmeticTask(**options, few_shot=3), 300, 0, seed=5)["train"]
+    mixed = make_splits(ArithmeticTask(**options, few_shot=3, few_shot_min=0), 300, 0, seed=5)
+    counts = []
+    for row, base in zip(mixed["train"], fixed, strict=True):
+        assert row["extra_info"] == base["extra_info"]  # the same problems, in order
+        assert row["prompt"][-1] == base["prompt"][-1]  # and the same question
+        demos = len(row["prompt"]) - 1
+        assert demos % 2 == 0
+        counts.append(demos // 2)
+        assert row["prompt"][:-1] == base["prompt"][:demos]  # the first of the same demos
+    # uniform over 0..3: 75 expected of each in 300 (each within 5 sigma)
+    assert {c: counts.count(c) for c in range(4)} == {
+        c: pytest.approx(75, abs=38) for c in range(4)
+    }
+    assert mixed == make_splits(ArithmeticTask(**options, few_shot=3, few_shot_min=0), 300, 0, 5)
+    with pytest.raises(
+        ValueError, match=r"few_shot_min must be null or an integer in 0..few_shot \(2\), got 3"
+    ):
+        ArithmeticTask(few_shot=2, few_shot_min=3)
+    with pytest.raises(ValueError, match="few_shot_min needs few_shot_demos 'per_problem'"):
+        ArithmeticTask(few_shot=2, few_shot_min=0, few_shot_demos="fixed")
+
+
+def test_instruction_share_and_example():
+    bare = ArithmeticTask(max_value=50, instruction_share=0.0)
+    for row in make_splits(bare, 50, 0, seed=2)["train"]:
+        assert re.fullmatch(r"What is \d+ [-+*] \d+\?", row["prompt"][-1]["content"])
+    half = make_splits(ArithmeticTask(max_value=50, instruction_share=0.5), 400, 0, seed=2)
+    asked = [r"\boxed{}" in r["prompt"][-1]["content"] for r in half["train"]]
+    assert sum(asked) == pytest.approx(200, abs=50)  # 5 sigma of a binomial(400, 0.5)
+    no_example = ArithmeticTask(max_value=50, instruction_example=False)
+    for row in make_splits(no_example, 20, 0, seed=2)["train"]:
+        assert row["prompt"][-1]["content"].endswith(r"? Put the final answer in \boxed{}.")
+    for bad in (-0.1, 1.5, True, "half"):
+        with pytest.raises(
+            ValueError, match=rf"instruction_share must be a number in \[0, 1\], got {bad!r}"
+        ):
+            ArithmeticTask(instruction_share=bad)
+
+
+def test_extra_split_is_disjoint_and_uses_its_own_options(tmp_path):
+    from rl_algos.config.schema import PLAIN_SPLIT_OPTIONS
+
+    options = dict(digits=(1, 2), max_multiplier=9, phrasings="varied", few_shot=3, few_shot_min=0)
+    options["system_prompt"] = "Calc."
+    paths = write_task(
+        "arithmetic",
+        tmp_path,
+        300,
+        40,
+        seed=7,
+        extra_splits={"plain_test": (120, dict(PLAIN_SPLIT_OPTIONS))},
+        **options,
+    )
+    assert sorted(paths) == ["plain_test", "test", "train"]
+    splits = {name: read_rows(path) for name, path in paths.items()}
+    assert [len(splits[n]) for n in ("train", "test", "plain_test")] == [300, 40, 120]
+    keys = {n: {r["extra_info"]["expression"] for r in rows} for n, rows in splits.items()}
+    assert not keys["train"] & keys["plain_test"] and not keys["test"] & keys["plain_test"]
+    assert not keys["train"] & keys["test"]
+    negative = 0
+    for row in splits["plain_test"]:
+        assert len(row["prompt"]) == 1 and row["prompt"][0]["role"] == "user"  # no system, no demos
+        assert row["extra_info"]["split"] == "plain_test"
+        assert "e.g." not in row["prompt"][0]["content"]
+        negative += row["reward_model"]["ground_truth"].startswith("-")
+    assert negative > 10  # differences may be negative (nonnegative is off)

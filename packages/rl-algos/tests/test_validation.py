@@ -104,3 +104,23 @@ def test_validation_scores_leave_out_the_overlong_penalty(tmp_path):
         manager.close()
     assert raw == 1.0  # correct answer
     assert shaped == pytest.approx(0.0)  # at max length: the full penalty of -1
+
+
+def test_accuracy_interval_is_the_95_percent_half_width():
+    from rl_algos.validation import accuracy_interval
+
+    # 100 problems, 40 right, one greedy sample each: 1.96 * sqrt(var/100) with the sample
+    # variance 0.4 * 0.6 * 100/99, which is wider than Wilson's half-width here
+    ids, correct = list(range(100)), [True] * 40 + [False] * 60
+    expected = 1.96 * (0.24 * 100 / 99 / 100) ** 0.5
+    assert accuracy_interval(ids, correct) == pytest.approx(expected)
+    assert accuracy_interval(ids, correct) == pytest.approx(0.0965, abs=1e-4)
+    # all right: the standard error is 0, Wilson's half-width is not
+    z, count = 1.96, 20
+    wilson = z * (z * z / (4 * count * count)) ** 0.5 / (1 + z * z / count)
+    assert accuracy_interval(list(range(count)), [True] * count) == pytest.approx(wilson)
+    # 4 samples per problem: the interval is over the problems' means (2 problems: 1, 0.5)
+    two = accuracy_interval([0] * 4 + [1] * 4, [True] * 4 + [True, False] * 2)
+    assert two == pytest.approx(1.96 * (0.125 / 2) ** 0.5)  # 0.49 > Wilson's 0.39
+    with pytest.raises(ValueError, match="accuracy_interval: 2 ids, 1 flags"):
+        accuracy_interval([0, 1], [True])

@@ -13,6 +13,11 @@ For each prompt with ``n`` samples (``rollout.val_n``), of which ``c`` are corre
   Samples without an answer do not vote; a tie counts as the fraction of tied answers
   that are correct (the expectation of breaking it at random).
 
+``accuracy_interval`` is the half-width of a 95% confidence interval of the accuracy over
+problems (normal approximation of the prompts' mean correctness, at least the Wilson
+interval's half-width for a 0/1 outcome): how far a validation of that many problems may
+be from the model's accuracy on the task.
+
 ``k`` runs over the powers of two below ``n`` and ``n`` itself. Every metric is reported over
 all prompts (``val/<metric>``) and per ``data_source`` (``val/<data_source>/<metric>``).
 """
@@ -25,7 +30,14 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
 
-__all__ = ["MAJ_EXACT_LIMIT", "majority_at_k", "pass_at_k", "report_ks", "validation_metrics"]
+__all__ = [
+    "MAJ_EXACT_LIMIT",
+    "accuracy_interval",
+    "majority_at_k",
+    "pass_at_k",
+    "report_ks",
+    "validation_metrics",
+]
 
 MAJ_EXACT_LIMIT = 4096
 
@@ -67,6 +79,26 @@ def majority_at_k(
     for subset in subsets:
         total += _majority_correct([preds[i] for i in subset], [correct[i] for i in subset])
     return total / count
+
+
+def accuracy_interval(group_ids: Sequence[Hashable], correct: Sequence[bool]) -> float:
+    """Half-width of the 95% interval of the mean correctness per prompt: 1.96 times the
+    standard error of the prompts' means (with one greedy sample each, sqrt(p(1-p)/P)),
+    but never below the Wilson score interval's half-width for P prompts (so 0% or 100%
+    on few problems still gets a width)."""
+    if len(group_ids) != len(correct) or not correct:
+        raise ValueError(f"accuracy_interval: {len(group_ids)} ids, {len(correct)} flags")
+    groups: dict[Hashable, list[float]] = defaultdict(list)
+    for gid, ok in zip(group_ids, correct, strict=True):
+        groups[gid].append(float(ok))
+    means = [sum(v) / len(v) for v in groups.values()]
+    count = len(means)
+    p = sum(means) / count
+    var = sum((m - p) ** 2 for m in means) / max(count - 1, 1)
+    z = 1.96
+    normal = z * math.sqrt(var / count)
+    wilson = z * math.sqrt(p * (1 - p) / count + z * z / (4 * count * count)) / (1 + z * z / count)
+    return max(normal, wilson) if count > 1 else 1.0
 
 
 def report_ks(n: int) -> list[int]:

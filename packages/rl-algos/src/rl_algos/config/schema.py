@@ -95,16 +95,41 @@ class DataGenerateConfig:
 
     task: `arithmetic` or `countdown` (null: use `train_files`/`val_files` as given);
     options: the task's fields (rl_algos.data.tasks), e.g. ``{max_value: 20}``. The files
-    go to ``<trainer.output_dir>/data`` and become `train_files` and `val_files`."""
+    go to ``<trainer.output_dir>/data`` and become `train_files` and `val_files`.
+    plain_test_size > 0 also writes a plain split (``plain_test``, disjoint from the others):
+    the same task with `PLAIN_SPLIT_OPTIONS` (no system prompt, no demos, held-out
+    phrasings) and then `plain_options` applied; it becomes ``data.extra_val_files.plain``
+    and is reported as ``val/plain_accuracy`` etc. (arithmetic only)."""
 
     task: str | None = None
     train_size: int = 1000
     test_size: int = 100
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    plain_test_size: int = 0
+    plain_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _positive(self, "train_size", "test_size")
+        check(self.plain_test_size >= 0, "plain_test_size", self.plain_test_size, ">= 0")
+        check(
+            self.plain_test_size == 0 or self.task in (None, "arithmetic"),
+            "plain_test_size",
+            self.plain_test_size,
+            "0 unless data.generate.task is 'arithmetic' (the plain split asks arithmetic "
+            "in held-out words)",
+        )
+
+
+PLAIN_SPLIT_OPTIONS: dict[str, Any] = {
+    "phrasings": "held_out",
+    "few_shot": 0,
+    "few_shot_min": None,
+    "system_prompt": None,
+    "instruction_example": False,
+    "instruction_share": 0.5,
+}
+"""The arithmetic options a plain validation split overrides: what a user asks in chat."""
 
 
 @dataclass
@@ -115,10 +140,13 @@ class DataConfig:
     dataset: the prompt dataset by name (``rl.datasets``): ``prompt``, or ``vlm`` (rows with
     images, from rl-multimodal).
     max_prompt_length: longer prompts are dropped (counted) or rejected
-    (`filter_overlong_prompts: false`); max_response_length: generation budget."""
+    (`filter_overlong_prompts: false`); max_response_length: generation budget.
+    extra_val_files: named validation sets besides `val_files` (name -> files); each is
+    validated with it and reported as ``val/<name>_<metric>`` (e.g. ``val/plain_accuracy``)."""
 
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
+    extra_val_files: dict[str, list[str]] = field(default_factory=dict)
     prompt_key: str = "prompt"
     max_prompt_length: int = 512
     max_response_length: int = 256
@@ -133,6 +161,19 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "max_prompt_length", "max_response_length", "train_batch_size")
+        for name, files in self.extra_val_files.items():
+            check(
+                isinstance(name, str) and name.isidentifier() and "/" not in name,
+                "extra_val_files",
+                name,
+                "names that are identifiers (letters, digits, _), e.g. plain",
+            )
+            check(
+                isinstance(files, list) and bool(files),
+                f"extra_val_files.{name}",
+                files,
+                "a non-empty list of files",
+            )
 
 
 @dataclass

@@ -30,13 +30,20 @@ def write_task(
     test_size: int = 100,
     seed: int = 0,
     file_format: str = "parquet",
+    extra_splits: dict[str, tuple[int, dict[str, Any]]] | None = None,
     **task_options: Any,
 ) -> dict[str, Path]:
-    """Generate `task` and write `train.<fmt>` and `test.<fmt>` under `out_dir`."""
+    """Generate `task` and write `train.<fmt>` and `test.<fmt>` under `out_dir`, and one
+    `<name>.<fmt>` per `extra_splits` entry (name -> (size, option overrides): the same
+    task with those options changed, disjoint from the other splits)."""
     factory = task_factory(task)
     if file_format not in ("parquet", "jsonl"):
         raise ValueError(f"unknown format {file_format!r}; expected 'parquet' or 'jsonl'")
-    splits = make_splits(factory(**task_options), train_size, test_size, seed)
+    extra = {
+        name: (factory(**{**task_options, **overrides}), size)
+        for name, (size, overrides) in (extra_splits or {}).items()
+    }
+    splits = make_splits(factory(**task_options), train_size, test_size, seed, extra)
     return {
         name: write_rows(rows, Path(out_dir) / f"{name}.{file_format}")
         for name, rows in splits.items()

@@ -65,6 +65,31 @@ _WORDED = {
 }
 _SYMBOLIC = ("What is {e}?", "Compute {e}.", "{e} = ?", "Evaluate: {e}", "Solve {e}.")
 
+# `phrasings: held_out`: everyday chat questions that `varied` never uses (the main job's
+# plain validation split asks these, to measure what carries over to a user's own words).
+_HELD_OUT_WORDED = {
+    "+": (
+        "What's {a} and {b} added together?",
+        "How much is {a} plus {b}?",
+        "I had {a} dollars and earned {b} more. How many dollars do I have now?",
+        "Can you tell me the total of {a} and {b}?",
+    ),
+    "-": (
+        "What's {a} take away {b}?",
+        "How much is {a} minus {b}?",
+        "The temperature was {a} degrees and dropped by {b} degrees. What is it now?",
+        "Can you work out {a} minus {b} for me?",
+    ),
+    "*": (
+        "What's {a} multiplied by {b}?",
+        "How much is {a} times {b}?",
+        "A pack has {a} pens. How many pens are in {b} packs?",
+        "Can you tell me the product of {a} and {b}?",
+    ),
+}
+_HELD_OUT_SYMBOLIC = ("How much is {e}?", "Work out {e} please.", "{e}?", "quick question: {e}")
+_PHRASINGS = ("plain", "varied", "held_out")
+
 
 @dataclass
 class ArithmeticTask:
@@ -76,16 +101,23 @@ class ArithmeticTask:
     with a digit count drawn from `digits` first (so one- and two-digit operands are equally
     common). `max_multiplier` caps the operand to the right of each ``*`` (9: a two-digit
     number times a one-digit one); `nonnegative` swaps a two-operand subtraction's operands
-    so the result is never negative. `phrasings`: ``plain`` ("What is 3 + 4?") or ``varied``
+    so the result is never negative. `phrasings`: ``plain`` ("What is 3 + 4?"), ``varied``
     (worded forms such as "Subtract 4 from 9." or "If 3 boxes hold 5 apples each, ...", and
-    the symbols ``*``, ``x``, ``\u00d7`` for a product; worded forms need two operands).
+    the symbols ``*``, ``x``, ``\u00d7`` for a product; worded forms need two operands) or
+    ``held_out`` (other everyday questions, "What's 9 take away 4?", "How much is 3 x 5?",
+    that ``varied`` never asks: a split that measures transfer to a user's own words).
+    `instruction_share`: the share of problems whose question ends with the answer-format
+    instruction (the rest are bare questions); `instruction_example: false` drops its
+    example answer ("e.g. \\boxed{7}", which a small model copies) also without demos.
     `few_shot` (0-8) puts that many worked demos (a user problem, then the assistant's
     reply "12 + 7 = 19. \\boxed{19}") before each problem, drawn from an RNG of their own
     seeded by the problem, so the problems do not change; the instruction then gives no
     example answer of its own. `few_shot_demos: fixed` puts the same demos before every
     problem instead (covering the ops in turn; no problem equals a demo), the classic
     few-shot prompt: all prompts then share a long prefix, which the hf rollout engine
-    prefills once per batch."""
+    prefills once per batch. `few_shot_min` (null or 0..few_shot): each problem gets a
+    number of demos drawn uniformly from [few_shot_min, few_shot] instead (per-problem
+    demos only), so training mixes zero-shot and few-shot prompts."""
 
     min_value: int = 0
     max_value: int = 99
@@ -99,6 +131,9 @@ class ArithmeticTask:
     phrasings: str = "plain"
     few_shot: int = 0
     few_shot_demos: str = "per_problem"
+    few_shot_min: int | None = None
+    instruction_share: float = 1.0
+    instruction_example: bool = True
 
     data_source = "arithmetic"
 
@@ -127,9 +162,14 @@ class ArithmeticTask:
             raise ValueError(
                 f"arithmetic: max_multiplier must be >= 1 (or null), got {self.max_multiplier}"
             )
-        if self.phrasings not in ("plain", "varied"):
+        if self.phrasings not in _PHRASINGS:
             raise ValueError(
-                f"arithmetic: phrasings {self.phrasings!r}; expected 'plain' or 'varied'"
+                f"arithmetic: phrasings {self.phrasings!r}; expected one of {list(_PHRASINGS)}"
+            )
+        share = self.instruction_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise ValueError(
+                f"arithmetic: instruction_share must be a number in [0, 1], got {share!r}"
             )
         if isinstance(self.few_shot, bool) or not isinstance(self.few_shot, int):
             raise ValueError(f"arithmetic: few_shot must be an integer 0..8, got {self.few_shot!r}")
@@ -140,6 +180,18 @@ class ArithmeticTask:
                 f"arithmetic: few_shot_demos {self.few_shot_demos!r}; expected 'per_problem' "
                 "or 'fixed'"
             )
+        low = self.few_shot_min
+        if low is not None:
+            if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low <= self.few_shot:
+                raise ValueError(
+                    f"arithmetic: few_shot_min must be null or an integer in 0..few_shot "
+                    f"({self.few_shot}), got {low!r}"
+                )
+            if self.few_shot_demos == "fixed":
+                raise ValueError(
+                    "arithmetic: few_shot_min needs few_shot_demos 'per_problem' (fixed demos "
+                    "are the same for every problem), got 'fixed'"
+                )
         self._fixed: tuple[set[str], list[dict[str, str]]] | None = None
 
     def _operand(self, rng: random.Random, cap: int | None = None) -> int:
@@ -211,15 +263,25 @@ class ArithmeticTask:
         problem (the problems' own RNG is not touched)."""
         if self.few_shot_demos == "fixed":
             return [dict(turn) for turn in self._fixed_demos()[1]]
+        count = self._demo_count(expression)
         rng = random.Random(f"few_shot:{expression}")
         demos: list[dict[str, str]] = []
         for _ in range(100 * self.few_shot):  # bounded: a tiny problem space may repeat
-            if len(demos) == 2 * self.few_shot:
+            if len(demos) == 2 * count:
                 return demos
             demo_expression, question, answer = self._draw(rng)
             if demo_expression != expression:
                 demos += self._demo_turns(demo_expression, question, answer)
         raise self._too_few_demos(expression)
+
+    def _demo_count(self, expression: str) -> int:
+        """How many demos precede `expression`: `few_shot`, or with `few_shot_min` a count
+        drawn from an RNG seeded by the problem (the problems' own RNG is not touched)."""
+        if self.few_shot_min is None:
+            return self.few_shot
+        return random.Random(f"few_shot_count:{expression}").randint(
+            self.few_shot_min, self.few_shot
+        )
 
     def _draw(self, rng: random.Random) -> tuple[str, str, str]:
         """(expression, question, answer) of one random problem."""
@@ -236,8 +298,11 @@ class ArithmeticTask:
         expression = " ".join(parts)
         answer, _ = safe_eval(expression)
         text, example = _INSTRUCTIONS[self.answer_format]
-        instruction = f"{text}." if self.few_shot else f"{text}, e.g. {example}."
-        question = f"{self._ask(rng, expression, ops, values)} {instruction}"
+        with_example = self.instruction_example and not self._demo_count(expression)
+        instruction = f"{text}, e.g. {example}." if with_example else f"{text}."
+        question = self._ask(rng, expression, ops, values)
+        if self.instruction_share >= 1 or rng.random() < self.instruction_share:
+            question = f"{question} {instruction}"
         return expression, question, str(int(answer))
 
     def _ask(self, rng: random.Random, expression: str, ops: list[str], values: list[int]) -> str:
@@ -246,9 +311,13 @@ class ArithmeticTask:
         shown = " ".join(
             rng.choice(_SYMBOLS[t]) if t in _SYMBOLS else t for t in expression.split()
         )
+        held_out = self.phrasings == "held_out"
+        worded, symbolic = (
+            (_HELD_OUT_WORDED, _HELD_OUT_SYMBOLIC) if held_out else (_WORDED, _SYMBOLIC)
+        )
         if len(ops) == 1 and rng.random() < 0.5:
-            return rng.choice(_WORDED[ops[0]]).format(a=values[0], b=values[1])
-        return rng.choice(_SYMBOLIC).format(e=shown)
+            return rng.choice(worded[ops[0]]).format(a=values[0], b=values[1])
+        return rng.choice(symbolic).format(e=shown)
 
 
 @dataclass
@@ -347,22 +416,30 @@ def task_factory(name: str) -> Callable[..., Any]:
 
 
 def make_splits(
-    task: Any, train_size: int, test_size: int, seed: int = 0
+    task: Any,
+    train_size: int,
+    test_size: int,
+    seed: int = 0,
+    extra: dict[str, tuple[Any, int]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Disjoint `train` and `test` rows (the test split is drawn first)."""
+    """Disjoint `train` and `test` rows (the test split is drawn first), and `extra` splits
+    (name -> (task, size), e.g. a plain test split asked in other words), drawn after the
+    test split from the same RNG; no problem is in two splits."""
     rng = random.Random(seed)
     seen: set[str] = set()
-    splits: dict[str, list[dict[str, Any]]] = {"test": [], "train": []}
-    for split, size in (("test", test_size), ("train", train_size)):
+    plan = [("test", task, test_size), *((n, t, k) for n, (t, k) in (extra or {}).items())]
+    plan.append(("train", task, train_size))
+    splits: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in plan}
+    for split, source, size in plan:
         attempts = 0
         while len(splits[split]) < size:
             attempts += 1
             if attempts > 50 * size + 1000:
                 raise ValueError(
-                    f"{task.data_source}: only {len(seen)} distinct problems found for "
+                    f"{source.data_source}: only {len(seen)} distinct problems found for "
                     f"{train_size} + {test_size} requested; widen the value ranges"
                 )
-            key, row = task.sample(rng)
+            key, row = source.sample(rng)
             if key in seen:
                 continue
             seen.add(key)

@@ -205,9 +205,15 @@ class RLTrainer:
                 if data.val_files
                 else None
             )
+            self.extra_val_sets = {
+                name: dataset(list(files), name=f"data.extra_val_files.{name}", **common)
+                for name, files in data.extra_val_files.items()
+            }
         user_function = _user_reward_function(cfg.reward)
         if cfg.reward.rule_based and user_function is None:
             check_data_sources(self.train_set, self.val_set)
+            for extra in self.extra_val_sets.values():
+                check_data_sources(self.train_set, extra)
         rc = cfg.reward
         with timed(setup, "reward_workers"):
             self.reward = RewardManager(
@@ -466,18 +472,29 @@ class RLTrainer:
     def validate(self) -> dict[str, float]:
         """``rollout.val_n`` samples per held-out prompt at ``rollout.val_temperature``
         (greedy by default), scored without training-only shaping: accuracy (mean@n),
-        pass@k, maj@k, overall and per data source (`rl_algos.validation`)."""
-        cfg = self.config
+        pass@k, maj@k, overall and per data source (`rl_algos.validation`), with a 95%
+        interval (``val/accuracy_ci95``); then the same for each of `data.extra_val_files`
+        as ``val/<name>_<metric>``. Environment runs play held-out tasks instead."""
         if self.env_source is not None:
             return self._validate_envs()
         if self.val_set is None:
             return {}
+        start = time.perf_counter()
+        metrics = self._validate_set(self.val_set)
+        for name, dataset in self.extra_val_sets.items():
+            for key, value in self._validate_set(dataset).items():
+                metrics[f"val/{name}_{key.removeprefix('val/')}"] = value
+        metrics["timing/validate_s"] = time.perf_counter() - start
+        return metrics
+
+    def _validate_set(self, dataset: Any) -> dict[str, float]:
+        cfg = self.config
         from rl_algos.data import collate_prompts
-        from rl_algos.validation import validation_metrics
+        from rl_algos.validation import accuracy_interval, validation_metrics
 
         n = cfg.rollout.val_n
-        items = [self.val_set[i] for i in range(len(self.val_set))]
-        prompts = collate_prompts(items, self.val_set.pad_token_id)
+        items = [dataset[i] for i in range(len(dataset))]
+        prompts = collate_prompts(items, dataset.pad_token_id)
         prompts.non_tensor_batch["uid"] = np.array(
             [f"val-{i}" for i in range(len(prompts))], dtype=object
         )
@@ -488,7 +505,6 @@ class RLTrainer:
         prompts.meta_info.update(
             temperature=cfg.rollout.val_temperature, prompt_length=cfg.data.max_prompt_length
         )
-        start = time.perf_counter()
         with self._producer_paused():  # the reward workers serve one caller at a time
             out = self.rollout.generate_sequences(prompts)
             scores = self._score(out, shaping=False)[0].sum(-1)
@@ -502,13 +518,15 @@ class RLTrainer:
             correct = [float(v) >= 1.0 for v in acc]
         else:
             correct = (scores >= 1.0).tolist()
+        uids = out.non_tensor_batch["uid"].tolist()
         metrics = validation_metrics(
-            out.non_tensor_batch["uid"].tolist(),
+            uids,
             scores.tolist(),
             correct,
             [str(s) for s in out.non_tensor_batch[self.reward.data_source_key]],
             preds=extras["pred"].tolist() if "pred" in extras else None,
         )
+        metrics["val/accuracy_ci95"] = accuracy_interval(uids, correct)
         metrics["val/response_length"] = float(out.batch["response_mask"].sum(-1).float().mean())
         if cfg.rollout.agent_loop != "single_turn":
             metrics.update(tool_metrics(out, "val"))
@@ -519,7 +537,9 @@ class RLTrainer:
             numbers = [float(v) for v in values if isinstance(v, int | float)]
             if len(numbers) == len(values):
                 metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
-        metrics["timing/validate_s"] = time.perf_counter() - start
+        if "val/boxed" in metrics:  # the share of the right answers that are boxed
+            right = metrics["val/accuracy"]
+            metrics["val/boxed_share"] = metrics["val/boxed"] / right if right > 0 else 0.0
         return metrics
 
     def _validate_envs(self) -> dict[str, float]:
@@ -843,21 +863,29 @@ def _materialize_generated_task(cfg: Any, output_dir: Path) -> None:
 
     out = output_dir / "data" / gen.task
     train, test, record = out / "train.parquet", out / "test.parquet", out / "generate.json"
-    options = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(gen.options).items()}
-    wanted = json.loads(
-        json.dumps(
-            {
-                "task": gen.task,
-                "train_size": gen.train_size,
-                "test_size": gen.test_size,
-                "seed": gen.seed,
-                "options": options,
-            },
-            sort_keys=True,
-        )
-    )
+    from rl_algos.config.schema import PLAIN_SPLIT_OPTIONS
+
+    def tuples(opts: Any) -> dict[str, Any]:
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in dict(opts).items()}
+
+    options = tuples(gen.options)
+    wanted_split = {
+        "task": gen.task,
+        "train_size": gen.train_size,
+        "test_size": gen.test_size,
+        "seed": gen.seed,
+        "options": options,
+    }
+    extra: dict[str, tuple[int, dict[str, Any]]] = {}
+    if gen.plain_test_size:  # recorded only when asked for: older records stay valid
+        plain = {**PLAIN_SPLIT_OPTIONS, **tuples(gen.plain_options)}
+        extra["plain_test"] = (gen.plain_test_size, plain)
+        wanted_split.update(plain_test_size=gen.plain_test_size, plain_options=plain)
+    wanted = json.loads(json.dumps(wanted_split, sort_keys=True))
     have = json.loads(record.read_text()) if record.is_file() else None
-    if not (train.exists() and test.exists() and have == wanted):
+    plain_file = out / "plain_test.parquet"
+    files_there = train.exists() and test.exists() and (not extra or plain_file.exists())
+    if not (files_there and have == wanted):
         if have is not None and cfg.trainer.resume:
             changed = sorted(k for k in wanted if have.get(k) != wanted[k])
             key = changed[0] if changed else ""
@@ -872,7 +900,15 @@ def _materialize_generated_task(cfg: Any, output_dir: Path) -> None:
             log.warning("data.generate changed (%s -> %s): regenerating %s", have, wanted, out)
         record.unlink(missing_ok=True)
         try:
-            write_task(gen.task, out, gen.train_size, gen.test_size, gen.seed, **options)
+            write_task(
+                gen.task,
+                out,
+                gen.train_size,
+                gen.test_size,
+                gen.seed,
+                extra_splits=extra,
+                **options,
+            )
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 "data.generate.options", f"options of task {gen.task!r} ({exc})", value=options
@@ -883,6 +919,8 @@ def _materialize_generated_task(cfg: Any, output_dir: Path) -> None:
     cfg.data.train_files = [str(train)]
     if not cfg.data.val_files:
         cfg.data.val_files = [str(test)]
+    if gen.plain_test_size:
+        cfg.data.extra_val_files.setdefault("plain", [str(plain_file)])
 
 
 def _seed_everything(seed: int) -> None:

@@ -22,6 +22,7 @@ BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 CONSOLE_KEYS = (
     "critic/score/mean",
     "val/accuracy",
+    "val/plain_accuracy",
     "actor/pg_loss",
     "actor/entropy",
     "actor/grad_norm",
@@ -224,7 +225,9 @@ def plot_metrics(
     keys: Iterable[str] = (
         "critic/score/mean",
         "val/accuracy",
+        "val/plain_accuracy",
         "val/boxed",
+        "val/plain_boxed_share",
         "val/score",
         "actor/entropy",
         "response_length/mean",
