@@ -67,6 +67,7 @@ def _make_tests_session(key: str, directory: str, extras: tuple[str, ...], marke
         _sync_only(session, directory, extras)
         expr = f"({marker}) and {HARDWARE_MARKERS}" if marker else HARDWARE_MARKERS
         expr += " and not device"  # the stand-in device checks run in tests-device
+        expr += " and not learning"  # learning runs: `nox -s tests-<package> -- -m learning`
         expr += " and not verl"  # the verl oracle runs in tests-verl-oracle
         env = {
             "RL_ISOLATED_SESSION": key,
