@@ -7,6 +7,7 @@ user can install one package without its siblings.
 
 from __future__ import annotations
 
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -264,7 +265,11 @@ def lock(session: nox.Session) -> None:
 def build(session: nox.Session) -> None:
     """Build every package's wheel and sdist; install each wheel alone in a clean venv."""
     dist = Path(session.create_tmp()) / "dist"
-    for directory in dict.fromkeys(d for d, _, _ in PACKAGES.values()):
+    shutil.rmtree(dist, ignore_errors=True)  # no wheel of an earlier run
+    directories = list(dict.fromkeys(d for d, _, _ in PACKAGES.values()))
+    # uv caches a --find-links wheel by name and version: make it read the ones built now
+    refresh = [arg for d in directories for arg in ("--refresh-package", _project_name(d))]
+    for directory in directories:
         session.run(
             "uv", "build", "-q", "--out-dir", str(dist), str(ROOT / directory), external=True
         )
@@ -285,6 +290,7 @@ def build(session: nox.Session) -> None:
             str(wheel),
             "--find-links",
             str(dist),
+            *refresh,
             external=True,
         )
         session.run(
