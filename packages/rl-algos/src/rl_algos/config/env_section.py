@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_core.config import check
+from rl_core.text_env_pool import TextEnvPoolConfig
 
 __all__ = ["EnvConfig", "EnvSpec"]
 
@@ -84,16 +85,14 @@ class EnvConfig:
             self.options,
             "options of `name`; with `mix`, give each entry its own options",
         )
-        check(self.num_workers >= 1, "num_workers", self.num_workers, "an integer >= 1")
         check(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")
-        check(self.max_concurrency >= 1, "max_concurrency", self.max_concurrency, ">= 1")
-        check(self.step_timeout_s > 0, "step_timeout_s", self.step_timeout_s, "> 0 seconds")
-        check(
-            self.episode_timeout_s >= self.step_timeout_s,
-            "episode_timeout_s",
-            self.episode_timeout_s,
-            f">= step_timeout_s ({self.step_timeout_s})",
-        )
+        # the worker count, concurrency and time limits follow the environment pool's rules
+        TextEnvPoolConfig(
+            num_workers=self.num_workers,
+            max_concurrency=self.max_concurrency,
+            step_timeout_s=self.step_timeout_s,
+            episode_timeout_s=self.episode_timeout_s,
+        ).check()
         check(
             0 <= self.max_failure_fraction <= 1,
             "max_failure_fraction",
