@@ -169,6 +169,14 @@ class Echo(Worker):
         time.sleep(0.5)
         return self.rank
 
+    @register()
+    def peer_error_before_death(self):
+        """Rank 0 fails at once (like a collective broken by its peer); rank 1 dies later."""
+        if self.rank == 0:
+            raise ConnectionResetError("peer closed the connection")
+        time.sleep(1.0)
+        os._exit(3)
+
     @register(blocking=False)
     def sleep(self, seconds):
         time.sleep(seconds)
@@ -446,6 +454,18 @@ def test_worker_that_dies_fails_the_call_within_the_timeout(ray_session):
         # both ranks are dead now; which one is named first depends on when Ray notices
         with pytest.raises(WorkerDiedError, match=r"'mortal' rank [01] .*died during one_to_all"):
             group.one_to_all(1)
+    finally:
+        group.shutdown()
+
+
+@ray_only
+def test_a_death_reported_after_a_peer_error_is_still_named_first(ray_session):
+    # the peer's error reaches the driver about a second before the death: the death wins
+    group = ray_group(ResourcePool([2], **HALF_CPU), Echo, name_prefix="late", call_timeout_s=60)
+    try:
+        with pytest.raises(WorkerDiedError) as err:
+            group.peer_error_before_death()
+        assert (err.value.rank, err.value.method) == (1, "peer_error_before_death")
     finally:
         group.shutdown()
 

@@ -64,6 +64,10 @@ from rl_core.single_controller.worker_group import WorkerGroup, _GroupState
 
 __all__ = ["RayWorkerGroup"]
 
+# how long a failed call waits for its still-running ranks before naming the failure: long
+# enough for Ray to report the death of a process whose peers' collective broke first
+DEATH_GRACE_S = 5.0
+
 _SHARED_PUT_TYPES = (DataProto, np.ndarray, torch.Tensor, bytes)
 # `ping` runs in its own concurrency group: it answers while a call runs
 _RemoteHost = ray.remote(concurrency_groups={"heartbeat": 1})(RayWorkerHost)
@@ -161,8 +165,6 @@ class _Waiter:
         try:
             with receive_mapped() if mapped else contextlib.nullcontext():
                 fetched = self._get(order, {**refs, **extra}, timeout_s)
-        except WorkerGroupError:
-            raise
         except ray.exceptions.GetTimeoutError:
             ready, _ = ray.wait(order, num_returns=len(order), timeout=0, fetch_local=False)
             waiting = {**refs, **extra}
@@ -171,6 +173,10 @@ class _Waiter:
             ranks = ranks or sorted(set(waiting.values()))
             raise WorkerTimeoutError(self.role, self.method, ranks, float(timeout_s or 0)) from None
         except Exception as exc:
+            # the heartbeat's verdict is final; a worker's own WorkerError is not: it arrives
+            # as Ray's dual class RayTaskError(WorkerError), and a dead peer is named first
+            if isinstance(exc, WorkerGroupError) and not isinstance(exc, ray.exceptions.RayError):
+                raise
             raise self._first_failure([refs, extra], exc) from None
         return dict(zip(refs.values(), fetched)), fetched[len(refs) :]
 
@@ -196,7 +202,16 @@ class _Waiter:
 
     def _first_failure(self, groups: list[dict[Any, int]], cause: Exception) -> WorkerGroupError:
         """The error of the lowest rank whose ref holds one, a dead process first (its
-        peers' errors, e.g. a broken collective, follow from it); else `cause`, named."""
+        peers' errors, e.g. a broken collective, follow from it); else `cause`, named.
+
+        A peer's error often arrives before Ray has noticed the death that caused it (the
+        collective breaks at once, the actor's death is reported a moment later), so the
+        refs still running get up to `DEATH_GRACE_S` to resolve before the error is chosen.
+        """
+        everything = [ref for refs in groups for ref in refs]
+        _, running = ray.wait(everything, num_returns=len(everything), timeout=0, fetch_local=False)
+        if running:
+            ray.wait(running, num_returns=len(running), timeout=DEATH_GRACE_S, fetch_local=False)
         found: list[WorkerGroupError] = []
         for refs in groups:
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)
