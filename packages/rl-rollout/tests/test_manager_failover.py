@@ -121,6 +121,53 @@ def test_a_replacement_serves_only_after_the_next_weight_sync():
         assert manager.replica_request_counts()[1] > before[1]
 
 
+def _buckets_killing(actor, count: int = 4):
+    """Weight buckets; after the first one, `actor`'s process is killed (mid-sync)."""
+    import ray
+
+    for i in range(count):
+        yield [("w", torch.full((2,), float(i)))]
+        if i == 0:
+            ray.kill(actor)
+
+
+@pytest.mark.parametrize("mode", ["drop", "replace", "fail"])
+def test_a_replica_killed_during_a_weight_sync(mode):
+    from rl_rollout.weight_sync import WeightSyncError
+
+    ref = expected(0)
+    with RolloutManager(config("split", mode), None, ScriptedRolloutEngine) as manager:
+        victim = manager.replicas[1]
+        if mode == "fail":
+            with pytest.raises(WeightSyncError, match=r"failed on rollout receiver rank 1 .*ActorDiedError"):
+                manager.update_weights(_buckets_killing(victim.actor), version=1)
+            return
+        stats = manager.update_weights(_buckets_killing(victim.actor), version=1)
+        assert stats.lost == (1,) and stats.buckets == 4  # the others got every bucket
+        assert manager.policy_version == 1
+        # the loss is handled at the replica's next request: every row once
+        same(manager.generate_sequences(batch(0)), ref)
+        assert manager.failover.lost == 1
+        if mode == "drop":
+            assert manager.balancer.serving == [True, False]
+        else:  # the replacement waits for weights v2 before it serves
+            assert manager.replicas[1] is not victim and manager.failover.waiting_for_weights == {1}
+            manager.update_weights([[("w", torch.ones(2))]], version=2)
+            assert manager.balancer.serving == [True, True]
+
+
+def test_a_sync_that_loses_every_receiver_fails():
+    import ray
+
+    from rl_rollout.weight_sync import WeightSyncError
+
+    with RolloutManager(config("split", "drop"), None, ScriptedRolloutEngine) as manager:
+        for replica in manager.replicas:
+            ray.kill(replica.actor)
+        with pytest.raises(WeightSyncError, match="every rollout receiver was lost"):
+            manager.update_weights([[("w", torch.zeros(2))]], version=1)
+
+
 def test_with_on_replica_loss_fail_a_dead_replica_still_fails_loudly():
     with RolloutManager(config("split", "fail"), None, ScriptedRolloutEngine) as manager:
         _kill_soon(manager.replicas[1].actor)

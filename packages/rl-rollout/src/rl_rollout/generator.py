@@ -85,7 +85,8 @@ class AgentLoopGenerator(SequenceGenerator):
 
             tp = config.rollout.tensor_parallel_size
             return NcclPoolSender(receivers, tp, config.rollout.backend, timeout)
-        return RayPoolSender(receivers, timeout)
+        # a replica that dies during a sync is skipped when failover will drop or replace it
+        return RayPoolSender(receivers, timeout, skip_lost=config.on_replica_loss != "fail")
 
     @property
     def replica_generation(self) -> int:

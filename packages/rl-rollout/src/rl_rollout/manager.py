@@ -524,7 +524,11 @@ class RolloutManager:
         timeout = timeout_s or self.config.request_timeout_s
         if self.config.placement == "split":
             stats = push_weights(
-                buckets, self.weight_receivers(), version=version, timeout_s=timeout
+                buckets,
+                self.weight_receivers(),
+                version=version,
+                timeout_s=timeout,
+                skip_lost=self.config.on_replica_loss != "fail",
             )
             self.failover.weights_synced()
         else:

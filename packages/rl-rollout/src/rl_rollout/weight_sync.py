@@ -73,6 +73,7 @@ class SyncStats:
     bytes: int
     buckets: int
     seconds: float
+    lost: tuple[int, ...] = ()  # receivers whose process died during the sync (skipped)
 
 
 @dataclass
@@ -227,19 +228,35 @@ def _describe(rank: int, actor: Any) -> str:
     return f"rollout receiver rank {rank} (actor {actor_id})"
 
 
-def _wait_all(refs: list[Any], receivers: Sequence[Any], what: str, timeout_s: float) -> list[Any]:
+def _wait_all(
+    refs: list[Any],
+    receivers: Sequence[Any],
+    what: str,
+    timeout_s: float,
+    lost: set[int] | None = None,
+) -> None:
+    """Every receiver's step (``refs[i]``: receiver i's task, None where it is already
+    lost) within `timeout_s`, else `WeightSyncError` naming the receiver. With `lost` (a
+    set), a receiver whose process died is added to it instead; losing all of them raises."""
     import ray
 
-    _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    from rl_rollout.manager_failover import replica_lost
+
+    sent = [ref for ref in refs if ref is not None]
+    _ready, not_ready = ray.wait(sent, num_returns=len(sent), timeout=timeout_s)
     if not_ready:
-        late = [i for i, ref in enumerate(refs) if ref in not_ready]
+        late = [i for i, ref in enumerate(refs) if ref is not None and ref in not_ready]
         who = ", ".join(_describe(i, receivers[i]) for i in late)
         raise WeightSyncError(f"weight sync {what} timed out after {timeout_s}s on {who}")
-    results = []
     for rank, ref in enumerate(refs):
+        if ref is None:
+            continue
         try:
-            results.append(ray.get(ref))
+            ray.get(ref)
         except Exception as exc:
+            if lost is not None and replica_lost(exc):
+                lost.add(rank)
+                continue
             cause = getattr(exc, "cause", None) or exc  # a task error wraps the original
             node = getattr(exc, "ip", None)
             where = f" on node {node}" if node else ""
@@ -247,7 +264,9 @@ def _wait_all(refs: list[Any], receivers: Sequence[Any], what: str, timeout_s: f
                 f"weight sync {what} failed on {_describe(rank, receivers[rank])}{where}: "
                 f"{type(cause).__name__}: {cause}"
             ) from exc
-    return results
+    if lost and len(lost) == len(receivers):
+        who = ", ".join(_describe(i, r) for i, r in enumerate(receivers))
+        raise WeightSyncError(f"weight sync {what}: every rollout receiver was lost ({who})")
 
 
 def push_weights(
@@ -256,6 +275,7 @@ def push_weights(
     *,
     version: int | None = None,
     timeout_s: float = 600.0,
+    skip_lost: bool = False,
 ) -> SyncStats:
     """Send weight buckets to rollout replicas in other Ray actors: one session per sync.
 
@@ -263,43 +283,47 @@ def push_weights(
     receiver is a replica actor handle with ``begin_weight_update(version)``,
     ``receive_weight_bucket(bucket)`` and ``finish_weight_update()``. ``timeout_s`` bounds
     each step; a receiver that errors or does not answer in time raises `WeightSyncError`
-    naming its rank, actor, node and the cause. Blocking; call from the trainer side.
+    naming its rank, actor, node and the cause. ``skip_lost`` (rollout failover): a
+    receiver whose process dies during the sync is skipped from then on and listed in
+    `SyncStats.lost` (the pool's failover drops or replaces it at its next request); the
+    sync fails only when every receiver is lost. Blocking; call from the trainer side.
     """
     import ray
 
     if not receivers:
         raise ValueError("push_weights: receivers is empty; expected at least one actor")
     start = time.perf_counter()
-    _wait_all(
-        [r.begin_weight_update.remote(version, timeout_s) for r in receivers],
-        receivers, "session start", timeout_s,
-    )  # fmt: skip
-    pending: deque[tuple[str, list[Any]]] = deque()
+    lost: set[int] | None = set() if skip_lost else None
+
+    def each(call: Any) -> list[Any]:  # one task per receiver not lost (None: skipped)
+        return [None if lost and i in lost else call(r) for i, r in enumerate(receivers)]
+
+    def wait(refs: list[Any], what: str) -> None:
+        _wait_all(refs, receivers, what, timeout_s, lost)
+
+    wait(each(lambda r: r.begin_weight_update.remote(version, timeout_s)), "session start")
+    pending: deque[tuple[list[Any], str]] = deque()
     tensors = nbytes = count = 0
     try:
         for pairs in buckets:
             bucket = WeightBucket.pack(pairs)
             ref = ray.put(bucket)
             what = f"bucket {count} (from {bucket.names[0]!r})"
-            pending.append((what, [r.receive_weight_bucket.remote(ref) for r in receivers]))
+            pending.append((each(lambda r, ref=ref: r.receive_weight_bucket.remote(ref)), what))
             tensors += len(bucket.names)
             nbytes += bucket.nbytes
             count += 1
             del bucket, ref  # the object store holds it until every receiver has it
             if len(pending) >= 2:
-                what, refs = pending.popleft()
-                _wait_all(refs, receivers, what, timeout_s)
+                wait(*pending.popleft())
         while pending:
-            what, refs = pending.popleft()
-            _wait_all(refs, receivers, what, timeout_s)
+            wait(*pending.popleft())
     except BaseException:
-        for r in receivers:  # close the sessions so the engines serve again
-            r.finish_weight_update.remote(abort=True)
+        each(lambda r: r.finish_weight_update.remote(abort=True))  # the engines serve again
         raise
-    _wait_all(
-        [r.finish_weight_update.remote() for r in receivers], receivers, "session end", timeout_s
-    )
-    return SyncStats(tensors, nbytes, count, time.perf_counter() - start)
+    wait(each(lambda r: r.finish_weight_update.remote()), "session end")
+    seconds = time.perf_counter() - start
+    return SyncStats(tensors, nbytes, count, seconds, tuple(sorted(lost or ())))
 
 
 @dataclass
@@ -309,6 +333,13 @@ class RayPoolSender:
 
     receivers: list[Any]
     timeout_s: float = 600.0
+    skip_lost: bool = False  # rollout failover: a receiver that dies mid-sync is skipped
 
     def __call__(self, buckets: Iterable[list[tuple[str, Tensor]]], version: int) -> SyncStats:
-        return push_weights(buckets, self.receivers, version=version, timeout_s=self.timeout_s)
+        return push_weights(
+            buckets,
+            self.receivers,
+            version=version,
+            timeout_s=self.timeout_s,
+            skip_lost=self.skip_lost,
+        )
