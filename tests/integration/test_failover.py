@@ -268,3 +268,63 @@ def test_past_max_restarts_the_run_stops_with_the_named_error(ray_cluster, raw_c
     while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
         time.sleep(0.5)
     assert not any(Path(f"/proc/{p}").exists() for p in pids), "worker processes left behind"
+
+
+def test_split_rollout_replicas_lost_mid_generation_and_mid_sync_are_replaced(
+    ray_cluster, raw_config, tmp_path
+):
+    """``rollout.placement=split`` with two replicas, ``on_replica_loss=replace``: replica 1
+    is killed as step 2's generation is dispatched, replica 0 as step 3's weight sync
+    starts. The run trains all 4 steps with full batches (each prompt's group complete,
+    no row twice), no trainer restart, and the metrics count both losses."""
+    import ray
+
+    config = load_config(
+        raw_config(tmp_path / "run", "grpo"),
+        [
+            *FAST,
+            "trainer.total_steps=4",
+            "trainer.save_every=0",
+            "rollout.placement=split",
+            "rollout.num_replicas=2",
+            "trainer.cpus_per_worker=0.5",
+            "rollout.cpus_per_replica=0.25",
+            "rollout.on_replica_loss=replace",
+        ],
+    )
+    trainer = RLTrainer(config)
+    manager = trainer.rollout.generator.manager
+    victims: list[Any] = []
+    generate, sync = trainer.rollout.generate_sequences, trainer.rollout.sync_weights
+    groups: list[list[int]] = []
+
+    def generate_with_a_kill(batch: Any) -> Any:
+        if trainer.global_step == 1 and not victims:
+            victims.append(manager.replicas[1])
+            ray.kill(manager.replicas[1].actor)
+        out = generate(batch)
+        uids = out.non_tensor_batch["uid"].tolist()
+        groups.append(sorted(uids.count(u) for u in set(uids)))
+        return out
+
+    def sync_with_a_kill() -> float:
+        if trainer.global_step == 2 and len(victims) == 1:  # the sync that ends step 3
+            victims.append(manager.replicas[0])
+            ray.kill(manager.replicas[0].actor)
+        return sync()
+
+    trainer.rollout.generate_sequences = generate_with_a_kill
+    trainer.rollout.sync_weights = sync_with_a_kill
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    assert len(victims) == 2
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    n = config.rollout.n
+    assert groups == [[n] * config.data.train_batch_size] * 4  # every group whole, no row twice
+    assert trainer.failover.restarts == 0
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert rows[-1]["rollout/replicas_lost"] == 2
+    assert rows[-1]["rollout/replicas_replaced"] == 2
+    assert rows[-1]["rollout/requests_reissued"] >= 1

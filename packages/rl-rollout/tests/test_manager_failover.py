@@ -139,7 +139,9 @@ def test_a_replica_killed_during_a_weight_sync(mode):
     with RolloutManager(config("split", mode), None, ScriptedRolloutEngine) as manager:
         victim = manager.replicas[1]
         if mode == "fail":
-            with pytest.raises(WeightSyncError, match=r"failed on rollout receiver rank 1 .*ActorDiedError"):
+            with pytest.raises(
+                WeightSyncError, match=r"failed on rollout receiver rank 1 .*ActorDiedError"
+            ):
                 manager.update_weights(_buckets_killing(victim.actor), version=1)
             return
         stats = manager.update_weights(_buckets_killing(victim.actor), version=1)

@@ -135,15 +135,25 @@ def test_dead_replica_fails_loudly(ray_manager):
         ray_manager.generate_sequences(batch)
 
 
-def test_replica_that_cannot_be_placed_fails_with_a_clear_error(tokenizer):
+def test_replica_that_cannot_be_placed_fails_with_a_clear_error(tokenizer, monkeypatch, caplog):
+    from rl_rollout import manager_replicas
+
+    monkeypatch.setattr(manager_replicas, "START_WARNING_S", 1.0)
     config = manager_config("split", tokenizer)
     config.num_cpus_per_replica = 3.0  # more than the 2 CPUs of this Ray runtime
     config.start_timeout_s = 5
-    with pytest.raises(
-        RolloutTimeoutError,
-        match=r"rollout replica \d .*did not start its engine within 5 s \(are enough CPUs/GPUs free",
+    with (
+        caplog.at_level("WARNING", logger="rl_rollout.manager_replicas"),
+        pytest.raises(
+            RolloutTimeoutError,
+            match=r"rollout replica \d .*did not start its engine within 5 s \(are enough CPUs",
+        ),
     ):
         RolloutManager(config, tokenizer, ScriptedRolloutEngine)
+    # said once after 1 s, naming what it asks for and what is free
+    warned = [r.getMessage() for r in caplog.records if "not started after 1 s" in r.getMessage()]
+    assert warned and "asks for {'CPU': 3.0, 'GPU': 0.0}" in warned[0], caplog.text
+    assert "the cluster has {'CPU':" in warned[0]
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import os
 import socket
 from collections import OrderedDict
@@ -38,6 +39,8 @@ from rl_core.rollout import (
     SamplingParams,
     build_rollout_engine,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LoadBalancer",
@@ -308,6 +311,7 @@ class LocalReplica(_Replica):
 
 
 _ACTOR_CLASS: Any = None
+START_WARNING_S = 60.0  # a replica not started by then is reported (resources?)
 
 
 def _actor_class() -> Any:
@@ -342,10 +346,25 @@ class RayReplica(_Replica):
         if env_vars:
             options["runtime_env"] = {"env_vars": dict(env_vars)}
         self.actor = _actor_class().options(**options).remote(config, engine_factory)
+        self.resources = {"CPU": num_cpus, "GPU": num_gpus}
 
     async def start(self, timeout_s: float) -> None:
+        started = asyncio.ensure_future(self.actor.start.remote())
         try:
-            self.info = await asyncio.wait_for(self.actor.start.remote(), timeout_s)
+            # a replica that waits for resources the cluster does not have free waits in
+            # silence: say so once, well before the time-out
+            patience = min(START_WARNING_S, timeout_s)
+            done, _ = await asyncio.wait({started}, timeout=patience)
+            if not done:
+                import ray
+
+                free = {k: v for k, v in ray.available_resources().items() if k in self.resources}
+                log.warning(
+                    "%s: not started after %.0f s; it asks for %s, the cluster has %s free "
+                    "(if that is too little, it waits until the %.0f s start time-out)",
+                    self.where(), patience, self.resources, free, timeout_s,
+                )  # fmt: skip
+            self.info = await asyncio.wait_for(started, max(timeout_s - patience, 0.001))
         except TimeoutError as exc:
             raise RolloutTimeoutError(
                 f"{self.where()}: the Ray actor did not start its engine within {timeout_s:g} s "

@@ -69,6 +69,11 @@ from rl_core.single_controller import WorkerDiedError
 __all__ = ["RLTrainer"]
 
 log = logging.getLogger(__name__)
+ROLLOUT_FAILOVER_METRICS = (
+    "rollout/replicas_lost",
+    "rollout/replicas_replaced",
+    "rollout/requests_reissued",
+)
 ROLLOUT_BUFFER = "rollout_buffer"
 
 
@@ -260,6 +265,11 @@ class RLTrainer:
         version = self.rollout.version
         out = self.rollout.generate_sequences(batch)
         out.meta_info["rollout_version"] = version
+        failover = {  # rollout failover counters (split/remote pools), once there was a loss
+            k: v
+            for k, v in out.meta_info.get("rollout_metrics", {}).items()
+            if k in ROLLOUT_FAILOVER_METRICS
+        }
         if self.env_source is not None:
             out, metrics = self._env_scores(out, "train")
         else:
@@ -267,7 +277,7 @@ class RLTrainer:
         if cfg.algorithm.adv_estimator == "remax":
             out.batch["reward_baselines"] = self._greedy_baselines(prompts, out, index, round_index)
             metrics["reward/baseline_mean"] = float(out.batch["reward_baselines"].mean())
-        out.meta_info["reward_metrics"] = metrics
+        out.meta_info["reward_metrics"] = {**metrics, **failover}
         return out
 
     def _greedy_baselines(
