@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rl_algos.config import check_plugins, load_config
-from rl_algos.trainer.loop import tool_schemas
 from rl_algos.trainer.placement import actor_worker_config, critic_worker_config
+from rl_algos.trainer.run_setup import tool_schemas
 from rl_core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,9 @@ import dataclasses
 from pathlib import Path
 
 from rl_algos.config import load_config
-from rl_algos.trainer.loop import _prompt_template_kwargs
 from rl_algos.trainer.model_source import resolve_model_path
 from rl_algos.trainer.placement import actor_worker_config
+from rl_algos.trainer.run_setup import prompt_template_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL_OVERRIDES = [
@@ -62,7 +62,7 @@ def test_tool_schemas_go_into_the_prompt_template(tmp_path, monkeypatch):
     from rl_algos.data import PromptDataset
 
     cfg = _config(tmp_path)
-    kwargs = _prompt_template_kwargs(cfg)
+    kwargs = prompt_template_kwargs(cfg)
     (schema,) = kwargs["tools"]
     assert schema["type"] == "function" and schema["function"]["name"] == "python"
     assert "code" in schema["function"]["parameters"]["properties"]
@@ -123,7 +123,7 @@ def test_tool_loop_settings_are_checked_before_ray_starts(tmp_path):
     with pytest.raises(
         ConfigError, match=r"^rollout\.tools\.python\.max_concurrency: invalid value 0; expected"
     ):
-        _prompt_template_kwargs(bad)
+        prompt_template_kwargs(bad)
     bad = _config(tmp_path, ["rollout.tools={python: {max_concurency: 2}}"])
     with pytest.raises(ConfigError, match=r"rollout\.tools\.python\.max_concurency: unknown key"):
-        _prompt_template_kwargs(bad)
+        prompt_template_kwargs(bad)

@@ -137,7 +137,7 @@ def test_debug_prints_the_traceback_with_the_same_status(tmp_path, raw_config):
 
 def test_changed_generate_options_regenerate_the_data_or_stop_a_resume(tmp_path):
     from rl_algos.config import ConfigError, load_config
-    from rl_algos.trainer.loop import _materialize_generated_task
+    from rl_algos.trainer.run_setup import materialize_generated_task
 
     def config(max_value: int, resume: str | None = None):
         raw = {
@@ -162,11 +162,11 @@ def test_changed_generate_options_regenerate_the_data_or_stop_a_resume(tmp_path)
 
         return max(int(n) for r in rows for n in re.findall(r"\d+", r["prompt"][-1]["content"]))
 
-    _materialize_generated_task(config(9), tmp_path)
+    materialize_generated_task(config(9), tmp_path)
     record = json.loads((tmp_path / "data" / "arithmetic" / "generate.json").read_text())
     assert record["options"] == {"max_value": 9, "ops": ["+"]}
     assert largest_operand() <= 9
-    _materialize_generated_task(config(500), tmp_path)  # changed: regenerated
+    materialize_generated_task(config(500), tmp_path)  # changed: regenerated
     assert largest_operand() > 9
     assert (
         json.loads((tmp_path / "data" / "arithmetic" / "generate.json").read_text())["options"][
@@ -177,5 +177,5 @@ def test_changed_generate_options_regenerate_the_data_or_stop_a_resume(tmp_path)
     with pytest.raises(
         ConfigError, match=r"data\.generate\.options: changed since the run started"
     ):
-        _materialize_generated_task(config(9, resume="latest"), tmp_path)
-    _materialize_generated_task(config(500, resume="latest"), tmp_path)  # same: fine
+        materialize_generated_task(config(9, resume="latest"), tmp_path)
+    materialize_generated_task(config(500, resume="latest"), tmp_path)  # same: fine

@@ -26,10 +26,7 @@ placement and the run continues from the last intact checkpoint, as a resume wou
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import random
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -40,7 +37,7 @@ import torch
 
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
-from rl_algos.errors import USER_ERRORS, ConfigError, InputError
+from rl_algos.errors import USER_ERRORS, InputError
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.rollout_correction import apply_rejection
@@ -61,7 +58,15 @@ from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, sav
 from rl_algos.trainer.failover import FailoverPolicy, lost_worker
 from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
 from rl_algos.trainer.rollout_client import RolloutClient, build_rollout_client
+from rl_algos.trainer.run_setup import (
+    materialize_generated_task,
+    overlong_buffer,
+    prompt_template_kwargs,
+    seed_everything,
+    user_reward_function,
+)
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
+from rl_algos.trainer.validation_runs import ValidationRuns
 from rl_core.protocol import DataProto
 from rl_core.rollout import logprob_temperature
 from rl_core.single_controller import WorkerDiedError
@@ -77,7 +82,7 @@ ROLLOUT_FAILOVER_METRICS = (
 ROLLOUT_BUFFER = "rollout_buffer"
 
 
-class RLTrainer:
+class RLTrainer(ValidationRuns):
     """Runs an RL experiment described by a validated `rl_algos.config.RLConfig`."""
 
     def __init__(self, config: Any) -> None:
@@ -122,7 +127,7 @@ class RLTrainer:
         setup = self.setup_timing
         self.output_dir = Path(cfg.trainer.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        _seed_everything(cfg.trainer.seed)
+        seed_everything(cfg.trainer.seed)
         from rl_algos.config import check_plugins
 
         # Everything user input can get wrong is checked here, before Ray or a worker starts.
@@ -131,7 +136,7 @@ class RLTrainer:
             self.output_dir / "checkpoints", cfg.trainer.resume
         )
         with timed(setup, "data_generate"):
-            _materialize_generated_task(cfg, self.output_dir)
+            materialize_generated_task(cfg, self.output_dir)
         with timed(setup, "model_resolve"):
             self.model_path = resolve_model_path(cfg.model.path)
             if cfg.reward.model_path is not None:
@@ -195,7 +200,7 @@ class RLTrainer:
             max_prompt_length=data.max_prompt_length,
             prompt_key=data.prompt_key,
             apply_chat_template=data.apply_chat_template,
-            chat_template_kwargs=_prompt_template_kwargs(cfg),
+            chat_template_kwargs=prompt_template_kwargs(cfg),
             filter_overlong_prompts=data.filter_overlong_prompts,
             require_ground_truth=cfg.reward.rule_based,
         )
@@ -214,7 +219,7 @@ class RLTrainer:
                 name: dataset(list(files), name=f"data.extra_val_files.{name}", **common)
                 for name, files in data.extra_val_files.items()
             }
-        user_function = _user_reward_function(cfg.reward)
+        user_function = user_reward_function(cfg.reward)
         if cfg.reward.rule_based and user_function is None:
             check_data_sources(self.train_set, self.val_set)
             for extra in self.extra_val_sets.values():
@@ -228,7 +233,7 @@ class RLTrainer:
                 timeout_s=rc.timeout_s,
                 error_score=rc.error_score,
                 memory_limit_mb=rc.memory_limit_mb,
-                overlong=_overlong(cfg),
+                overlong=overlong_buffer(cfg),
                 limits=ScoreLimits(
                     min_score=rc.min_score,
                     max_score=rc.max_score,
@@ -479,123 +484,6 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self) -> dict[str, float]:
-        """``rollout.val_n`` samples per held-out prompt at ``rollout.val_temperature``
-        (greedy by default), scored without training-only shaping: accuracy (mean@n),
-        pass@k, maj@k, overall and per data source (`rl_algos.validation`), with a 95%
-        interval (``val/accuracy_ci95``); then the same for each of `data.extra_val_files`
-        as ``val/<name>_<metric>``. Environment runs play held-out tasks instead."""
-        if self.env_source is not None:
-            return self._validate_envs()
-        if self.val_set is None:
-            return {}
-        start = time.perf_counter()
-        metrics = self._validate_set(self.val_set)
-        for name, dataset in self.extra_val_sets.items():
-            for key, value in self._validate_set(dataset).items():
-                metrics[f"val/{name}_{key.removeprefix('val/')}"] = value
-        metrics["timing/validate_s"] = time.perf_counter() - start
-        return metrics
-
-    def _validate_set(self, dataset: Any) -> dict[str, float]:
-        cfg = self.config
-        from rl_algos.data import collate_prompts
-        from rl_algos.validation import accuracy_interval, validation_metrics
-
-        n = cfg.rollout.val_n
-        items = [dataset[i] for i in range(len(dataset))]
-        prompts = collate_prompts(items, dataset.pad_token_id)
-        prompts.non_tensor_batch["uid"] = np.array(
-            [f"val-{i}" for i in range(len(prompts))], dtype=object
-        )
-        prompts = prompts.repeat(n, interleave=True)
-        prompts.non_tensor_batch["seed"] = np.array(
-            [cfg.trainer.seed + i for i in range(len(prompts))], dtype=object
-        )
-        prompts.meta_info.update(
-            temperature=cfg.rollout.val_temperature, prompt_length=cfg.data.max_prompt_length
-        )
-        with self._producer_paused():  # the reward workers serve one caller at a time
-            out = self.rollout.generate_sequences(prompts)
-            scores = self._score(out, shaping=False)[0].sum(-1)
-        extras = {
-            k.removeprefix("reward_"): v
-            for k, v in out.non_tensor_batch.items()
-            if k.startswith("reward_")
-        }
-        acc = extras.get("acc")
-        if acc is not None and all(isinstance(v, int | float) for v in acc):
-            correct = [float(v) >= 1.0 for v in acc]
-        else:
-            correct = (scores >= 1.0).tolist()
-        uids = out.non_tensor_batch["uid"].tolist()
-        metrics = validation_metrics(
-            uids,
-            scores.tolist(),
-            correct,
-            [str(s) for s in out.non_tensor_batch[self.reward.data_source_key]],
-            preds=extras["pred"].tolist() if "pred" in extras else None,
-        )
-        metrics["val/accuracy_ci95"] = accuracy_interval(uids, correct)
-        metrics["val/response_length"] = float(out.batch["response_mask"].sum(-1).float().mean())
-        if cfg.rollout.agent_loop != "single_turn":
-            metrics.update(tool_metrics(out, "val"))
-        # Other numbers a reward function returns per sample (e.g. "boxed") are averaged.
-        for name, values in extras.items():
-            if name in ("acc", "pred", "score"):
-                continue
-            numbers = [float(v) for v in values if isinstance(v, int | float)]
-            if len(numbers) == len(values):
-                metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
-        if "val/boxed" in metrics:  # the share of the right answers that are boxed
-            right = metrics["val/accuracy"]
-            metrics["val/boxed_share"] = metrics["val/boxed"] / right if right > 0 else 0.0
-        return metrics
-
-    def _validate_envs(self) -> dict[str, float]:
-        """``env.val_episodes`` held-out tasks per environment, ``rollout.val_n`` episodes
-        each at ``rollout.val_temperature``: the mean reward and ``val/accuracy`` (the share
-        of episodes whose rewards add up to at least 1), overall and per environment."""
-        from rl_algos.validation import validation_metrics
-
-        cfg = self.config
-        prompts = self.env_source.val_batch()
-        if prompts is None:
-            return {}
-        prompts.non_tensor_batch["uid"] = np.array(
-            [f"val-{i}" for i in range(len(prompts))], dtype=object
-        )
-        prompts = prompts.repeat(cfg.rollout.val_n, interleave=True)
-        prompts.non_tensor_batch["seed"] = np.array(
-            [cfg.trainer.seed + i for i in range(len(prompts))], dtype=object
-        )
-        prompts.meta_info.update(
-            temperature=cfg.rollout.val_temperature, prompt_length=cfg.data.max_prompt_length
-        )
-        start = time.perf_counter()
-        with self._producer_paused():
-            out = self.rollout.generate_sequences(prompts)
-        out, metrics = self._env_scores(out, "val")
-        scores = out.batch["token_level_scores"].sum(-1)
-        metrics.update(
-            validation_metrics(
-                out.non_tensor_batch["uid"].tolist(),
-                scores.tolist(),
-                (scores >= 1.0).tolist(),
-                [str(s) for s in out.non_tensor_batch["env_name"]],
-            )
-        )
-        metrics["val/response_length"] = float(out.batch["response_mask"].sum(-1).float().mean())
-        metrics["timing/validate_s"] = time.perf_counter() - start
-        return metrics
-
-    @property
-    def _validates(self) -> bool:
-        """Whether the run has held-out prompts or environment tasks."""
-        if self.env_source is not None:
-            return self.env_source.val_episodes > 0
-        return self.val_set is not None
-
     # ------------------------------------------------------------------ checkpoints
 
     def _producer_paused(self) -> Any:
@@ -783,7 +671,7 @@ class RLTrainer:
             self.buffer = None
         self.groups.rebuild(roles)
         self.rollout.reset_after_failover()
-        _seed_everything(cfg.trainer.seed)  # as a resumed process would
+        seed_everything(cfg.trainer.seed)  # as a resumed process would
         if path is not None:
             self._load_checkpoint(path)
         else:
@@ -859,134 +747,3 @@ def _divisible(batch: DataProto, dp_size: int) -> DataProto:
         "dropping %d rows so %d rows split over %d ranks", len(batch) - usable, len(batch), dp_size
     )
     return batch[:usable]
-
-
-def _materialize_generated_task(cfg: Any, output_dir: Path) -> None:
-    """Write ``data.generate``'s task and point the data files at it. The options are
-    recorded beside the files (``generate.json``): data written with other options is
-    regenerated, or, when resuming (the checkpoint's data order refers to it), refused."""
-    gen = cfg.data.generate
-    if gen.task is None:
-        return
-    from rl_algos.data import write_task
-    from rl_algos.errors import ConfigError
-
-    out = output_dir / "data" / gen.task
-    train, test, record = out / "train.parquet", out / "test.parquet", out / "generate.json"
-    from rl_algos.config.schema import PLAIN_SPLIT_OPTIONS
-
-    def tuples(opts: Any) -> dict[str, Any]:
-        return {k: tuple(v) if isinstance(v, list) else v for k, v in dict(opts).items()}
-
-    options = tuples(gen.options)
-    wanted_split = {
-        "task": gen.task,
-        "train_size": gen.train_size,
-        "test_size": gen.test_size,
-        "seed": gen.seed,
-        "options": options,
-    }
-    extra: dict[str, tuple[int, dict[str, Any]]] = {}
-    if gen.plain_test_size:  # recorded only when asked for: older records stay valid
-        plain = {**PLAIN_SPLIT_OPTIONS, **tuples(gen.plain_options)}
-        extra["plain_test"] = (gen.plain_test_size, plain)
-        wanted_split.update(plain_test_size=gen.plain_test_size, plain_options=plain)
-    wanted = json.loads(json.dumps(wanted_split, sort_keys=True))
-    have = json.loads(record.read_text()) if record.is_file() else None
-    plain_file = out / "plain_test.parquet"
-    files_there = train.exists() and test.exists() and (not extra or plain_file.exists())
-    if not (files_there and have == wanted):
-        if have is not None and cfg.trainer.resume:
-            changed = sorted(k for k in wanted if have.get(k) != wanted[k])
-            key = changed[0] if changed else ""
-            raise ConfigError(
-                f"data.generate.{key}" if key else "data.generate",
-                f"the value this run was trained on, {have.get(key, have)!r} ({out}), when "
-                "resuming (or a new trainer.output_dir)",
-                value=wanted.get(key, wanted),
-                problem="changed since the run started",
-            )
-        if have is not None:
-            log.warning("data.generate changed (%s -> %s): regenerating %s", have, wanted, out)
-        record.unlink(missing_ok=True)
-        try:
-            write_task(
-                gen.task,
-                out,
-                gen.train_size,
-                gen.test_size,
-                gen.seed,
-                extra_splits=extra,
-                **options,
-            )
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(
-                "data.generate.options", f"options of task {gen.task!r} ({exc})", value=options
-            ) from None
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(wanted, indent=1, sort_keys=True))
-        os.replace(tmp, record)  # written last: files without it are regenerated
-    cfg.data.train_files = [str(train)]
-    if not cfg.data.val_files:
-        cfg.data.val_files = [str(test)]
-    if gen.plain_test_size:
-        cfg.data.extra_val_files.setdefault("plain", [str(plain_file)])
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def _user_reward_function(reward_cfg: Any) -> Any:
-    if not reward_cfg.function_path:
-        return None
-    from rl_algos.rewards import load_reward_function
-
-    return load_reward_function(reward_cfg.function_path, reward_cfg.function_name)
-
-
-def _overlong(cfg: Any) -> Any:
-    ol = cfg.algorithm.overlong
-    if not ol.enabled:
-        return None
-    from rl_algos.rewards import OverlongBuffer
-
-    return OverlongBuffer(
-        length=ol.buffer_length,
-        penalty_factor=ol.penalty_factor,
-        max_response_length=cfg.data.max_response_length,
-    )
-
-
-def tool_schemas(tools: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI-style schemas of the configured tools (built by name from ``rl.tools``)."""
-    from rl_core.registry import Registry
-
-    registry: Registry[Any] = Registry("rl.tools", kind="tool")
-    schemas = []
-    for name, kwargs in tools.items():
-        tool_class = registry.get(name)
-        parse = getattr(tool_class, "parse_options", None)
-        try:
-            if parse is not None:  # the tool's typed arguments: errors name the key
-                parse(dict(kwargs))
-            tool = tool_class(**dict(kwargs))
-        except ConfigError as exc:
-            raise exc.under(f"rollout.tools.{name}") from None
-        except TypeError as exc:  # constructor arguments of a tool without options_class
-            raise ConfigError(
-                f"rollout.tools.{name}", f"the tool's constructor arguments ({exc})", value=kwargs
-            ) from None
-        schemas.append(tool.schema.to_openai())
-    return schemas
-
-
-def _prompt_template_kwargs(cfg: Any) -> dict[str, Any]:
-    """The prompts' chat-template arguments: ``data.chat_template_kwargs``, the rollout's,
-    and the tools' schemas (``tools=``) when tools are configured, so the model sees them."""
-    kwargs = {**dict(cfg.rollout.chat_template_kwargs), **dict(cfg.data.chat_template_kwargs)}
-    if cfg.rollout.tools:
-        kwargs["tools"] = tool_schemas(dict(cfg.rollout.tools))
-    return kwargs
