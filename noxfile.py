@@ -25,7 +25,7 @@ PACKAGES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "rl-engines": ("packages/rl-engines", ("fsdp",), ""),
     "rl-rollout": ("packages/rl-rollout", ("hf", "sandbox", "remote"), ""),
     "rl-algos": ("packages/rl-algos", (), ""),
-    "rl-multimodal": ("packages/rl-multimodal", ("vlm", "vla"), "not sim"),
+    "rl-multimodal": ("packages/rl-multimodal", ("vlm", "vla", "lora"), "not sim"),
     # gym-pusht and MetaWorld (MuJoCo, MUJOCO_GL=egl): ~2-3 minutes on 2 CPUs
     "rl-multimodal-sim": ("packages/rl-multimodal", ("vlm", "sim"), "sim"),
     "rl-nvidia": ("integrations/nvidia", (), ""),

@@ -168,3 +168,48 @@ def test_ppo_trains_the_value_head_on_the_policy_trunk(tmp_path):
 
     w = FSDPEngine.read_checkpoint_weights(str(tmp_path / "checkpoints/step_2/actor"))
     assert w["value_head.weight"].abs().sum() > 0  # zero-initialised, trained by the value loss
+
+
+def test_lora_on_the_vla_policy_trains_adapters_and_heads_and_exports_merged(tmp_path):
+    """``model.lora`` in a VLA run: only the adapters (on the language model) and the heads
+    train; the export merges the adapters, and the exported policy acts as validated."""
+    from rl_algos.cli import main
+    from rl_engines.fsdp import FSDPEngine
+    from rl_multimodal.vla import VLAPolicy
+
+    run = tmp_path / "run"
+    assert _run(run, "model.lora.rank=4", "model.lora.alpha=8",
+                "model.lora.target_modules=[q_proj,v_proj]", "trainer.total_steps=2",
+                "trainer.save_every=2", "trainer.val_every=2", "actor.optim.lr=5e-2") == 0  # fmt: skip
+    rows = _jsonl(run)
+    ckpt = str(run / "checkpoints/step_2/actor")
+    adapters = FSDPEngine.read_checkpoint_weights(ckpt, merge_lora=False)
+    assert adapters and all(".lora_" in k for k in adapters)
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapters.items())
+    merged = FSDPEngine.read_checkpoint_weights(ckpt)
+    assert not any(".lora_" in k or ".base_layer." in k for k in merged)
+    base = build_vla_policy(_model_config(), 0).state_dict()
+    q = "model.model.language_model.layers.0.self_attn.q_proj.weight"
+    mlp = "model.model.language_model.layers.0.mlp.down_proj.weight"
+    assert not torch.equal(merged[q], base[q])  # adapted: W + scaling * B @ A
+    assert torch.equal(merged[mlp], base[mlp])  # not targeted: frozen
+    assert torch.equal(merged["model.lm_head.weight"], base["model.lm_head.weight"])
+    assert merged["image_adapter.weight"].abs().sum() > 0  # the heads train as without LoRA
+
+    out = tmp_path / "exported"
+    assert main(["export", str(run), str(out)]) == 0
+    policy = VLAPolicy.from_exported(str(out))
+    assert not any(".lora_" in k for k in policy.state_dict())
+    torch.testing.assert_close(policy.state_dict()[q], merged[q])
+    env = ReachEnv(4, ReachConfig(image_size=56, max_steps=6, n_directions=4))
+    obs, done, success = (
+        env.reset(list(range(10_000, 10_004))),
+        np.zeros(4, bool),
+        np.zeros(4, bool),
+    )
+    for _ in range(3):  # vla.max_steps
+        res = env.step(policy.act(policy.process(obs), greedy=True).env_actions)
+        success |= res.info["success"] & ~done
+        done |= res.done
+        obs = res.observation
+    assert float(success.mean()) == rows[-1]["val/success_rate"]

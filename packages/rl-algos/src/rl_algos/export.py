@@ -230,7 +230,8 @@ def export_checkpoint(
 ) -> Path:
     """Write a Hugging Face model directory for ``checkpoint`` to ``out_dir``; for a LoRA
     checkpoint a PEFT adapter directory (with the tokenizer), or with ``merge_lora`` the
-    full model with the adapters merged into its weights."""
+    full model with the adapters merged into its weights (always for a model built by a
+    builder, such as a VLA policy)."""
     source = locate_checkpoint(checkpoint, model)
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -238,7 +239,10 @@ def export_checkpoint(
             f"rl export: output directory {str(out)!r} exists and is not empty "
             "(choose another or pass --overwrite)"
         )
-    as_adapter = bool(source.lora) and not merge_lora
+    # a model built by a builder (a VLA policy: heads beside the Hugging Face model) has no
+    # adapter-only form: its LoRA adapters are always merged
+    built = (source.hf_dir / RL_MODEL_META).is_file()
+    as_adapter = bool(source.lora) and not merge_lora and not built
     weights = read_weights(source, merge_lora=not as_adapter)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)

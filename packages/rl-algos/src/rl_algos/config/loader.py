@@ -170,8 +170,6 @@ def _check_vla(cfg: RLConfig) -> None:
           f">= 2: {alg} compares the episodes of one start state")  # fmt: skip
     check(cfg.env is not None and cfg.env.name is not None, "env.mix", "(a mix)",
           "one VLA environment (env.name) per run")  # fmt: skip
-    check(cfg.model.lora is None, "model.lora", cfg.model.lora,
-          "null in a VLA run (LoRA adapters on the VLA policy are not implemented yet)")  # fmt: skip
     check(cfg.rollout.placement == "colocated", "rollout.placement", cfg.rollout.placement,
           "'colocated' in a VLA run (actions come from the actor's worker processes)")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):

@@ -16,6 +16,8 @@ PPO, the clipped value loss of the value head, weighted by ``vla.vf_coef``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +112,9 @@ class VLAActorWorker(Worker):
         torch.set_num_threads(max(1, int(cfg.threads)))
         self.engine = build_engine(cfg.engine, cfg.engine_config)
         model_cfg = cfg.engine_config.model
-        self.policy = build_vla_policy(model_cfg, cfg.engine_config.seed).float().eval()
+        # the rollout's copy acts with plain weights: the engine merges LoRA adapters on export
+        plain = dataclasses.replace(model_cfg, lora=None)
+        self.policy = build_vla_policy(plain, cfg.engine_config.seed).float().eval()
         self.policy.requires_grad_(False)
         self.set_dispatch_mesh(
             DP_MESH,
