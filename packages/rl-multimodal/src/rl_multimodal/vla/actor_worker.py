@@ -17,7 +17,6 @@ PPO, the clipped value loss of the value head, weighted by ``vla.vf_coef``.
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass
 from typing import Any
 
