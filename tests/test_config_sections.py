@@ -131,3 +131,12 @@ def test_lora_on_an_engine_without_adapters_is_refused_before_any_worker():
     assert "actor.engine='megatron'" in err.expected
     cfg = load_config(TINY, ["model.lora={rank: 4}"])  # the fsdp engine trains adapters
     assert actor_worker_config(cfg, "/models/m", 0).engine_config.model.lora.rank == 4
+
+
+def test_a_teacher_prompt_without_a_teacher_is_refused():
+    err = _error(["distill.teacher_prompt_key=teacher_prompt"])
+    assert err.path == "distill.teacher_prompt_key" and err.value == "teacher_prompt"
+    assert "distill.teacher_path" in str(err)
+    cfg = load_config(TINY, ["distill.teacher_path=tiny-random:qwen2",
+                             "distill.teacher_prompt_key=teacher_prompt"])  # fmt: skip
+    assert cfg.distill.teacher_prompt_key == "teacher_prompt"

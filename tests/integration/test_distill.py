@@ -194,3 +194,72 @@ def test_a_teacher_with_another_vocabulary_stops_the_run_before_any_worker(make_
     with pytest.raises(ConfigError, match=r"^distill\.teacher_path: .*cross-tokenizer") as err:
         RLTrainer(cfg)
     assert "\n" not in str(err.value)
+
+
+def test_context_distillation_teacher_reads_its_own_prompt(make_config, tmp_path):
+    """``distill.teacher_prompt_key``: the teacher's log-probs of each sampled response are
+    those after the row's teacher prompt (checked against a single-process Hugging Face
+    forward pass of that prompt + response), not after the student's prompt."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl_algos.data import write_rows
+    from rl_algos.distill import TEACHER_LOG_PROB
+    from rl_algos.trainer.loop import RLTrainer
+    from rl_algos.trainer.model_source import resolve_model_path
+
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Say {w}"}],
+            "teacher_prompt": [
+                {"role": "user", "content": "Say 12"},
+                {"role": "assistant", "content": "12"},
+                {"role": "user", "content": f"Say {w}"},
+            ],
+            "data_source": "digits",
+            "reward_model": {"style": "rule", "ground_truth": "12"},
+        }
+        for w in ("apples", "rivers", "clouds", "stones")
+    ]
+    train = write_rows(rows, tmp_path / "train.jsonl")
+    model = resolve_model_path("tiny-random:qwen2")
+    cfg = make_config("grpo", [
+        f"data.train_files=[{train}]", f"distill.teacher_path={model}",
+        "distill.teacher_prompt_key=teacher_prompt", "trainer.backend=local",
+        "trainer.num_workers=1", "trainer.total_steps=1", "trainer.val_before_train=false",
+    ])  # fmt: skip
+    trainer = RLTrainer(cfg)
+    seen: list[tuple[Any, Any]] = []
+    teacher_log_probs = trainer._teacher_log_probs
+
+    def recording(batch: Any) -> Any:
+        out = teacher_log_probs(batch)
+        seen.append((batch, out.batch[TEACHER_LOG_PROB]))
+        return out
+
+    trainer._teacher_log_probs = recording
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    ((batch, got),) = seen
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    mask = batch.batch["response_mask"].bool()
+    temperature = float(batch.meta_info["temperature"])
+    differs = 0
+    for i in range(len(batch)):
+        length = int(batch.batch["attention_mask"][i, -mask.shape[1] :].sum())
+        response = batch.batch["responses"][i, :length].tolist()
+        for key, expect_equal in (("teacher_prompt_ids", True), ("raw_prompt_ids", False)):
+            prompt = list(batch.non_tensor_batch[key][i])
+            with torch.no_grad():
+                logits = reference(torch.tensor([prompt + response])).logits[0].double()
+            logp = (logits[len(prompt) - 1 : -1] / temperature).log_softmax(-1)
+            want = logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+            close = torch.allclose(got[i, :length].double(), want, atol=2e-4)
+            if expect_equal:
+                assert close, (i, got[i, :length], want)
+            else:
+                differs += not close
+    assert differs == len(batch)  # the student's prompt gives other log-probs
+    assert tokenizer.decode(batch.non_tensor_batch["teacher_prompt_ids"][0]).count("Say") == 2

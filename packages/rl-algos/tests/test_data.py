@@ -149,6 +149,27 @@ def test_arithmetic_few_shot_demos():
             ArithmeticTask(few_shot=bad)
 
 
+def test_arithmetic_teacher_prompt_is_the_problem_after_worked_demos(tokenizer):
+    options = dict(digits=(1, 2), phrasings="varied", instruction_share=0.5)
+    plain = make_splits(ArithmeticTask(**options), 30, 0, seed=3)["train"]
+    rows = make_splits(ArithmeticTask(**options, teacher_few_shot=2), 30, 0, seed=3)["train"]
+    for row, base in zip(rows, plain, strict=True):
+        assert row["prompt"] == base["prompt"]  # the student's prompt does not change
+        teacher = row["teacher_prompt"]
+        assert teacher[-1] == row["prompt"][-1] and len(teacher) == 5
+        assert [m["role"] for m in teacher[:-1]] == ["user", "assistant"] * 2
+        assert all(r"\boxed{" in m["content"] for m in teacher[1:-1:2])
+    dataset = PromptDataset(rows, tokenizer, 1024, extra_prompt_keys=["teacher_prompt"])
+    item = dataset[0]
+    assert tokenizer.decode(item["teacher_prompt_ids"]).count("<|im_start|>user") == 3
+    assert item["raw_prompt_ids"] != item["teacher_prompt_ids"]
+    with pytest.raises(DataError, match="row 0, column 'teacher_prompt': missing"):
+        PromptDataset(plain, tokenizer, 1024, extra_prompt_keys=["teacher_prompt"])
+    for bad in (-1, 9, True):
+        with pytest.raises(ValueError, match=rf"teacher_few_shot must be .*0\.\.8, got {bad!r}"):
+            ArithmeticTask(teacher_few_shot=bad)
+
+
 def test_generate_command_takes_the_new_arithmetic_options(tmp_path):
     out = tmp_path / "arith"
     args = ["arithmetic", "--out", str(out), "--train-size", "30", "--test-size", "5"]

@@ -25,6 +25,12 @@ each sampled token, not its whole distribution.
     distill:
       teacher_path: Qwen/Qwen2.5-7B-Instruct
       coef: 1.0
+
+Context distillation (``teacher_prompt_key``): the teacher reads each sample's response
+after a prompt of its own, a column of the training rows (e.g. the same problem after
+worked demos, or with a hint), while the student is trained on its plain prompt. The
+teacher may be the student's own starting model: what the privileged prompt teaches is
+moved into the plain one, token by token, even where the task reward is sparse.
 """
 
 from __future__ import annotations
@@ -60,7 +66,17 @@ class DistillConfig:
     """The KL estimator of the `loss` mode (k2 / mse: its gradient on the student's samples
     is the reverse KL's; k1, k3 / low_var_kl, k3+ ...)."""
 
+    teacher_prompt_key: str | None = None
+    """A prompt column of the training rows that the teacher reads instead of the
+    student's prompt (context distillation, module docstring); null: the student's."""
+
     def __post_init__(self) -> None:
+        check(
+            self.teacher_prompt_key is None or bool(self.teacher_prompt_key),
+            "teacher_prompt_key",
+            self.teacher_prompt_key,
+            "null or a column name of the training rows",
+        )
         check(self.coef > 0, "coef", self.coef, "> 0 (the weight of the reverse KL)")
         check(
             self.kl_type in KL_TYPES, "kl_type", self.kl_type, f"one of {list(KL_TYPES)}", KL_TYPES

@@ -120,6 +120,9 @@ def _check_consistency(cfg: RLConfig) -> None:
           or cfg.distill.enabled, "reward.rule_based", reward.rule_based,
           "true unless reward.model_path, reward.judge.model_path or distill.teacher_path is "
           "set (something must give the training signal)")  # fmt: skip
+    key = cfg.distill.teacher_prompt_key
+    check(key is None or cfg.distill.enabled, "distill.teacher_prompt_key", key,
+          "null unless distill.teacher_path names the teacher that reads it")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)

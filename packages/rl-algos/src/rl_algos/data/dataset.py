@@ -34,6 +34,9 @@ class PromptDataset:
     (`num_filtered`), or raise when `filter_overlong_prompts` is false. With
     `require_ground_truth` (rule-based rewards), a row without
     ``reward_model.ground_truth`` (or a ``ground_truth`` column) raises `DataError`.
+    Each of `extra_prompt_keys` (e.g. a distillation teacher's own prompt,
+    ``distill.teacher_prompt_key``) is a further prompt column every row must have,
+    rendered the same way into ``<key>_ids`` (not limited by `max_prompt_length`).
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class PromptDataset:
         chat_template_kwargs: dict[str, Any] | None = None,
         filter_overlong_prompts: bool = True,
         require_ground_truth: bool = False,
+        extra_prompt_keys: Sequence[str] = (),
         name: str = "data",
     ) -> None:
         if max_prompt_length < 1:
@@ -78,7 +82,24 @@ class PromptDataset:
             row["raw_prompt_ids"] = list(prompt_ids)
             row["index"] = index
             self.items.append(row)
+        for key in extra_prompt_keys:
+            self._tokenize_extra(key, apply_chat_template, chat_template_kwargs or {})
         self._count_filtered()
+
+    def _tokenize_extra(self, key: str, chat: bool, kwargs: dict[str, Any]) -> None:
+        """``<key>_ids`` of every kept row from its `key` column (a prompt)."""
+        texts = []
+        for item in self.items:
+            if key not in item:
+                raise DataError(
+                    self.name, item["index"], key, f"missing (the row has {sorted(item)})"
+                )
+            texts.append(self._render_prompt(item[key], item["index"], chat, kwargs, key))
+        if not texts:
+            return
+        ids = self.tokenizer(texts, add_special_tokens=not chat)["input_ids"]
+        for item, prompt_ids in zip(self.items, ids, strict=True):
+            item[f"{key}_ids"] = list(prompt_ids)
 
     def _count_filtered(self) -> None:
         """Set ``num_filtered`` (rows dropped as too long), warn if any were, and refuse a
@@ -110,7 +131,13 @@ class PromptDataset:
                 "missing; expected the answer the rule-based reward compares with (or set "
                 "reward.rule_based=false to score with reward.model_path alone)",
             )
-        prompt = row["raw_prompt"] = row[self.prompt_key]
+        row["raw_prompt"] = row[self.prompt_key]
+        return self._render_prompt(row[self.prompt_key], index, chat, kwargs, self.prompt_key)
+
+    def _render_prompt(
+        self, prompt: Any, index: int, chat: bool, kwargs: dict[str, Any], key: str
+    ) -> str:
+        """The text of one prompt (chat messages through the template, or plain text)."""
         if isinstance(prompt, str):
             if not chat:
                 return prompt
@@ -124,7 +151,7 @@ class PromptDataset:
             isinstance(m, dict) and "content" in m for m in prompt
         ):
             raise ValueError(
-                f"{self.name} row {index}: {self.prompt_key!r} must be text or a list of "
+                f"{self.name} row {index}: {key!r} must be text or a list of "
                 f"{{'role', 'content'}} messages, got {str(prompt)[:80]!r}"
             )
         return self.tokenizer.apply_chat_template(

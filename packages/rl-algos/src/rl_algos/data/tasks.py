@@ -117,7 +117,10 @@ class ArithmeticTask:
     few-shot prompt: all prompts then share a long prefix, which the hf rollout engine
     prefills once per batch. `few_shot_min` (null or 0..few_shot): each problem gets a
     number of demos drawn uniformly from [few_shot_min, few_shot] instead (per-problem
-    demos only), so training mixes zero-shot and few-shot prompts."""
+    demos only), so training mixes zero-shot and few-shot prompts. `teacher_few_shot`
+    (0-8): each row also gets ``teacher_prompt``, the same prompt with that many worked
+    demos before the problem (per-problem demos), for context distillation
+    (``distill.teacher_prompt_key: teacher_prompt``)."""
 
     min_value: int = 0
     max_value: int = 99
@@ -134,6 +137,7 @@ class ArithmeticTask:
     few_shot_min: int | None = None
     instruction_share: float = 1.0
     instruction_example: bool = True
+    teacher_few_shot: int = 0
 
     data_source = "arithmetic"
 
@@ -180,6 +184,11 @@ class ArithmeticTask:
                 f"arithmetic: few_shot_demos {self.few_shot_demos!r}; expected 'per_problem' "
                 "or 'fixed'"
             )
+        teacher = self.teacher_few_shot
+        if isinstance(teacher, bool) or not isinstance(teacher, int) or not 0 <= teacher <= 8:
+            raise ValueError(
+                f"arithmetic: teacher_few_shot must be an integer 0..8, got {teacher!r}"
+            )
         low = self.few_shot_min
         if low is not None:
             if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low <= self.few_shot:
@@ -216,6 +225,10 @@ class ArithmeticTask:
             else:
                 raise self._too_few_demos("")
         row = _row(self.data_source, question, answer, self.system_prompt)
+        if self.teacher_few_shot:  # the same problem after worked demos, for a teacher
+            teacher = [dict(m) for m in row["prompt"]]
+            teacher[-1:-1] = self._demos(expression, self.teacher_few_shot)
+            row["teacher_prompt"] = teacher
         if self.few_shot:  # after the system prompt, before the problem
             row["prompt"][-1:-1] = self._demos(expression)
         row["extra_info"] = {"expression": expression}
@@ -257,16 +270,16 @@ class ArithmeticTask:
             "few_shot 0"
         )
 
-    def _demos(self, expression: str) -> list[dict[str, str]]:
-        """`few_shot` worked (user, assistant) turns on problems other than `expression`:
-        the shared ones (`few_shot_demos: fixed`) or ones drawn from an RNG seeded by the
-        problem (the problems' own RNG is not touched)."""
-        if self.few_shot_demos == "fixed":
+    def _demos(self, expression: str, count: int | None = None) -> list[dict[str, str]]:
+        """`few_shot` (or `count`) worked (user, assistant) turns on problems other than
+        `expression`: the shared ones (`few_shot_demos: fixed`) or ones drawn from an RNG
+        seeded by the problem (the problems' own RNG is not touched)."""
+        if count is None and self.few_shot_demos == "fixed":
             return [dict(turn) for turn in self._fixed_demos()[1]]
-        count = self._demo_count(expression)
+        count = self._demo_count(expression) if count is None else count
         rng = random.Random(f"few_shot:{expression}")
         demos: list[dict[str, str]] = []
-        for _ in range(100 * self.few_shot):  # bounded: a tiny problem space may repeat
+        for _ in range(100 * max(count, 1)):  # bounded: a tiny problem space may repeat
             if len(demos) == 2 * count:
                 return demos
             demo_expression, question, answer = self._draw(rng)

@@ -18,6 +18,7 @@ __all__ = [
     "timed",
     "tool_metrics",
     "trim_padding",
+    "with_prompts",
 ]
 
 
@@ -124,3 +125,37 @@ def tool_metrics(batch: DataProto, prefix: str) -> dict[str, float]:
         if key in fields:
             metrics[f"{prefix}/{name}/mean"] = float(np.asarray(fields[key], np.float64).mean())
     return metrics
+
+
+def with_prompts(batch: DataProto, key: str, pad_token_id: int) -> DataProto:
+    """The rollout `batch` with each row's prompt replaced by the token ids of its non-tensor
+    field `key` (e.g. a distillation teacher's own prompt) and its response kept: new
+    left-padded ``prompts``, ``input_ids``, ``attention_mask``, ``position_ids`` (the
+    layout of `rl_core.rollout`); ``responses`` and ``response_mask`` as they were, so
+    per-token outputs stay aligned with the original batch's responses. Only the tensors
+    a log-prob pass reads are carried (no rollout log-probs: they belong to the other
+    prompt)."""
+    t = batch.batch
+    if key not in batch.non_tensor_batch:
+        raise KeyError(f"with_prompts: the batch has no non-tensor field {key!r}")
+    ids = [list(x) for x in batch.non_tensor_batch[key]]
+    if not all(ids):
+        raise ValueError(f"with_prompts: a row's {key!r} is empty")
+    rows, width = len(ids), max(len(x) for x in ids)
+    prompts = torch.full((rows, width), pad_token_id, dtype=t["prompts"].dtype)
+    prompt_mask = torch.zeros((rows, width), dtype=t["attention_mask"].dtype)
+    for i, row in enumerate(ids):
+        prompts[i, width - len(row) :] = torch.tensor(row, dtype=prompts.dtype)
+        prompt_mask[i, width - len(row) :] = 1
+    responses = t["responses"]
+    response_attn = t["attention_mask"][:, -responses.shape[1] :]
+    attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+        "response_mask": t["response_mask"],
+    }
+    return DataProto.from_dict(tensors=tensors, meta_info=dict(batch.meta_info))

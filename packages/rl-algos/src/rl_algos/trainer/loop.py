@@ -37,6 +37,7 @@ import torch
 
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
+from rl_algos.distill import TEACHER_LOG_PROB
 from rl_algos.errors import USER_ERRORS, InputError
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
@@ -53,6 +54,7 @@ from rl_algos.trainer.batch_ops import (
     timed,
     tool_metrics,
     trim_padding,
+    with_prompts,
 )
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
 from rl_algos.trainer.failover import FailoverPolicy, lost_worker
@@ -206,7 +208,11 @@ class RLTrainer(ValidationRuns):
         )
         with timed(setup, "datasets"):
             dataset = DATASETS.get(data.dataset)
-            self.train_set = dataset(list(data.train_files), name="data.train_files", **common)
+            teacher_key = cfg.distill.teacher_prompt_key if cfg.distill.enabled else None
+            extra_keys = {"extra_prompt_keys": [teacher_key]} if teacher_key else {}
+            self.train_set = dataset(
+                list(data.train_files), name="data.train_files", **common, **extra_keys
+            )
             self.train_loader = PromptDataLoader(
                 self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
             )
@@ -399,6 +405,16 @@ class RLTrainer(ValidationRuns):
         batch.meta_info.pop("loader_state", None)
         return batch, batch.meta_info.pop("producer_metrics", {})
 
+    def _teacher_log_probs(self, batch: DataProto) -> DataProto:
+        """The teacher's log-prob of every response token: after the student's prompt, or
+        after the row's own teacher prompt (``distill.teacher_prompt_key``)."""
+        key = self.config.distill.teacher_prompt_key
+        if key is None:
+            return self.groups.actor.compute_teacher_log_prob(batch)
+        view = with_prompts(batch, f"{key}_ids", self.train_set.pad_token_id)
+        out = self.groups.actor.compute_teacher_log_prob(view)
+        return DataProto.from_dict(tensors={TEACHER_LOG_PROB: out.batch[TEACHER_LOG_PROB]})
+
     def train_step(self) -> dict[str, float]:
         """One RL step; returns its metrics."""
         cfg, groups = self.config, self.groups
@@ -412,7 +428,7 @@ class RLTrainer(ValidationRuns):
                 batch = batch.union(groups.actor.compute_ref_log_prob(batch))
         if cfg.distill.enabled:
             with timed(timing, "teacher_log_prob"):
-                batch = batch.union(groups.actor.compute_teacher_log_prob(batch))
+                batch = batch.union(self._teacher_log_probs(batch))
         if self.recompute_old_log_probs:
             with timed(timing, "old_log_prob"):
                 old = groups.actor.compute_log_prob(batch)
