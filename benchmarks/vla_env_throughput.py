@@ -90,7 +90,10 @@ def steps_per_s(env: Any, seconds: float, chunk: int, seed: int = 0) -> float:
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "grpo_vla_reach.yaml")
-OLD_RUNNER = "packages/rl-multimodal/src/rl_multimodal/vla/envs/workers.py"
+# the single-process runner: `run_episodes(policy, env, seeds, max_steps)` in this file,
+# until the commit that moved the loop onto worker groups (the last to remove the string)
+OLD_RUNNER = "packages/rl-multimodal/src/rl_multimodal/vla/rollout.py"
+OLD_SIGNATURE = "    policy: VLAPolicy,"
 
 BASELINE = """
 import json, sys, time, functools, torch
@@ -124,7 +127,7 @@ def baseline_loop(rounds: int) -> dict[str, float] | str:
     import tempfile
 
     removed = subprocess.run(
-        ["git", "-C", REPO, "rev-list", "-1", "HEAD", "--", OLD_RUNNER],
+        ["git", "-C", REPO, "log", "-1", "--format=%H", "-S", OLD_SIGNATURE, "--", OLD_RUNNER],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     if not removed:

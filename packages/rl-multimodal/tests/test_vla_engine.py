@@ -213,3 +213,18 @@ def test_lora_on_the_vla_policy_trains_adapters_and_heads_and_exports_merged(tmp
         done |= res.done
         obs = res.observation
     assert float(success.mean()) == rows[-1]["val/success_rate"]
+
+
+def test_act_returns_each_rows_pixels_not_the_whole_batch():
+    """The rollout role's output goes through Ray: each row's pixel tensor must own its
+    storage (a view of the batch's pixels pickles all of them: 32 rows were 174 MB per
+    call instead of 5 MB, and the policy loop ran 2x slower)."""
+    import pickle
+
+    torch.manual_seed(0)
+    policy = build_vla_policy(_model_config(), 0).eval()
+    env = ReachEnv(8, REACH)
+    out = act_on(policy, observations_proto(env.reset(list(range(8))), False))
+    rows = out.non_tensor_batch["multi_modal_inputs"]
+    pixels = sum(r["pixel_values"].numel() * r["pixel_values"].element_size() for r in rows)
+    assert len(pickle.dumps(rows)) < 1.2 * pixels

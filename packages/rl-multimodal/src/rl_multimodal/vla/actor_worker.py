@@ -79,7 +79,9 @@ def act_on(policy: Any, batch: DataProto) -> DataProto:
         out = policy.act(inputs, greedy=bool(batch.meta_info.get("greedy", False)))
     mm = np.empty(len(obs), dtype=object)
     for i, (px, grid) in enumerate(zip(inputs.pixel_values, inputs.image_grid_thw, strict=True)):
-        mm[i] = {"pixel_values": px, "image_grid_thw": grid.unsqueeze(0)}
+        # clone: px is a view of the whole batch's pixels, and pickling a view sends its
+        # entire storage (32 rows: 174 MB instead of 5 MB per call)
+        mm[i] = {"pixel_values": px.clone(), "image_grid_thw": grid.unsqueeze(0).clone()}
     tensors = {
         "env_actions": torch.from_numpy(out.env_actions),
         "prompt_ids": inputs.input_ids,
