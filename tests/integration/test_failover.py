@@ -274,16 +274,16 @@ def test_split_rollout_replicas_lost_mid_generation_and_mid_sync_are_replaced(
     ray_cluster, raw_config, tmp_path
 ):
     """``rollout.placement=split`` with two replicas, ``on_replica_loss=replace``: replica 1
-    is killed as step 2's generation is dispatched, replica 0 as step 3's weight sync
-    starts. The run trains all 4 steps with full batches (each prompt's group complete,
-    no row twice), no trainer restart, and the metrics count both losses."""
+    is killed as step 2's generation is dispatched, replica 0 as the weight sync that ends
+    step 2 starts. The run trains all 3 steps with full batches (each prompt's group
+    complete, no row twice), no trainer restart, and the metrics count both losses."""
     import ray
 
     config = load_config(
         raw_config(tmp_path / "run", "grpo"),
         [
             *FAST,
-            "trainer.total_steps=4",
+            "trainer.total_steps=3",
             "trainer.save_every=0",
             "rollout.placement=split",
             "rollout.num_replicas=2",
@@ -308,7 +308,7 @@ def test_split_rollout_replicas_lost_mid_generation_and_mid_sync_are_replaced(
         return out
 
     def sync_with_a_kill() -> float:
-        if trainer.global_step == 2 and len(victims) == 1:  # the sync that ends step 3
+        if trainer.global_step == 1 and len(victims) == 1:  # the sync that ends step 2
             victims.append(manager.replicas[0])
             ray.kill(manager.replicas[0].actor)
         return sync()
@@ -320,9 +320,9 @@ def test_split_rollout_replicas_lost_mid_generation_and_mid_sync_are_replaced(
     finally:
         trainer.close()
     assert len(victims) == 2
-    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    assert [h["step"] for h in history] == [1, 2, 3]
     n = config.rollout.n
-    assert groups == [[n] * config.data.train_batch_size] * 4  # every group whole, no row twice
+    assert groups == [[n] * config.data.train_batch_size] * 3  # every group whole, no row twice
     assert trainer.failover.restarts == 0
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert rows[-1]["rollout/replicas_lost"] == 2

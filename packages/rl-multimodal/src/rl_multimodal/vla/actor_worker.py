@@ -77,11 +77,11 @@ def act_on(policy: Any, batch: DataProto) -> DataProto:
     with torch.no_grad():
         inputs = policy.process(obs)
         out = policy.act(inputs, greedy=bool(batch.meta_info.get("greedy", False)))
+    # what the update needs to rebuild the pixels: the frame and its instruction (uint8,
+    # 8x smaller than the processed pixel values; the processor is deterministic)
     mm = np.empty(len(obs), dtype=object)
-    for i, (px, grid) in enumerate(zip(inputs.pixel_values, inputs.image_grid_thw, strict=True)):
-        # clone: px is a view of the whole batch's pixels, and pickling a view sends its
-        # entire storage (32 rows: 174 MB instead of 5 MB per call)
-        mm[i] = {"pixel_values": px.clone(), "image_grid_thw": grid.unsqueeze(0).clone()}
+    for i in range(len(obs)):
+        mm[i] = {"image": obs.images[i].copy(), "instruction": obs.instructions[i]}
     tensors = {
         "env_actions": torch.from_numpy(out.env_actions),
         "prompt_ids": inputs.input_ids,

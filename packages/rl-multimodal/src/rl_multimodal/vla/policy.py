@@ -316,17 +316,25 @@ class VLAPolicy(nn.Module):
         """The engine's forward (`rl_core.engine.models`): ``[b, R]`` log-probs, entropy and
         values of the batch's actions. Rows are `steps_to_batch` rows: the prompt, then the
         ``R`` action tokens (tokens head; gaussian head: one placeholder token, the raw
-        action in ``raw_actions``), the image in ``multi_modal_inputs``."""
+        action in ``raw_actions``), each row's frame and instruction in ``multi_modal_inputs``
+        (the pixels are processed here again, exactly as when the action was taken)."""
         batch = micro_batch.batch
         width = batch["responses"].shape[1]
         ids, mask = batch["input_ids"], batch["attention_mask"]
         rows = micro_batch.non_tensor_batch["multi_modal_inputs"]
         dtype = self._pixel_dtype()
+        pixels = self.process(  # the frames the actions were taken on, processed again
+            EnvObservation(
+                np.stack([r["image"] for r in rows]),
+                np.zeros((len(rows), 0), np.float32),
+                [r["instruction"] for r in rows],
+            )
+        )
         inputs = PolicyInputs(
             ids[:, :-width],
             mask[:, :-width],
-            [r["pixel_values"].to(ids.device, dtype) for r in rows],
-            torch.cat([r["image_grid_thw"] for r in rows]).to(ids.device),
+            [px.to(ids.device, dtype) for px in pixels.pixel_values],
+            pixels.image_grid_thw.to(ids.device),
         )
         actions = batch["responses"] if self.config.head == "tokens" else batch["raw_actions"]
         log_probs, values, entropy = self.evaluate(inputs, actions, temperature)
