@@ -113,13 +113,19 @@ def _jsonl(run: Path) -> list[dict]:
 
 def test_rl_train_vla_resumes_exactly_and_exports_a_policy_that_acts_the_same(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    assert _run(full) == 0
-    assert _run(part, "trainer.total_steps=2") == 0
-    assert _run(part, "trainer.resume=latest") == 0
+    # the cosine schedule's length fixed: unset, it follows trainer.total_steps (1 vs 3 here)
+    schedule = "actor.optim.total_steps=12"
+    assert _run(full, schedule) == 0
+    assert _run(part, schedule, "trainer.total_steps=1") == 0
+    assert _run(part, schedule, "trainer.resume=latest") == 0
     a = {r["step"]: r for r in _jsonl(full)}
     b = {r["step"]: r for r in _jsonl(part)}
-    for key in ("actor/pg_loss", "actor/grad_norm", "train/mean_return", "val/success_rate"):
-        assert b[3][key] == a[3][key], key  # the resumed step 3 is the uninterrupted one
+    assert a[2]["actor/no_signal"] == 0.0  # the resumed run trains at least one step
+    for step in (2, 3):  # the resumed steps are the uninterrupted ones
+        keys = {k for k in a[step] if not k.startswith(("timing/", "perf/"))}
+        assert keys == {k for k in b[step] if not k.startswith(("timing/", "perf/"))}
+        for key in keys:
+            assert b[step][key] == a[step][key], (step, key)
     from safetensors.torch import load_file  # noqa: F401
 
     from rl_engines.fsdp import FSDPEngine
@@ -235,3 +241,23 @@ def test_act_returns_each_rows_frame_not_the_batchs_pixels():
     with torch.no_grad():
         logp = policy(batch, outputs=("log_probs",))["log_probs"]
     torch.testing.assert_close(logp, batch.batch["old_log_probs"], rtol=0, atol=1e-6)
+
+
+def test_a_step_without_learning_signal_leaves_the_weights_alone(tmp_path):
+    """Every group all-failure: all advantages are 0, so the update is skipped. AdamW would
+    still move every weight along the momentum of step 1 (epochs x mini-batches times)."""
+    assert _run(tmp_path, "trainer.total_steps=1") == 0
+    step1 = _jsonl(tmp_path)[-1]
+    assert step1["actor/no_signal"] == 0.0 and step1["actor/grad_norm"] > 0, step1
+    # the target now too far to reach in 3 moves of 0.05: nobody succeeds
+    assert _run(tmp_path, "trainer.total_steps=2", "trainer.resume=latest",
+                "env.options.step_size=0.05", "env.options.distance=0.45") == 0  # fmt: skip
+    step2 = _jsonl(tmp_path)[-1]
+    assert step2["step"] == 2 and step2["actor/no_signal"] == 1.0, step2
+    assert step2["train/success_rate"] == 0.0
+    from rl_engines.fsdp import FSDPEngine
+
+    before = FSDPEngine.read_checkpoint_weights(str(tmp_path / "checkpoints/step_1/actor"))
+    after = FSDPEngine.read_checkpoint_weights(str(tmp_path / "checkpoints/step_2/actor"))
+    for name in before:
+        assert torch.equal(before[name], after[name]), name

@@ -16,7 +16,7 @@ prompt's last token is at position -1 of every row.
 
 ``image_grid > 0`` adds an image adapter: the vision tower's image tokens (layer-normed) are
 average-pooled to an ``image_grid x image_grid`` grid (so *where* things are is kept),
-flattened and projected (zero-initialised: the policy starts as without it) onto the hidden
+centred (each channel minus its mean over the grid), flattened and projected (zero-initialised: the policy starts as without it) onto the hidden
 states the heads read. With the ``tokens`` head it gives one term per action dimension
 (``[B, action_dim, H]``): the hidden state at the position that predicts dimension ``d``
 gets term ``d``, and the value head reads term 0 (the prompt's last position). One term
@@ -30,6 +30,13 @@ where things are in the image (its hidden state varies by ~2% across images, and
 first updates wash the tiny random tower's features out of the image tokens' hidden
 states), so without this path a policy that must find a position does
 not learn it from RL in minutes; a pretrained VLM should not need it.
+
+Why centred: of the uncentred grid's energy, 97.6% is the same for every reach frame (the
+background; 64 frames, the tiny random tower). The adapter's gradient was then nearly the
+same for every image, so GRPO moved every image toward the one action that paid most often,
+the policy became deterministic on a constant move, and with every group all-success or
+all-failure the learning signal stopped (the one-step learning test: seeds 2-3 stuck at
+0.19-0.62). Centred, the shared part is 59.7% and all four seeds reach 1.0 by step 20.
 
 ``freeze_vision`` keeps the vision tower fixed. With a random tower it is needed: its
 output is tiny (mean |x| ~0.02), and Adam's first updates (each weight moves by ~lr
@@ -289,7 +296,9 @@ class VLAPolicy(nn.Module):
         for f, (t, h, w) in zip(feats, inputs.image_grid_thw.tolist(), strict=True):
             f = nn.functional.layer_norm(f.float(), f.shape[-1:])  # the tower's scale is arbitrary
             maps = f.view(int(t), int(h) // merge, int(w) // merge, -1).mean(0).permute(2, 0, 1)
-            pooled.append(nn.functional.adaptive_avg_pool2d(maps, (g, g)).flatten())
+            grid = nn.functional.adaptive_avg_pool2d(maps, (g, g))
+            # minus each channel's mean over the grid: what every frame shares goes (see above)
+            pooled.append((grid - grid.mean(dim=(1, 2), keepdim=True)).flatten())
         terms = self.image_adapter(torch.stack(pooled))
         return terms.view(len(pooled), self._bias_terms, -1)
 

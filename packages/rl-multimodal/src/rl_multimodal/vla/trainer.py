@@ -25,6 +25,7 @@ or ``local`` (both in this process, for debugging and fast tests): the same code
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -95,6 +96,13 @@ class VLATrainer:
             self.close()
             raise
 
+    def _max_updates(self) -> int:
+        """Optimizer steps of the whole run when every episode runs to `vla.max_steps` (the
+        length a cosine schedule is sized for when `actor.optim.total_steps` is unset)."""
+        cfg = self.config
+        rows = self.vla.groups * cfg.rollout.n * self.vla.max_steps
+        return cfg.trainer.total_steps * cfg.actor.epochs * -(-rows // cfg.actor.mini_batch_size)
+
     def _start_actor(self, spec: Any) -> Any:
         from rl_multimodal.vla.engine_model import policy_options
 
@@ -109,7 +117,9 @@ class VLATrainer:
                 compute_dtype=cfg.model.compute_dtype,
                 lora=cfg.model.lora,
             ),
-            optim=a.optim,
+            optim=dataclasses.replace(
+                a.optim, total_steps=a.optim.total_steps or self._max_updates()
+            ),
             parallel=a.parallel,
             micro_batch=MicroBatchConfig(a.micro_batch_size, a.max_tokens_per_micro_batch),
             seed=trainer.seed,
@@ -230,7 +240,14 @@ class VLATrainer:
         batch = ep.to_batch(adv, returns, self.pad_id)
         batch.meta_info["global_step"] = step
         t1 = time.perf_counter()
-        metrics = dict(self.actor.update_actor(batch).meta_info.get("metrics", {}))
+        if returns is None and not np.any(adv * ep.mask):
+            # every group all-success or all-failure: no policy gradient. AdamW would still
+            # move the weights along its stale momentum (epochs x mini-batches times), so the
+            # update is skipped.
+            metrics = {"actor/no_signal": 1.0}
+        else:
+            metrics = dict(self.actor.update_actor(batch).meta_info.get("metrics", {}))
+            metrics["actor/no_signal"] = 0.0
         self.global_step = step
         dt = time.perf_counter() - t0
         metrics.update(
