@@ -123,7 +123,9 @@ def test_a_misbehaving_server_is_a_named_error(mode, error, says):
         start = time.monotonic()
         with pytest.raises(error) as info:
             env.step(turn("5", 1))
-        assert time.monotonic() - start < 10
+        # 2 s and the error: the client's close handshake with the stuck server (up to 10 s)
+        # happens off the caller's path (it took 12 s on a loaded machine when it did not)
+        assert time.monotonic() - start < 6
         assert info.value.env_name == f"openenv:{URL}" and info.value.turn == 1
         assert says in str(info.value)
     finally:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,11 +96,23 @@ class OpenEnvTextEnv(TextEnv):
         self._client = client
         return client
 
-    def _disconnect(self) -> None:
+    def _disconnect(self, wait: bool = True) -> None:
+        """Close the session. ``wait=False`` (after a time-out) closes it on a daemon
+        thread: a server that stopped answering also leaves the close handshake unanswered,
+        and the WebSocket client would wait its own close time-out (10 s) before the caller
+        hears of the time-out."""
         client, self._client = self._client, None
-        if client is not None:
+        if client is None:
+            return
+
+        def close() -> None:
             with contextlib.suppress(Exception):  # the session may be gone already
                 client.close()
+
+        if wait:
+            close()
+        else:
+            threading.Thread(target=close, name="openenv-close", daemon=True).start()
 
     def _call(self, fn: Any, what: str, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -107,7 +120,7 @@ class OpenEnvTextEnv(TextEnv):
         except TextEnvError:
             raise
         except TimeoutError:
-            self._disconnect()
+            self._disconnect(wait=False)
             raise EnvTimeoutError(
                 self.name,
                 self._turn,
