@@ -16,8 +16,8 @@ prompt's last token is at position -1 of every row.
 
 ``image_grid > 0`` adds an image adapter: the vision tower's image tokens (layer-normed) are
 average-pooled to an ``image_grid x image_grid`` grid (so *where* things are is kept),
-centred (each channel minus its mean over the grid), flattened and projected (zero-initialised: the policy starts as without it) onto the hidden
-states the heads read. With the ``tokens`` head it gives one term per action dimension
+centred (each channel minus its mean over the grid), flattened and projected
+(zero-initialised: the policy starts as without it) onto the hidden states the heads read. With the ``tokens`` head it gives one term per action dimension
 (``[B, action_dim, H]``): the hidden state at the position that predicts dimension ``d``
 gets term ``d``, and the value head reads term 0 (the prompt's last position). One term
 shared by every position cannot work: the bins of every dimension are read through the same
