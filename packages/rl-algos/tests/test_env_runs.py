@@ -108,8 +108,22 @@ def test_failed_episodes_are_dropped_and_counted():
         "env/failed_episodes/b": 1.0,
     }
     with pytest.raises(EnvFailureBoundError, match=r"1 of 4 episodes failed \(25%\), over "
-                       r"env.max_failure_fraction=0.2; first error: environment 'b' turn 1"):  # fmt: skip
+                       r"env.max_failure_fraction=0.2; errors: 1x environment 'b' turn 1"):  # fmt: skip
         drop_failed_episodes(batch, 0.2)
+    # a dead worker fails every episode on it, each at its own call: all distinct errors are
+    # named with their counts, most frequent first, whatever the row order
+    died = "the environment worker process died (exit code 13)"
+    shared = _episodes(
+        [f"env 'b': open(): {died}", f"env 'b' turn 1: step(): {died}",
+         f"env 'b' turn 1: step(): {died}", "e4", "e5", "e5", None, None],
+        ["b"] * 8,
+    )  # fmt: skip
+    with pytest.raises(EnvFailureBoundError) as err:
+        drop_failed_episodes(shared, 0.5)
+    assert str(err.value).endswith(
+        f"errors: 2x env 'b' turn 1: step(): {died}; 2x e5; 1x env 'b': open(): {died}; "
+        "and 1 other distinct errors"
+    )
     with pytest.raises(EnvFailureBoundError, match="2 of 2 episodes failed"):
         drop_failed_episodes(_episodes(["x", "y"], ["a", "a"]), 1.0)
     _, val = drop_failed_episodes(batch, 0.5, "val")

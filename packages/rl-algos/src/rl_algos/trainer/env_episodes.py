@@ -15,6 +15,7 @@ with `EnvFailureBoundError`. Nothing is scored 0 in their place.
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -160,15 +161,26 @@ def drop_failed_episodes(
             sum(f and n == name for f, n in zip(failed, names, strict=True))
         )
     share = float(failed.mean()) if len(batch) else 0.0
-    first = next((e for e in errors if e), None)
     if failed.all() or share > max_failure_fraction:
         raise EnvFailureBoundError(
             f"{int(failed.sum())} of {len(batch)} episodes failed ({share:.0%}), over "
-            f"env.max_failure_fraction={max_failure_fraction:g}; first error: {first}"
+            f"env.max_failure_fraction={max_failure_fraction:g}; errors: "
+            + _error_summary([str(e) for e in errors if e])
         )
     if not failed.any():
         return batch, metrics
     return batch[np.flatnonzero(~failed)], metrics
+
+
+def _error_summary(errors: list[str], most: int = 3) -> str:
+    """The distinct errors, most frequent first, with their counts. Episodes that share a
+    worker process all fail when it dies, each at its own call, so the one that caused it is
+    among several messages and no single "first" error is reliably the cause."""
+    counts = Counter(errors)
+    shown = [f"{n}x {message}" for message, n in counts.most_common(most)]
+    if len(counts) > most:
+        shown.append(f"and {len(counts) - most} other distinct errors")
+    return "; ".join(shown)
 
 
 def episode_metrics(batch: DataProto, prefix: str = "env") -> dict[str, float]:
