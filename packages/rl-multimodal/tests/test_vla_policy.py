@@ -30,7 +30,8 @@ def test_token_head_log_probs_match_a_full_vocab_forward(model_path):
     out = policy.act(inputs)
     ids = out.actions
     assert set(ids.flatten().tolist()) <= set(policy.action_tokenizer.token_ids.tolist())
-    # reference: the model's own logits over the whole vocabulary, restricted to the bins
+    # reference: the model's own logits over the whole vocabulary, restricted to the bins,
+    # with its own multimodal rotary positions (derived from the image tokens' types)
     full = torch.cat([inputs.input_ids, ids], 1)
     with torch.no_grad():
         logits = policy.model(
@@ -38,6 +39,7 @@ def test_token_head_log_probs_match_a_full_vocab_forward(model_path):
             attention_mask=torch.cat([inputs.attention_mask, torch.ones_like(ids)], 1),
             pixel_values=torch.cat(inputs.pixel_values),
             image_grid_thw=inputs.image_grid_thw,
+            mm_token_type_ids=(full == policy.model.config.image_token_id).int(),
         ).logits.double()
     L = inputs.input_ids.shape[1]
     bins = torch.as_tensor(policy.action_tokenizer.token_ids)
@@ -57,7 +59,7 @@ def test_gaussian_head_log_prob_is_the_normal_density(model_path):
     torch.testing.assert_close(log_probs.detach(), out.log_probs)
     with torch.no_grad():
         L = inputs.input_ids.shape[1]
-        state = policy._hidden(inputs, None)[:, L - 1]
+        state = policy._hidden(inputs, None, policy._image_features(inputs))[:, L - 1]
         mean = policy.mean_head(state).double()
     std = policy.log_std.detach().exp().double()
     x = out.actions.double()
@@ -179,11 +181,28 @@ def test_image_adapter_reads_the_grid_centred_so_shared_content_gives_no_term(mo
 
     tower.get_image_features = uniform_tokens
     try:
-        flat = policy._image_bias(inputs)
+        flat = policy._image_bias(inputs, policy._image_features(inputs))
     finally:
         tower.get_image_features = real
     bias = policy.image_adapter.bias.view(1, *flat.shape[1:]).expand_as(flat)
     torch.testing.assert_close(flat, bias, atol=1e-6, rtol=0)
-    terms = policy._image_bias(inputs)
+    terms = policy._image_bias(inputs, policy._image_features(inputs))
     assert (terms - bias).abs().amax(dim=(1, 2)).min() > 1e-3  # every real frame has a term
     assert (terms[0] - terms[1]).abs().max() > 1e-3  # targets elsewhere, other terms
+
+
+def test_one_tower_pass_gives_what_the_pixels_give(model_path):
+    """The tower's output handed to the language model (one pass per act) and the pixels
+    (an older transformers: the model runs the tower itself) give the same log-probs."""
+    torch.manual_seed(0)
+    config = VLAPolicyConfig(head="tokens", image_grid=3)
+    policy = VLAPolicy.from_pretrained(model_path, ReachEnv(1).action_spec, config)
+    torch.nn.init.normal_(policy.image_adapter.weight, std=0.1)
+    inputs = policy.process(ReachEnv(4).reset([0, 1, 2, 3]))
+    out = policy.act(inputs)
+    shared = policy.evaluate(inputs, out.actions)
+    assert policy._takes_encoder_outputs  # the locked transformers takes the tower's output
+    policy._takes_encoder_outputs = False
+    for a, b in zip(shared, policy.evaluate(inputs, out.actions), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(out.log_probs, shared[0], rtol=0, atol=1e-6)

@@ -77,11 +77,6 @@ def act_on(policy: Any, batch: DataProto) -> DataProto:
     with torch.no_grad():
         inputs = policy.process(obs)
         out = policy.act(inputs, greedy=bool(batch.meta_info.get("greedy", False)))
-    # what the update needs to rebuild the pixels: the frame and its instruction (uint8,
-    # 8x smaller than the processed pixel values; the processor is deterministic)
-    mm = np.empty(len(obs), dtype=object)
-    for i in range(len(obs)):
-        mm[i] = {"image": obs.images[i].copy(), "instruction": obs.instructions[i]}
     tensors = {
         "env_actions": torch.from_numpy(out.env_actions),
         "prompt_ids": inputs.input_ids,
@@ -93,7 +88,8 @@ def act_on(policy: Any, batch: DataProto) -> DataProto:
         tensors["raw_actions"] = out.actions.float()
     else:
         tensors["action_tokens"] = out.actions
-    return DataProto.from_dict(tensors=tensors, non_tensors={"multi_modal_inputs": mm})
+    # no frames: the caller sent them and keeps them for the update (`Episodes.to_batch`)
+    return DataProto.from_dict(tensors=tensors)
 
 
 class VLAActorWorker(Worker):
@@ -140,8 +136,9 @@ class VLAActorWorker(Worker):
     # ------------------------------------------------------------------ rollout role
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def act(self, batch: DataProto) -> DataProto:
-        """One action per observation row: the env actions, the policy inputs the update
-        will need (prompt ids, image inputs), the actions' tokens, log-probs and values."""
+        """One action per observation row: the env actions, the prompt ids the update will
+        need, the actions' tokens, log-probs and values (not the frames: the caller has
+        them)."""
         return act_on(self.policy, batch)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

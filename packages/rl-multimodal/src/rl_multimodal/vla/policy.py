@@ -46,6 +46,7 @@ whatever its gradient) erase the differences between image tokens within a few s
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -188,6 +189,7 @@ class VLAPolicy(nn.Module):
         vocab = int(model.config.get_text_config().vocab_size)
         self.action_tokenizer = action_tokenizer_for(self.tokenizer, vocab, action_spec, config)
         self.image_adapter: nn.Linear | None = None
+        self._takes_encoder_outputs: bool | None = None  # see _image_kwargs
         # the adapter's terms: tokens, one per action dimension (module docstring); gaussian, one
         self._bias_terms = action_spec.action_dim if config.head == "tokens" else 1
         if config.image_grid:
@@ -266,7 +268,34 @@ class VLAPolicy(nn.Module):
             grid,
         )
 
-    def _hidden(self, inputs: PolicyInputs, extra_ids: torch.Tensor | None) -> torch.Tensor:
+    def _image_features(self, inputs: PolicyInputs) -> Any:
+        """The vision tower's output for the rows' images (``pooler_output``: per row its
+        image tokens), computed once per forward and shared by the language model's image
+        placeholders and the image adapter."""
+        return self.model.model.get_image_features(
+            torch.cat(inputs.pixel_values), inputs.image_grid_thw
+        )
+
+    def _positions(self, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor) -> Any:
+        """``[3, B, S]`` multimodal rotary positions (temporal, height, width; text after
+        the image continues from its largest) for models that have them (Qwen2-VL,
+        Qwen2.5-VL), counted from each row's first real token (prompts are left-padded);
+        None for other models. Without them the model would number every token 0..S-1,
+        the image's too, and count the left padding."""
+        owner = self.model.model
+        if not callable(getattr(owner, "get_rope_index", None)):
+            return None
+        types = (ids == self.model.config.image_token_id).int()
+        positions, _ = owner.get_rope_index(
+            input_ids=ids, mm_token_type_ids=types, image_grid_thw=grid, attention_mask=mask
+        )
+        return positions
+
+    def _hidden(
+        self, inputs: PolicyInputs, extra_ids: torch.Tensor | None, features: Any
+    ) -> torch.Tensor:
+        """``[B, L (+extra), H]`` last hidden states of the prompt (+ `extra_ids` appended);
+        `features` is `_image_features`' output for `inputs`."""
         ids, mask = inputs.input_ids, inputs.attention_mask
         if extra_ids is not None and extra_ids.shape[1]:
             ids = torch.cat([ids, extra_ids], dim=1)
@@ -274,12 +303,23 @@ class VLAPolicy(nn.Module):
         out = self.model.model(
             input_ids=ids,
             attention_mask=mask,
-            pixel_values=torch.cat(inputs.pixel_values),
+            position_ids=self._positions(ids, mask, inputs.image_grid_thw),
             image_grid_thw=inputs.image_grid_thw,
+            **self._image_kwargs(inputs, features),
         )
-        return out.last_hidden_state  # [B, L (+extra), H]
+        return out.last_hidden_state
 
-    def _image_bias(self, inputs: PolicyInputs) -> torch.Tensor | None:
+    def _image_kwargs(self, inputs: PolicyInputs, features: Any) -> dict[str, Any]:
+        """The tower's output when the model takes it (transformers' ``mm_encoder_outputs``),
+        else the pixels (an older transformers: the tower runs again, same values)."""
+        if self._takes_encoder_outputs is None:
+            params = inspect.signature(type(self.model.model).forward).parameters
+            self._takes_encoder_outputs = "mm_encoder_outputs" in params
+        if self._takes_encoder_outputs:
+            return {"mm_encoder_outputs": {"image": features}}
+        return {"pixel_values": torch.cat(inputs.pixel_values)}
+
+    def _image_bias(self, inputs: PolicyInputs, features: Any) -> torch.Tensor | None:
         """The image adapter's terms added to the hidden states the heads read (None: off).
 
         ``[B, action_dim, H]`` for the tokens head (term ``d`` for the position predicting
@@ -288,9 +328,7 @@ class VLAPolicy(nn.Module):
         if self.image_adapter is None:
             return None
         g = self.config.image_grid
-        feats = self.model.model.get_image_features(
-            torch.cat(inputs.pixel_values), inputs.image_grid_thw
-        ).pooler_output  # per row: [t*h*w/merge^2, H], raster order
+        feats = features.pooler_output  # per row: [t*h*w/merge^2, H], raster order
         merge = int(self.model.config.vision_config.spatial_merge_size)
         pooled = []
         for f, (t, h, w) in zip(feats, inputs.image_grid_thw.tolist(), strict=True):
@@ -388,10 +426,11 @@ class VLAPolicy(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """(log_probs, values, entropy) of `actions` (as in `PolicyOutput.actions`), with grad."""
         L = inputs.input_ids.shape[1]
+        features = self._image_features(inputs)
+        bias = self._image_bias(inputs, features)
         if self.config.head == "tokens":
-            hidden = self._hidden(inputs, actions[:, :-1])
+            hidden = self._hidden(inputs, actions[:, :-1], features)
             heads_in = hidden[:, L - 1 :]  # [B, D, H]: position d predicts dimension d
-            bias = self._image_bias(inputs)
             if bias is not None:
                 heads_in = heads_in + bias
             state = heads_in[:, 0]
@@ -402,17 +441,16 @@ class VLAPolicy(nn.Module):
             log_probs = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         else:
-            state = self._state(inputs)
+            state = self._state(inputs, features, bias)
             dist = self._gaussian(state)
             log_probs = dist.log_prob(actions.float()).sum(-1, keepdim=True)
             entropy = dist.entropy().sum(-1, keepdim=True)
         values = self.value_head(state.float()).squeeze(-1)
         return log_probs, values, entropy
 
-    def _state(self, inputs: PolicyInputs) -> torch.Tensor:
+    def _state(self, inputs: PolicyInputs, features: Any, bias: Any) -> torch.Tensor:
         """``[B, H]``: the prompt's last hidden state (+ the image adapter's term)."""
-        state = self._hidden(inputs, None)[:, -1]
-        bias = self._image_bias(inputs)
+        state = self._hidden(inputs, None, features)[:, -1]
         return state if bias is None else state + bias[:, 0]
 
     def _gaussian(self, state: torch.Tensor) -> torch.distributions.Normal:
@@ -421,24 +459,31 @@ class VLAPolicy(nn.Module):
 
     @torch.no_grad()
     def act(self, inputs: PolicyInputs, greedy: bool = False) -> PolicyOutput:
-        """Sample (or take the mode of) one action per row; no grad."""
+        """Sample (or take the mode of) one action per row; no grad. The vision tower runs
+        once; the tokens head runs the language model once per action dimension and takes
+        each dimension's log-prob (and the value, at the prompt's last position) from those
+        passes: what `evaluate` gives for the same actions, without a pass of its own."""
         low = torch.as_tensor(self.action_spec.low)
         high = torch.as_tensor(self.action_spec.high)
+        features = self._image_features(inputs)
+        bias = self._image_bias(inputs, features)
         if self.config.head == "tokens":
             ids = torch.as_tensor(self.action_tokenizer.token_ids)
             chosen = torch.zeros(len(inputs.input_ids), 0, dtype=torch.long)
-            bias = self._image_bias(inputs)
+            log_probs, values = [], None
             for d in range(self.action_spec.action_dim):
-                last = self._hidden(inputs, chosen)[:, -1:]
+                last = self._hidden(inputs, chosen, features)[:, -1]
                 if bias is not None:
-                    last = last + bias[:, d : d + 1]
-                logits = self._bin_logits(last)[:, 0].float()
-                k = logits.argmax(-1) if greedy else torch.multinomial(logits.softmax(-1), 1)[:, 0]
+                    last = last + bias[:, d]
+                if values is None:  # the prompt's last position: the value head's state
+                    values = self.value_head(last.float()).squeeze(-1)
+                logp = torch.log_softmax(self._bin_logits(last).float(), -1)
+                k = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1)[:, 0]
+                log_probs.append(logp.gather(-1, k[:, None]))
                 chosen = torch.cat([chosen, ids[k].unsqueeze(1)], dim=1)
-            log_probs, values, _ = self.evaluate(inputs, chosen)
             env_actions = self.action_tokenizer.decode(chosen)
-            return PolicyOutput(env_actions, chosen, log_probs, values)
-        state = self._state(inputs)
+            return PolicyOutput(env_actions, chosen, torch.cat(log_probs, -1), values)
+        state = self._state(inputs, features, bias)
         dist = self._gaussian(state)
         raw = dist.mean if greedy else dist.sample()
         env_actions = torch.maximum(torch.minimum(raw, high), low).numpy().astype(np.float32)

@@ -36,6 +36,8 @@ class StepRecord:
     t: int
     rows: np.ndarray
     out: DataProto  # `VLAActorWorker.act`'s output for these rows
+    images: np.ndarray  # uint8 [n, H, W, 3]: the frames the actions were taken on
+    instructions: list[str]
 
 
 @dataclass
@@ -110,7 +112,9 @@ class Episodes:
                 ret = torch.as_tensor(returns[rec.rows, rec.t], dtype=torch.float32)
                 tensors["returns"] = ret[:, None].expand(n, r).contiguous()
                 tensors["values"] = b["values"][:, None].expand(n, r).contiguous()
-            mm = rec.out.non_tensor_batch["multi_modal_inputs"]
+            mm = np.empty(n, dtype=object)  # the update processes each row's frame again
+            for i in range(n):  # (a copy each: a row pickles its own frame, not the batch's)
+                mm[i] = {"image": rec.images[i].copy(), "instruction": rec.instructions[i]}
             parts.append(DataProto.from_dict(tensors, {"multi_modal_inputs": mm}))
         return DataProto.concat(parts)
 
@@ -152,9 +156,12 @@ def run_episodes(
             frames[t][h] = obs[h].images
             sel = np.flatnonzero(active)
             tp = time.perf_counter()
-            out = actor.act(observations_proto(obs[h].select(sel), greedy))
+            seen = obs[h].select(sel)
+            out = actor.act(observations_proto(seen, greedy))
             ep.policy_time_s += time.perf_counter() - tp
-            ep.records.append(StepRecord(t, rows[h][sel], out))
+            ep.records.append(
+                StepRecord(t, rows[h][sel], out, seen.images, list(seen.instructions))
+            )
             ep.mask[rows[h][sel], t] = 1.0
             ep.env_steps += len(sel)
             actions = np.zeros((len(rows[h]), *out.batch["env_actions"].shape[1:]), np.float32)
