@@ -140,3 +140,18 @@ def test_a_teacher_prompt_without_a_teacher_is_refused():
     cfg = load_config(TINY, ["distill.teacher_path=tiny-random:qwen2",
                              "distill.teacher_prompt_key=teacher_prompt"])  # fmt: skip
     assert cfg.distill.teacher_prompt_key == "teacher_prompt"
+
+
+def test_guided_samples_are_refused_where_they_cannot_work():
+    for overrides, path, value, words in (
+        (["rollout.guide_prompt_key=g"], "rollout.guided_n", 0, "in 1..rollout.n (2)"),
+        (["rollout.guide_prompt_key=g", "rollout.guided_n=3"], "rollout.guided_n", 3,
+         "in 1..rollout.n (2)"),
+        (["rollout.guided_n=2"], "rollout.guided_n", 2, "without rollout.guide_prompt_key"),
+        (["rollout.guide_prompt_key=g", "rollout.guided_n=2", "async.max_staleness=1"],
+         "rollout.guide_prompt_key", "g", "belong to the guide's prompt"),
+    ):  # fmt: skip
+        err = _error(overrides)
+        assert (err.path, err.value) == (path, value) and words in str(err), str(err)
+    cfg = load_config(TINY, ["rollout.guide_prompt_key=g", "rollout.guided_n=2"])
+    assert (cfg.rollout.guide_prompt_key, cfg.rollout.guided_n) == ("g", 2)

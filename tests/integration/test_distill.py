@@ -263,3 +263,87 @@ def test_context_distillation_teacher_reads_its_own_prompt(make_config, tmp_path
                 differs += not close
     assert differs == len(batch)  # the student's prompt gives other log-probs
     assert tokenizer.decode(batch.non_tensor_batch["teacher_prompt_ids"][0]).count("Say") == 2
+
+
+def test_guided_samples_are_generated_after_the_guide_and_trained_after_the_own_prompt(
+    make_config, tmp_path
+):
+    """``rollout.guide_prompt_key``: the first ``guided_n`` samples of each group are
+    generated after the row's guide prompt, then scored and trained as responses to the
+    row's own prompt: the update's old log-probs of a guided response are those after the
+    own prompt (a single-process Hugging Face forward pass), not after the guide."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_algos.data import write_rows
+    from rl_algos.trainer.loop import RLTrainer
+    from rl_algos.trainer.model_source import resolve_model_path
+
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Say {w}"}],
+            "guide": [
+                {"role": "user", "content": "Say 12"},
+                {"role": "assistant", "content": "12"},
+                {"role": "user", "content": f"Say {w}"},
+            ],
+            "data_source": "digits",
+            "reward_model": {"style": "rule", "ground_truth": "12"},
+        }
+        for w in ("apples", "rivers", "clouds", "stones")
+    ]
+    train = write_rows(rows, tmp_path / "train.jsonl")
+    model = resolve_model_path("tiny-random:qwen2")
+    cfg = make_config("grpo", [
+        f"data.train_files=[{train}]", "rollout.guide_prompt_key=guide", "rollout.n=4",
+        "data.max_prompt_length=64",
+        "rollout.guided_n=1", "actor.recompute_old_log_probs=true", "trainer.backend=local",
+        "trainer.num_workers=1", "trainer.total_steps=1", "trainer.val_before_train=false",
+    ])  # fmt: skip
+    trainer = RLTrainer(cfg)
+    generated: list[tuple[Any, Any]] = []
+    generate = trainer.rollout.generate_sequences
+
+    def recording_generate(batch: Any) -> Any:
+        out = generate(batch)
+        generated.append((batch, out))
+        return out
+
+    updates: list[Any] = []
+    update_actor = trainer.groups.actor.update_actor
+    trainer.rollout.generate_sequences = recording_generate
+    trainer.groups.actor.update_actor = lambda b: (updates.append(b), update_actor(b))[1]
+    try:
+        (metrics,) = trainer.fit()
+    finally:
+        trainer.close()
+    ((asked, sampled),) = generated
+    (batch,) = updates
+    nt = asked.non_tensor_batch
+    guided = nt["guided"]
+    assert guided.tolist() == [i % 4 == 0 for i in range(len(asked))]
+    for i in range(len(asked)):  # the generator read the guide on guided rows only
+        want = nt["guide_ids"][i] if guided[i] else nt["own_prompt_ids"][i]
+        assert list(nt["raw_prompt_ids"][i]) == list(want)
+        assert list(nt["own_prompt_ids"][i]) != list(nt["guide_ids"][i])
+    assert metrics["rollout/guided_share"] == 0.25
+    assert {"reward/guided_mean", "reward/own_mean"} <= set(metrics)
+    assert "rollout_log_probs" not in set(batch.batch.keys())  # they belong to the guide
+    reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    temperature = float(batch.meta_info["temperature"])
+    mask = batch.batch["response_mask"].bool()
+    rows_by_seed = {int(s): i for i, s in enumerate(sampled.non_tensor_batch["seed"])}
+    for i in range(len(batch)):
+        j = rows_by_seed[int(batch.non_tensor_batch["seed"][i])]
+        length = int(mask[i].sum())
+        response = batch.batch["responses"][i, :length].tolist()
+        assert response == sampled.batch["responses"][j, :length].tolist()  # as generated
+        prompt = list(batch.non_tensor_batch["raw_prompt_ids"][i])
+        assert prompt == list(nt["own_prompt_ids"][j])  # trained after the own prompt
+        real = batch.batch["attention_mask"][i, : batch.batch["prompts"].shape[1]].bool()
+        assert batch.batch["prompts"][i][real].tolist() == prompt
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + response])).logits[0].double()
+        logp = (logits[len(prompt) - 1 : -1] / temperature).log_softmax(-1)
+        want = logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+        got = batch.batch["old_log_probs"][i, :length].double()
+        assert torch.allclose(got, want, atol=2e-4), (i, got, want)

@@ -170,6 +170,26 @@ def test_arithmetic_teacher_prompt_is_the_problem_after_worked_demos(tokenizer):
             ArithmeticTask(teacher_few_shot=bad)
 
 
+def test_a_guide_prompt_is_held_to_max_prompt_length_the_teachers_is_not(tokenizer):
+    rows = make_splits(ArithmeticTask(digits=(1,), teacher_few_shot=3), 20, 0, seed=3)["train"]
+    own = max(len(i["raw_prompt_ids"]) for i in PromptDataset(rows, tokenizer, 1024))
+    guides = sorted(
+        len(i["teacher_prompt_ids"])
+        for i in PromptDataset(rows, tokenizer, 1024, extra_prompt_keys=["teacher_prompt"])
+    )
+    limit = guides[10]  # every own prompt fits, some guides do not
+    assert own <= limit < guides[-1]
+    taught = PromptDataset(rows, tokenizer, limit, extra_prompt_keys=["teacher_prompt"])
+    assert len(taught) == 20  # a teacher's prompt is read, not generated after
+    guided = PromptDataset(rows, tokenizer, limit, generation_prompt_keys=["teacher_prompt"])
+    assert 0 < len(guided) < 20 and guided.num_filtered == 20 - len(guided)
+    assert all(len(i["teacher_prompt_ids"]) <= limit for i in guided)
+    with pytest.raises(DataError, match=rf"column 'teacher_prompt': \d+ tokens > "
+                       rf"data.max_prompt_length={limit} \(the rollout generates after it"):  # fmt: skip
+        PromptDataset(rows, tokenizer, limit, generation_prompt_keys=["teacher_prompt"],
+                      filter_overlong_prompts=False)  # fmt: skip
+
+
 def test_generate_command_takes_the_new_arithmetic_options(tmp_path):
     out = tmp_path / "arith"
     args = ["arithmetic", "--out", str(out), "--train-size", "30", "--test-size", "5"]

@@ -123,6 +123,13 @@ def _check_consistency(cfg: RLConfig) -> None:
     key = cfg.distill.teacher_prompt_key
     check(key is None or cfg.distill.enabled, "distill.teacher_prompt_key", key,
           "null unless distill.teacher_path names the teacher that reads it")  # fmt: skip
+    guide = cfg.rollout.guide_prompt_key
+    check(guide is None or (cfg.actor.loss.rollout_correction is None
+                            and cfg.async_.max_staleness == 0),
+          "rollout.guide_prompt_key", guide,
+          "null with actor.loss.rollout_correction or async.max_staleness > 0: a guided "
+          "sample's rollout log-probs belong to the guide's prompt, not to the prompt it "
+          "trains on")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)
@@ -139,6 +146,7 @@ def _check_text_env_run(cfg: RLConfig) -> None:
         ("data.val_files", cfg.data.val_files),
         ("data.generate.task", cfg.data.generate.task),
         ("reward.function_path", cfg.reward.function_path),
+        ("rollout.guide_prompt_key", cfg.rollout.guide_prompt_key),
     ):
         if value:
             raise _conflict(key, value, "empty with an env section: episodes and rewards "

@@ -297,9 +297,34 @@ class RolloutSectionConfig:
     (the pool shrinks) or ends the run (`fail`); its in-flight requests go again. Colocated:
     the rollout lives in a training worker, whose loss the trainer's failover handles."""
 
+    guide_prompt_key: str | None = None
+    """Guided samples: `guided_n` of each prompt's `n` samples are generated after the
+    row's prompt column `guide_prompt_key` instead (e.g. the arithmetic task's
+    ``teacher_prompt``: the same problem after worked demos), then trained, like the
+    others, as responses to the row's own prompt. Their group's advantages compare them
+    with the model's own answers, so what the guide's context makes the model say (a
+    format, a method) is pushed into the bare prompt: context distillation by sampling,
+    with no teacher model. The update treats them as on-policy (their old log-probs are
+    recomputed after the own prompt; no importance weight for the other context): a
+    biased gradient, by design. null: off."""
+    guided_n: int = 0
+    """How many of each prompt's `n` samples are guided (1..n with `guide_prompt_key`)."""
+
     def __post_init__(self) -> None:
         _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
         _positive(self, "num_replicas")
+        check(
+            self.guide_prompt_key is None or 1 <= self.guided_n <= self.n,
+            "guided_n",
+            self.guided_n,
+            f"in 1..rollout.n ({self.n}) with guide_prompt_key {self.guide_prompt_key!r}",
+        )
+        check(
+            self.guide_prompt_key is not None or self.guided_n == 0,
+            "guided_n",
+            self.guided_n,
+            "0 without rollout.guide_prompt_key (which prompt column guides the samples?)",
+        )
         check(self.cpus_per_replica > 0, "cpus_per_replica", self.cpus_per_replica, "> 0")
         check(self.gpus_per_replica >= 0, "gpus_per_replica", self.gpus_per_replica, ">= 0")
         check(

@@ -36,7 +36,9 @@ class PromptDataset:
     ``reward_model.ground_truth`` (or a ``ground_truth`` column) raises `DataError`.
     Each of `extra_prompt_keys` (e.g. a distillation teacher's own prompt,
     ``distill.teacher_prompt_key``) is a further prompt column every row must have,
-    rendered the same way into ``<key>_ids`` (not limited by `max_prompt_length`).
+    rendered the same way into ``<key>_ids`` (not limited by `max_prompt_length`); each
+    of `generation_prompt_keys` (``rollout.guide_prompt_key``) too, but the rollout
+    generates after it, so it is held to `max_prompt_length` like the prompt.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class PromptDataset:
         filter_overlong_prompts: bool = True,
         require_ground_truth: bool = False,
         extra_prompt_keys: Sequence[str] = (),
+        generation_prompt_keys: Sequence[str] = (),
         name: str = "data",
     ) -> None:
         if max_prompt_length < 1:
@@ -82,9 +85,27 @@ class PromptDataset:
             row["raw_prompt_ids"] = list(prompt_ids)
             row["index"] = index
             self.items.append(row)
-        for key in extra_prompt_keys:
+        for key in dict.fromkeys([*extra_prompt_keys, *generation_prompt_keys]):
             self._tokenize_extra(key, apply_chat_template, chat_template_kwargs or {})
+        for key in generation_prompt_keys:
+            self._bound_length(key, filter_overlong_prompts)
         self._count_filtered()
+
+    def _bound_length(self, key: str, filter_overlong: bool) -> None:
+        """Drop (or refuse) the rows whose ``<key>_ids`` is longer than max_prompt_length."""
+        kept = []
+        for item in self.items:
+            n = len(item[f"{key}_ids"])
+            if n <= self.max_prompt_length:
+                kept.append(item)
+            elif not filter_overlong:
+                raise DataError(
+                    self.name, item["index"], key,
+                    f"{n} tokens > data.max_prompt_length={self.max_prompt_length} (the "
+                    "rollout generates after it; set data.filter_overlong_prompts=true to "
+                    "drop such rows)",
+                )  # fmt: skip
+        self.items = kept
 
     def _tokenize_extra(self, key: str, chat: bool, kwargs: dict[str, Any]) -> None:
         """``<key>_ids`` of every kept row from its `key` column (a prompt)."""

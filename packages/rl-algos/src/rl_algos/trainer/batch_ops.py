@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from contextlib import contextmanager
 from time import perf_counter
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,9 +17,12 @@ from rl_core.rollout import ROUTED_EXPERTS
 __all__ = [
     "add_group_ids_and_seeds",
     "batch_metrics",
+    "guide_prompts",
+    "guided_metrics",
     "timed",
     "tool_metrics",
     "trim_padding",
+    "unguide_prompts",
     "with_prompts",
 ]
 
@@ -127,20 +132,12 @@ def tool_metrics(batch: DataProto, prefix: str) -> dict[str, float]:
     return metrics
 
 
-def with_prompts(batch: DataProto, key: str, pad_token_id: int) -> DataProto:
-    """The rollout `batch` with each row's prompt replaced by the token ids of its non-tensor
-    field `key` (e.g. a distillation teacher's own prompt) and its response kept: new
-    left-padded ``prompts``, ``input_ids``, ``attention_mask``, ``position_ids`` (the
-    layout of `rl_core.rollout`); ``responses`` and ``response_mask`` as they were, so
-    per-token outputs stay aligned with the original batch's responses. Only the tensors
-    a log-prob pass reads are carried (no rollout log-probs: they belong to the other
-    prompt)."""
+def _prompt_layout(
+    batch: DataProto, ids: Sequence[Sequence[int]], pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """The rollout layout's prompt-dependent tensors of `batch` with row ``i``'s prompt
+    replaced by ``ids[i]`` (left-padded) and its response kept."""
     t = batch.batch
-    if key not in batch.non_tensor_batch:
-        raise KeyError(f"with_prompts: the batch has no non-tensor field {key!r}")
-    ids = [list(x) for x in batch.non_tensor_batch[key]]
-    if not all(ids):
-        raise ValueError(f"with_prompts: a row's {key!r} is empty")
     rows, width = len(ids), max(len(x) for x in ids)
     prompts = torch.full((rows, width), pad_token_id, dtype=t["prompts"].dtype)
     prompt_mask = torch.zeros((rows, width), dtype=t["attention_mask"].dtype)
@@ -150,12 +147,90 @@ def with_prompts(batch: DataProto, key: str, pad_token_id: int) -> DataProto:
     responses = t["responses"]
     response_attn = t["attention_mask"][:, -responses.shape[1] :]
     attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
-    tensors = {
+    return {
         "prompts": prompts,
-        "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),
         "attention_mask": attention_mask,
         "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-        "response_mask": t["response_mask"],
     }
+
+
+def _row_ids(values: Any, key: str) -> list[list[int]]:
+    ids = [[int(t) for t in x] for x in values]
+    if not all(ids):
+        raise ValueError(f"a row's {key!r} is empty")
+    return ids
+
+
+def with_prompts(batch: DataProto, key: str, pad_token_id: int) -> DataProto:
+    """The rollout `batch` with each row's prompt replaced by the token ids of its non-tensor
+    field `key` (e.g. a distillation teacher's own prompt) and its response kept: new
+    left-padded ``prompts``, ``input_ids``, ``attention_mask``, ``position_ids`` (the
+    layout of `rl_core.rollout`); ``responses`` and ``response_mask`` as they were, so
+    per-token outputs stay aligned with the original batch's responses. Only the tensors
+    a log-prob pass reads are carried (no rollout log-probs: they belong to the other
+    prompt)."""
+    if key not in batch.non_tensor_batch:
+        raise KeyError(f"with_prompts: the batch has no non-tensor field {key!r}")
+    ids = _row_ids(batch.non_tensor_batch[key], f"with_prompts: {key}")
+    tensors = _prompt_layout(batch, ids, pad_token_id)
+    tensors["responses"] = batch.batch["responses"]
+    tensors["response_mask"] = batch.batch["response_mask"]
     return DataProto.from_dict(tensors=tensors, meta_info=dict(batch.meta_info))
+
+
+# what a rollout computed after its prompt: meaningless once the prompt is another
+PROMPT_BOUND_TENSORS = ("rollout_log_probs", ROUTED_EXPERTS)
+
+
+def guide_prompts(batch: DataProto, key: str, guided: np.ndarray) -> DataProto:
+    """The prompt rows `batch` (``raw_prompt_ids``) for generation, the `guided` rows
+    (bool mask) reading their non-tensor field `key` (token ids) instead of their own
+    prompt; their own ids go to ``own_prompt_ids`` for `unguide_prompts`."""
+    nt = batch.non_tensor_batch
+    if key not in nt:
+        raise KeyError(
+            f"rollout.guide_prompt_key: the prompt rows have no field {key!r} (fields: "
+            f"{sorted(nt)}); the data must give every row that prompt"
+        )
+    out = DataProto.from_dict(
+        tensors=dict(batch.batch.items()),
+        non_tensors=dict(nt),
+        meta_info=dict(batch.meta_info),
+    )
+    own = np.empty(len(batch), dtype=object)
+    own[:] = [list(x) for x in nt["raw_prompt_ids"]]
+    ids = own.copy()
+    for i in np.flatnonzero(guided):
+        ids[i] = _row_ids([nt[key][i]], key)[0]
+    out.non_tensor_batch["own_prompt_ids"] = own
+    out.non_tensor_batch["raw_prompt_ids"] = ids
+    out.non_tensor_batch["guided"] = np.asarray(guided, dtype=bool)
+    return out
+
+
+def unguide_prompts(batch: DataProto, pad_token_id: int) -> DataProto:
+    """The rollout `batch` of `guide_prompts`' rows with every row's prompt its own again
+    (``own_prompt_ids``), responses kept, and without the tensors computed after the guide's
+    prompt (`PROMPT_BOUND_TENSORS`): the update recomputes what it needs."""
+    nt = batch.non_tensor_batch
+    own = nt["own_prompt_ids"]
+    tensors = {k: v for k, v in batch.batch.items() if k not in PROMPT_BOUND_TENSORS}
+    tensors.update(_prompt_layout(batch, _row_ids(own, "own_prompt_ids"), pad_token_id))
+    non_tensors = {k: v for k, v in nt.items() if k != "own_prompt_ids"}
+    non_tensors["raw_prompt_ids"] = own
+    return DataProto.from_dict(
+        tensors=tensors, non_tensors=non_tensors, meta_info=dict(batch.meta_info)
+    )
+
+
+def guided_metrics(batch: DataProto) -> dict[str, float]:
+    """Mean score of the guided samples and of the model's own (`guide_prompts`' rows,
+    scored): how much the guide's context helps, and what the update pushes towards."""
+    guided = np.asarray(batch.non_tensor_batch["guided"], dtype=bool)
+    scores = batch.batch["token_level_scores"].sum(-1)
+    metrics = {"rollout/guided_share": float(guided.mean())}
+    for name, rows in (("guided", guided), ("own", ~guided)):
+        if rows.any():
+            metrics[f"reward/{name}_mean"] = float(scores[torch.from_numpy(rows)].mean())
+    return metrics

@@ -51,9 +51,12 @@ from rl_algos.trainer.async_rollout import (
 from rl_algos.trainer.batch_ops import (
     add_group_ids_and_seeds,
     batch_metrics,
+    guide_prompts,
+    guided_metrics,
     timed,
     tool_metrics,
     trim_padding,
+    unguide_prompts,
     with_prompts,
 )
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
@@ -209,7 +212,12 @@ class RLTrainer(ValidationRuns):
         with timed(setup, "datasets"):
             dataset = DATASETS.get(data.dataset)
             teacher_key = cfg.distill.teacher_prompt_key if cfg.distill.enabled else None
-            extra_keys = {"extra_prompt_keys": [teacher_key]} if teacher_key else {}
+            guide_key = cfg.rollout.guide_prompt_key
+            extra_keys: dict[str, list[str]] = {}  # only when set: other datasets lack them
+            if teacher_key:
+                extra_keys["extra_prompt_keys"] = [teacher_key]
+            if guide_key:
+                extra_keys["generation_prompt_keys"] = [guide_key]
             self.train_set = dataset(
                 list(data.train_files), name="data.train_files", **common, **extra_keys
             )
@@ -274,7 +282,13 @@ class RLTrainer(ValidationRuns):
         # the sampling temperature is the generator's own (rollout.temperature)
         batch.meta_info.update(prompt_length=cfg.data.max_prompt_length)
         version = self.rollout.version
+        guide = cfg.rollout.guide_prompt_key
+        if guide is not None:  # the first guided_n samples of each group read the guide
+            guided = np.arange(len(batch)) % cfg.rollout.n < cfg.rollout.guided_n
+            batch = guide_prompts(batch, f"{guide}_ids", guided)
         out = self.rollout.generate_sequences(batch)
+        if guide is not None:
+            out = unguide_prompts(out, self.train_set.pad_token_id)
         out.meta_info["rollout_version"] = version
         failover = {  # rollout failover counters (split/remote pools), once there was a loss
             k: v
@@ -288,6 +302,8 @@ class RLTrainer(ValidationRuns):
         if cfg.algorithm.adv_estimator == "remax":
             out.batch["reward_baselines"] = self._greedy_baselines(prompts, out, index, round_index)
             metrics["reward/baseline_mean"] = float(out.batch["reward_baselines"].mean())
+        if guide is not None:
+            metrics.update(guided_metrics(out))
         out.meta_info["reward_metrics"] = {**metrics, **failover}
         return out
 
