@@ -170,6 +170,25 @@ def test_arithmetic_teacher_prompt_is_the_problem_after_worked_demos(tokenizer):
             ArithmeticTask(teacher_few_shot=bad)
 
 
+def test_arithmetic_teacher_system_prompt_opens_the_teacher_prompt_only():
+    calc = "You are a calculator."
+    task = ArithmeticTask(digits=(1,), teacher_few_shot=1, teacher_system_prompt=calc)
+    for row in make_splits(task, 5, 0, seed=3)["train"]:
+        assert [m["role"] for m in row["prompt"]] == ["user"]
+        assert row["teacher_prompt"][0] == {"role": "system", "content": calc}
+        assert row["teacher_prompt"][-1] == row["prompt"][-1]
+    both = ArithmeticTask(digits=(1,), system_prompt="S", teacher_few_shot=1,
+                          teacher_system_prompt=calc)  # fmt: skip
+    row = make_splits(both, 1, 0, seed=3)["train"][0]
+    assert row["prompt"][0]["content"] == "S"
+    assert [m["content"] for m in row["teacher_prompt"] if m["role"] == "system"] == [calc]
+    for bad, words in (("", "non-empty string"), (3, "non-empty string")):
+        with pytest.raises(ValueError, match=f"teacher_system_prompt must be .*{words}"):
+            ArithmeticTask(teacher_few_shot=1, teacher_system_prompt=bad)
+    with pytest.raises(ValueError, match="teacher_system_prompt needs teacher_few_shot >= 1"):
+        ArithmeticTask(teacher_system_prompt=calc)
+
+
 def test_a_guide_prompt_is_held_to_max_prompt_length_the_teachers_is_not(tokenizer):
     rows = make_splits(ArithmeticTask(digits=(1,), teacher_few_shot=3), 20, 0, seed=3)["train"]
     own = max(len(i["raw_prompt_ids"]) for i in PromptDataset(rows, tokenizer, 1024))

@@ -120,7 +120,9 @@ class ArithmeticTask:
     demos only), so training mixes zero-shot and few-shot prompts. `teacher_few_shot`
     (0-8): each row also gets ``teacher_prompt``, the same prompt with that many worked
     demos before the problem (per-problem demos), for context distillation
-    (``distill.teacher_prompt_key: teacher_prompt``)."""
+    (``distill.teacher_prompt_key: teacher_prompt``) or guided samples
+    (``rollout.guide_prompt_key: teacher_prompt``); `teacher_system_prompt` opens it with
+    that system prompt (replacing `system_prompt` there)."""
 
     min_value: int = 0
     max_value: int = 99
@@ -138,6 +140,7 @@ class ArithmeticTask:
     instruction_share: float = 1.0
     instruction_example: bool = True
     teacher_few_shot: int = 0
+    teacher_system_prompt: str | None = None
 
     data_source = "arithmetic"
 
@@ -189,6 +192,17 @@ class ArithmeticTask:
             raise ValueError(
                 f"arithmetic: teacher_few_shot must be an integer 0..8, got {teacher!r}"
             )
+        system = self.teacher_system_prompt
+        if system is not None and (not isinstance(system, str) or not system.strip()):
+            raise ValueError(
+                f"arithmetic: teacher_system_prompt must be null or a non-empty string, got "
+                f"{system!r}"
+            )
+        if system is not None and not teacher:
+            raise ValueError(
+                "arithmetic: teacher_system_prompt needs teacher_few_shot >= 1 (there is no "
+                "teacher prompt without it)"
+            )
         low = self.few_shot_min
         if low is not None:
             if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low <= self.few_shot:
@@ -226,7 +240,10 @@ class ArithmeticTask:
                 raise self._too_few_demos("")
         row = _row(self.data_source, question, answer, self.system_prompt)
         if self.teacher_few_shot:  # the same problem after worked demos, for a teacher
-            teacher = [dict(m) for m in row["prompt"]]
+            teacher = [dict(m) for m in row["prompt"] if m["role"] != "system"]
+            if self.teacher_system_prompt or self.system_prompt:
+                system = self.teacher_system_prompt or self.system_prompt
+                teacher.insert(0, {"role": "system", "content": system})
             teacher[-1:-1] = self._demos(expression, self.teacher_few_shot)
             row["teacher_prompt"] = teacher
         if self.few_shot:  # after the system prompt, before the problem
