@@ -196,6 +196,24 @@ def test_a_teacher_with_another_vocabulary_stops_the_run_before_any_worker(make_
     assert "\n" not in str(err.value)
 
 
+def _say_rows(second_prompt_key: str) -> list[dict[str, Any]]:
+    """Four "Say <word>" rows, each with a second prompt under `second_prompt_key`: the same
+    request after one worked demo."""
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"Say {w}"}],
+            second_prompt_key: [
+                {"role": "user", "content": "Say 12"},
+                {"role": "assistant", "content": "12"},
+                {"role": "user", "content": f"Say {w}"},
+            ],
+            "data_source": "digits",
+            "reward_model": {"style": "rule", "ground_truth": "12"},
+        }
+        for w in ("apples", "rivers", "clouds", "stones")
+    ]
+
+
 def test_context_distillation_teacher_reads_its_own_prompt(make_config, tmp_path):
     """``distill.teacher_prompt_key``: the teacher's log-probs of each sampled response are
     those after the row's teacher prompt (checked against a single-process Hugging Face
@@ -207,19 +225,7 @@ def test_context_distillation_teacher_reads_its_own_prompt(make_config, tmp_path
     from rl_algos.trainer.loop import RLTrainer
     from rl_algos.trainer.model_source import resolve_model_path
 
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": f"Say {w}"}],
-            "teacher_prompt": [
-                {"role": "user", "content": "Say 12"},
-                {"role": "assistant", "content": "12"},
-                {"role": "user", "content": f"Say {w}"},
-            ],
-            "data_source": "digits",
-            "reward_model": {"style": "rule", "ground_truth": "12"},
-        }
-        for w in ("apples", "rivers", "clouds", "stones")
-    ]
+    rows = _say_rows("teacher_prompt")
     train = write_rows(rows, tmp_path / "train.jsonl")
     model = resolve_model_path("tiny-random:qwen2")
     cfg = make_config("grpo", [
@@ -278,19 +284,7 @@ def test_guided_samples_are_generated_after_the_guide_and_trained_after_the_own_
     from rl_algos.trainer.loop import RLTrainer
     from rl_algos.trainer.model_source import resolve_model_path
 
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": f"Say {w}"}],
-            "guide": [
-                {"role": "user", "content": "Say 12"},
-                {"role": "assistant", "content": "12"},
-                {"role": "user", "content": f"Say {w}"},
-            ],
-            "data_source": "digits",
-            "reward_model": {"style": "rule", "ground_truth": "12"},
-        }
-        for w in ("apples", "rivers", "clouds", "stones")
-    ]
+    rows = _say_rows("guide")
     train = write_rows(rows, tmp_path / "train.jsonl")
     model = resolve_model_path("tiny-random:qwen2")
     cfg = make_config("grpo", [
