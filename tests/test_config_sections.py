@@ -150,6 +150,8 @@ def test_guided_samples_are_refused_where_they_cannot_work():
         (["rollout.guided_n=2"], "rollout.guided_n", 2, "without rollout.guide_prompt_key"),
         (["rollout.guide_prompt_key=g", "rollout.guided_n=2", "async.max_staleness=1"],
          "rollout.guide_prompt_key", "g", "belong to the guide's prompt"),
+        (["rollout.guide_prompt_key=g", "rollout.guided_n=2", "actor.router_replay=true"],
+         "rollout.guide_prompt_key", "g", "actor.router_replay"),
     ):  # fmt: skip
         err = _error(overrides)
         assert (err.path, err.value) == (path, value) and words in str(err), str(err)

@@ -9,9 +9,12 @@ import torch
 from rl_algos.trainer.batch_ops import (
     add_group_ids_and_seeds,
     batch_metrics,
+    guide_prompts,
+    guided_metrics,
     timed,
     tool_metrics,
     trim_padding,
+    unguide_prompts,
 )
 from rl_core.protocol import DataProto
 
@@ -180,3 +183,44 @@ def test_tool_metrics_from_the_agent_loops_counts():
         "rollout/num_turns/mean": 1.75,
     }
     assert tool_metrics(DataProto.from_dict({"x": torch.zeros(2, 1)}), "val") == {}
+
+
+def test_guided_rows_read_the_guide_and_come_back_with_their_own_prompt():
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": torch.zeros(3, 1, dtype=torch.long)},
+        non_tensors={
+            "raw_prompt_ids": [[11, 12], [21, 22, 23], [31]],
+            "g_ids": [[91, 92, 93, 94], [81], [71, 72]],
+        },
+    )
+    asked = guide_prompts(prompts, "g_ids", np.array([True, False, True]))
+    assert [list(x) for x in asked.non_tensor_batch["raw_prompt_ids"]] == [
+        [91, 92, 93, 94], [21, 22, 23], [71, 72]
+    ]  # fmt: skip
+    assert prompts.non_tensor_batch["raw_prompt_ids"][0] == [11, 12]  # the input is untouched
+    # the rollout's output (laid out after the guide, here by hand) gets its own prompts back
+    out = _rollout_batch()
+    out.non_tensor_batch.update(
+        own_prompt_ids=asked.non_tensor_batch["own_prompt_ids"],
+        guided=asked.non_tensor_batch["guided"],
+    )
+    back = unguide_prompts(out, PAD)
+    t = back.batch
+    assert t["prompts"].tolist() == [[PAD, 11, 12], [21, 22, 23], [PAD, PAD, 31]]
+    assert t["input_ids"][:, 3:].tolist() == out.batch["responses"].tolist()
+    assert t["attention_mask"].tolist() == [
+        [0, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0], [0, 0, 1, 0, 0, 0, 0]
+    ]  # fmt: skip
+    assert t["position_ids"][1].tolist() == [0, 1, 2, 3, 4, 4, 4]
+    assert "rollout_log_probs" not in set(t.keys())  # computed after the guide's prompt
+    assert "own_prompt_ids" not in back.non_tensor_batch
+    assert torch.equal(t["token_level_scores"], out.batch["token_level_scores"])
+    metrics = guided_metrics(back)  # row scores 1.0, 0.25, 0.0; rows 0 and 2 guided
+    assert metrics == {
+        "rollout/guided_share": pytest.approx(2 / 3),
+        "reward/guided_mean": pytest.approx(0.5),
+        "reward/own_mean": pytest.approx(0.25),
+    }
+    prompts.non_tensor_batch["g_ids"][2] = []
+    with pytest.raises(ValueError, match=r"g_ids: row 2 has no token ids \(expected a non-empty"):
+        guide_prompts(prompts, "g_ids", np.array([True, False, True]))

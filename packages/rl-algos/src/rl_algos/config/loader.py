@@ -125,11 +125,12 @@ def _check_consistency(cfg: RLConfig) -> None:
           "null unless distill.teacher_path names the teacher that reads it")  # fmt: skip
     guide = cfg.rollout.guide_prompt_key
     check(guide is None or (cfg.actor.loss.rollout_correction is None
-                            and cfg.async_.max_staleness == 0),
+                            and cfg.async_.max_staleness == 0
+                            and not cfg.actor.router_replay),
           "rollout.guide_prompt_key", guide,
-          "null with actor.loss.rollout_correction or async.max_staleness > 0: a guided "
-          "sample's rollout log-probs belong to the guide's prompt, not to the prompt it "
-          "trains on")  # fmt: skip
+          "null with actor.loss.rollout_correction, async.max_staleness > 0 or "
+          "actor.router_replay: a guided sample's rollout log-probs and routing belong to "
+          "the guide's prompt, not to the prompt it trains on")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)

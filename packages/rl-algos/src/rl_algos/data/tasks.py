@@ -240,10 +240,8 @@ class ArithmeticTask:
                 raise self._too_few_demos("")
         row = _row(self.data_source, question, answer, self.system_prompt)
         if self.teacher_few_shot:  # the same problem after worked demos, for a teacher
-            teacher = [dict(m) for m in row["prompt"] if m["role"] != "system"]
-            if self.teacher_system_prompt or self.system_prompt:
-                system = self.teacher_system_prompt or self.system_prompt
-                teacher.insert(0, {"role": "system", "content": system})
+            system = self.teacher_system_prompt or self.system_prompt
+            teacher = _row(self.data_source, question, answer, system)["prompt"]
             teacher[-1:-1] = self._demos(expression, self.teacher_few_shot)
             row["teacher_prompt"] = teacher
         if self.few_shot:  # after the system prompt, before the problem

@@ -156,9 +156,11 @@ def _prompt_layout(
 
 
 def _row_ids(values: Any, key: str) -> list[list[int]]:
+    """Each row's token ids of field `key`; a ValueError naming the first empty row."""
     ids = [[int(t) for t in x] for x in values]
-    if not all(ids):
-        raise ValueError(f"a row's {key!r} is empty")
+    empty = next((i for i, row in enumerate(ids) if not row), None)
+    if empty is not None:
+        raise ValueError(f"{key}: row {empty} has no token ids (expected a non-empty prompt)")
     return ids
 
 
@@ -200,9 +202,10 @@ def guide_prompts(batch: DataProto, key: str, guided: np.ndarray) -> DataProto:
     )
     own = np.empty(len(batch), dtype=object)
     own[:] = [list(x) for x in nt["raw_prompt_ids"]]
+    guide = _row_ids(nt[key], key)
     ids = own.copy()
     for i in np.flatnonzero(guided):
-        ids[i] = _row_ids([nt[key][i]], key)[0]
+        ids[i] = guide[i]
     out.non_tensor_batch["own_prompt_ids"] = own
     out.non_tensor_batch["raw_prompt_ids"] = ids
     out.non_tensor_batch["guided"] = np.asarray(guided, dtype=bool)
