@@ -17,6 +17,17 @@ def test_standin_device_behaves_like_an_accelerator(tmp_path):
         runner.run(standin_cases.behaviour, str(tmp_path))
 
 
+def test_standin_collectives_refuse_host_tensors_like_nccl(tmp_path):
+    """Every covered call on a device group refuses a host tensor, naming the operation,
+    the rank and the device; device tensors and explicit gloo groups work."""
+    with SpawnRunner(2, timeout_s=120.0) as runner:
+        results = runner.run(standin_cases.strict_collectives, str(tmp_path))
+    expected = {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+                "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all",
+                "send", "recv", "isend", "irecv", "batch_isend_irecv"}  # fmt: skip
+    assert all(set(r["refused"]) == expected for r in results), results
+
+
 def test_install_is_not_done_in_this_process():
     """The suite's own process stays a plain CPU process."""
     from rl_core.platform import PLATFORMS

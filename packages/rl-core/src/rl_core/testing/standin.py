@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from rl_core.platform import PLATFORMS, MemoryInfo, Platform
+from rl_core.testing import standin_collectives
 
 __all__ = ["DEVICE_TYPE", "StandInPlatform", "StandInTensor", "allocated_bytes", "install"]
 
@@ -269,7 +270,7 @@ class _DeviceModule:
         return 0
 
     def set_device(self, index: int) -> None:
-        pass
+        standin_collectives.mark_current_device(index)
 
     def synchronize(self, device: Any = None) -> None:
         pass
@@ -343,17 +344,19 @@ def install() -> torch.device:
     _FSDP_MOVE = _fsdp_init._move_states_to_device
     _fsdp_init._move_states_to_device = _move_states_to_device
     _KEEP.extend([fallback, factories])
+    standin_collectives.install()
     PLATFORMS.register(StandInPlatform.name, StandInPlatform)
     return _DEVICE
 
 
 class StandInPlatform(Platform):
-    """The ``standin`` device as a `Platform`: gloo, one device, float32 by default (the
-    device checks compare against float64 references), memory = `allocated_bytes`."""
+    """The ``standin`` device as a `Platform`: NCCL-strict process groups over gloo
+    (`rl_core.testing.standin_collectives`), one device, float32 by default (the device
+    checks compare against float64 references), memory = `allocated_bytes`."""
 
     name = "standin"
     device_type = DEVICE_TYPE
-    dist_backend = "gloo"
+    dist_backend = standin_collectives.BACKEND
     visible_devices_env = "STANDIN_VISIBLE_DEVICES"
     ray_resource = "standin"
     package = "rl-core (rl_core.testing.standin)"
