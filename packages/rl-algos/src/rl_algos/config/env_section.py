@@ -49,8 +49,10 @@ class EnvConfig:
 
     name/options: one environment; mix: several, each with a weight (give one or the other).
     num_workers: environment worker processes per node (CPU only), each reserving
-    cpus_per_worker CPUs (VLA: Ray actors that reset and step a batch of environments;
-    with two or more, two halves step while the policy acts for the other). max_concurrency: episodes
+    cpus_per_worker CPUs (null: text environments share what the training workers leave, at
+    most 1 each, `rl_algos.trainer.cpu_plan`; VLA: 1) (VLA: Ray actors that reset and step
+    a batch of environments; with two or more, two halves step while the policy acts for the
+    other). max_concurrency: episodes
     in flight per rollout worker. step_timeout_s / episode_timeout_s: an environment that
     takes longer fails its episode with a named error. max_failure_fraction: failed episodes
     are dropped from the update and counted; above this share of a step's episodes the run
@@ -60,7 +62,7 @@ class EnvConfig:
     options: dict[str, Any] = field(default_factory=dict)
     mix: list[EnvSpec] = field(default_factory=list)
     num_workers: int = 1
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float | None = None
     max_concurrency: int = 32
     step_timeout_s: float = 60.0
     episode_timeout_s: float = 600.0
@@ -85,7 +87,8 @@ class EnvConfig:
             self.options,
             "options of `name`; with `mix`, give each entry its own options",
         )
-        check(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")
+        check(self.cpus_per_worker is None or self.cpus_per_worker > 0, "cpus_per_worker",
+              self.cpus_per_worker, "null or > 0")  # fmt: skip
         # the worker count, concurrency and time limits follow the environment pool's rules
         TextEnvPoolConfig(
             num_workers=self.num_workers,

@@ -52,8 +52,14 @@ def check_text_envs(env: Any) -> None:
             )
 
 
-def text_env_pool_config(env: Any, backend: str = "process") -> dict[str, Any]:
-    """The rollout's ``env`` section (`TextEnvPoolConfig` as plain data) from ``env``."""
+def text_env_pool_config(
+    env: Any, backend: str = "process", cpus_per_worker: float | None = None
+) -> dict[str, Any]:
+    """The rollout's ``env`` section (`TextEnvPoolConfig` as plain data) from ``env``;
+    `cpus_per_worker`: the CPUs each worker reserves as `rl_algos.trainer.cpu_plan` resolved
+    them (default: ``env.cpus_per_worker``, 1 when null)."""
+    if cpus_per_worker is None:
+        cpus_per_worker = getattr(env, "cpus_per_worker", None) or 1.0
     return {
         "envs": {spec.name: dict(spec.options) for spec in env.specs},
         "backend": backend,
@@ -61,7 +67,7 @@ def text_env_pool_config(env: Any, backend: str = "process") -> dict[str, Any]:
         "max_concurrency": env.max_concurrency,
         "step_timeout_s": env.step_timeout_s,
         "episode_timeout_s": env.episode_timeout_s,
-        "num_cpus_per_worker": getattr(env, "cpus_per_worker", 1.0),
+        "num_cpus_per_worker": float(cpus_per_worker),
     }
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from rl_algos.errors import ConfigError
 from rl_algos.trainer.batch_ops import timed
+from rl_algos.trainer.cpu_plan import expected_cluster_cpus, plan_cpus
 from rl_algos.trainer.model_source import pack_model_dir
 from rl_algos.trainer.worker_config import (
     ActorWorkerConfig,
@@ -378,7 +379,8 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
         from rl_algos.trainer.env_episodes import text_env_pool_config
 
         backend = "ray" if cfg.trainer.backend == "ray" else "process"
-        config["env"] = text_env_pool_config(cfg.env, backend)
+        cpus = plan_cpus(cfg, expected_cluster_cpus(cfg)).env_cpus_per_worker
+        config["env"] = text_env_pool_config(cfg.env, backend, cpus)
         if cfg.env.max_tokens_per_turn is not None:
             config["sampling"]["max_tokens"] = cfg.env.max_tokens_per_turn
     if rollout.placement == "split":
@@ -451,6 +453,8 @@ def start_role_groups(
     uses_reference = actor.args[0].ref is not None
     trainer = cfg.trainer
     owned_ray = False
+    expected_cpus = expected_cluster_cpus(cfg)
+    plan = plan_cpus(cfg, expected_cpus)  # a placement that cannot fit fails before Ray
     if trainer.backend == "local":
         if trainer.num_workers != 1:
             raise ValueError(
@@ -473,10 +477,20 @@ def start_role_groups(
         with timed(timing, "ray_init"):
             owned_ray = ensure_ray(num_cpus)
         try:
+            cluster_cpus = float(ray.cluster_resources().get("CPU", 0.0))
+            if expected_cpus is None or abs(cluster_cpus - expected_cpus) > 1e-6:
+                plan = plan_cpus(cfg, cluster_cpus)  # the cluster joined: checked on its size
             workers_start = time.perf_counter()
             critic_split = needs_critic and cfg.critic.placement == "split"
             shares_cluster = critic_split or cfg.rollout.placement != "colocated"
-            groups = _ray_groups(trainer, roles, cfg.critic, critic_split, shares_cluster)
+            groups = _ray_groups(
+                trainer,
+                roles,
+                cfg.critic,
+                critic_split,
+                shares_cluster,
+                plan.trainer_cpus_per_worker,
+            )
             timing["workers_start"] = time.perf_counter() - workers_start
             _init_models(groups, timing)
         except BaseException:  # a failure or Ctrl-C while starting: stop what started
@@ -516,6 +530,7 @@ def _ray_groups(
     critic: Any,
     critic_split: bool,
     shares_cluster: bool,
+    planned_cpus: float | None = None,
 ) -> dict[str, WorkerGroup]:
     """The Ray worker groups of `roles` (colocated, or the critic apart when split).
     `shares_cluster`: other actors (a critic or rollout pool of their own) need CPUs too,
@@ -528,7 +543,7 @@ def _ray_groups(
     platform = platform_for_cluster(ray.cluster_resources(), trainer.platform)
     log.info("worker platform: %s", platform)
 
-    cpus = trainer.cpus_per_worker
+    cpus = planned_cpus if planned_cpus is not None else trainer.cpus_per_worker
     if cpus is None:
         cpus = 1.0
         if not shares_cluster:  # the training workers are all this run adds to the cluster
