@@ -24,6 +24,7 @@ from typing import Any
 from rl_algos.rewards import FileRewardFunction
 
 PHRASINGS = ("symbolic", "worded")
+NEGATIVE = "negative results"
 _SYMBOL_RE = re.compile(r"\d+\s*[-+*x\u00d7]\s*\d+")
 
 
@@ -46,6 +47,14 @@ def kind_of(row: dict[str, Any]) -> tuple[str, str, str]:
 def _pattern(number: str, letters: str) -> str:
     """'ab' for a two-digit number; '3 digits' past the letters given."""
     return letters[: len(number)] if len(number) <= len(letters) else f"{len(number)} digits"
+
+
+def _negative(row: dict[str, Any]) -> bool:
+    """Whether the row's answer is a negative number (a negative difference)."""
+    try:
+        return int(str(row["reward_model"]["ground_truth"])) < 0
+    except ValueError:
+        return False
 
 
 def evaluate(model_dir: str, rows: list[dict[str, Any]], batch_size: int, max_new_tokens: int):
@@ -80,21 +89,31 @@ def evaluate(model_dir: str, rows: list[dict[str, Any]], batch_size: int, max_ne
         for row, reply in zip(chunk, replies, strict=True):
             s = score(row["data_source"], reply, row["reward_model"]["ground_truth"])
             results.append(
-                {"kind": kind_of(row), "acc": s["acc"], "boxed": s["boxed"], "reply": reply}
+                {
+                    "kind": kind_of(row),
+                    "negative": _negative(row),
+                    "acc": s["acc"],
+                    "boxed": s["boxed"],
+                    "reply": reply,
+                }
             )
     return results
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """A markdown table: accuracy and boxed share per op, digit pattern and phrasing."""
+    """A markdown table: accuracy and boxed share per op, digit pattern, negative results
+    (rows whose answer is below 0, when there are any) and phrasing."""
     groups: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for r in results:
         op, digits, phrasing = r["kind"]
         for key in ("all", f"op {op}", digits, phrasing):
             groups[key].append(r)
+        if r.get("negative"):
+            groups[NEGATIVE].append(r)
 
-    def order(key: str) -> tuple[int, str]:  # all, the ops, the digit patterns, phrasings
-        rank = 0 if key == "all" else 1 if key.startswith("op ") else 3 if key in PHRASINGS else 2
+    def order(key: str) -> tuple[int, str]:  # all, ops, digit patterns, negatives, phrasings
+        rank = 0 if key == "all" else 1 if key.startswith("op ") else 2
+        rank = 3 if key == NEGATIVE else 4 if key in PHRASINGS else rank
         return rank, key
 
     lines = ["| problems | n | accuracy | right and boxed |", "|---|---:|---:|---:|"]

@@ -89,3 +89,25 @@ def test_table_counts_and_rates(by_kind):
     assert rows["ab + cd"] == "| ab + cd | 2 | 50.0% | 0.0% |"
     assert rows["symbolic"] == "| symbolic | 3 | 33.3% | 0.0% |"
     assert rows["worded"] == "| worded | 1 | 100.0% | 100.0% |"
+
+
+def test_negative_results_get_a_row_of_their_own(by_kind):
+    results = [
+        {"kind": ("-", "a - cd", "worded"), "negative": True, "acc": 1.0, "boxed": 1.0},
+        {"kind": ("-", "ab - cd", "symbolic"), "negative": True, "acc": 0.0, "boxed": 0.0},
+        {"kind": ("-", "ab - cd", "symbolic"), "negative": False, "acc": 1.0, "boxed": 0.0},
+    ]
+    lines = by_kind.table(results).splitlines()[2:]
+    rows = {line.split(" | ")[0][2:]: line for line in lines}
+    assert list(rows) == [
+        "all",
+        "op -",
+        "a - cd",
+        "ab - cd",
+        "negative results",
+        "symbolic",
+        "worded",
+    ]
+    assert rows["negative results"] == "| negative results | 2 | 50.0% | 50.0% |"
+    row = {"reward_model": {"ground_truth": "-38"}}
+    assert by_kind._negative(row) and not by_kind._negative({"reward_model": {"ground_truth": "5"}})

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from rl_algos.config.curriculum_section import CurriculumConfig
 from rl_algos.config.distill_section import DistillConfig
 from rl_algos.config.env_section import EnvConfig
 from rl_algos.config.judge_section import JudgeConfig
@@ -142,7 +143,9 @@ class DataConfig:
     max_prompt_length: longer prompts are dropped (counted) or rejected
     (`filter_overlong_prompts: false`); max_response_length: generation budget.
     extra_val_files: named validation sets besides `val_files` (name -> files); each is
-    validated with it and reported as ``val/<name>_<metric>`` (e.g. ``val/plain_accuracy``)."""
+    validated with it and reported as ``val/<name>_<metric>`` (e.g. ``val/plain_accuracy``).
+    curriculum: draw training prompts by kind after what the policy can learn
+    (rl_algos.config.curriculum_section)."""
 
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
@@ -158,6 +161,7 @@ class DataConfig:
     filter_overlong_prompts: bool = True
     dataset: str = "prompt"
     generate: DataGenerateConfig = field(default_factory=DataGenerateConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def __post_init__(self) -> None:
         _positive(self, "max_prompt_length", "max_response_length", "train_batch_size")
@@ -454,7 +458,11 @@ class DynamicSamplingConfig:
     """DAPO's dynamic sampling: keep generating until `data.train_batch_size` groups whose
     `metric` (seq_score, seq_reward or a reward extra such as acc) varies are collected;
     at most `max_rounds` generation rounds per step (0: no cap), then fail or, with
-    `accept_partial`, train on fewer groups."""
+    `accept_partial`, train on fewer groups. With ``data.curriculum`` (score
+    ``informative``) the prompts of each round are drawn by kind after the chance that
+    their group is kept here; both together: the curriculum lowers the share of dropped
+    groups (``dapo/kept_fraction`` up, ``dapo/gen_rounds`` down), dynamic sampling drops
+    those it could not avoid."""
 
     enabled: bool = False
     metric: str = "seq_score"

@@ -1,5 +1,6 @@
 """Data: verl-style parquet/jsonl rows, chat-templated prompt datasets, a resumable
-loader collating into DataProto, and generated tasks (arithmetic, countdown).
+loader collating into DataProto, a curriculum by kind (`CurriculumLoader`) and generated
+tasks (arithmetic, countdown).
 
 Attributes load lazily, so `rl_algos.data.generate` does not import torch.
 """
@@ -11,6 +12,8 @@ from rl_algos._lazy import lazy_attributes
 _EXPORTS = {
     "ArithmeticTask": "rl_algos.data.tasks",
     "CountdownTask": "rl_algos.data.tasks",
+    "CurriculumLoader": "rl_algos.data.curriculum",
+    "KindCurriculum": "rl_algos.data.curriculum",
     "PromptDataLoader": "rl_algos.data.loader",
     "PromptDataset": "rl_algos.data.dataset",
     "TASKS": "rl_algos.data.tasks",

@@ -132,6 +132,7 @@ class ReasoningGymTask:
             "data_source": DATA_SOURCE,
             "prompt": messages,
             "ability": self.dataset,
+            "kind": self.dataset,  # data.curriculum's kind: the generator
             "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
             "extra_info": {
                 "reasoning_gym": {

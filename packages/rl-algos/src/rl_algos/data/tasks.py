@@ -20,6 +20,7 @@ __all__ = [
     "TASKS",
     "ArithmeticTask",
     "CountdownTask",
+    "arithmetic_kind",
     "make_splits",
     "task_factory",
 ]
@@ -247,6 +248,7 @@ class ArithmeticTask:
         if self.few_shot:  # after the system prompt, before the problem
             row["prompt"][-1:-1] = self._demos(expression)
         row["extra_info"] = {"expression": expression}
+        row["kind"] = arithmetic_kind(expression, int(answer))
         return expression, row
 
     def _fixed_demos(self) -> tuple[set[str], list[dict[str, str]]]:
@@ -408,6 +410,27 @@ class CountdownTask:
         )
         row["extra_info"] = {"solution": solution}
         return f"{shown}->{target}", row
+
+
+def arithmetic_kind(expression: str, answer: int) -> str:
+    """The kind of an arithmetic problem (`data.curriculum`): its operators and operand
+    sizes, and ``<0`` when the result is negative. Two operands are written as the per-kind
+    tables do, ``ab`` a two-digit left operand and ``c`` a one-digit right one
+    ("45 * 7" -> ``ab*c``, "7 - 45" -> ``a-cd<0``); more operands as ``n`` per digit
+    ("12 + 3 * 4" -> ``nn+n*n``)."""
+    parts = expression.split()
+    numbers, ops = parts[::2], parts[1::2]
+    if len(numbers) == 2:
+        letters = [_letters(numbers[0], "ab"), _letters(numbers[1], "cd")]
+    else:
+        letters = ["n" * len(number.lstrip("-")) for number in numbers]
+    kind = letters[0] + "".join(op + term for op, term in zip(ops, letters[1:], strict=True))
+    return kind + ("<0" if answer < 0 else "")
+
+
+def _letters(number: str, letters: str) -> str:
+    digits = len(number.lstrip("-"))
+    return letters[:digits] if digits <= len(letters) else f"{digits}d"
 
 
 def _row(data_source: str, question: str, ground_truth: Any, system: str | None) -> dict[str, Any]:

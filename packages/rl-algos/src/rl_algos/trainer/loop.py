@@ -38,7 +38,7 @@ import torch
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
 from rl_algos.distill import TEACHER_LOG_PROB
-from rl_algos.errors import USER_ERRORS, InputError
+from rl_algos.errors import USER_ERRORS, ConfigError, InputError
 from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.rollout_correction import apply_rejection
@@ -165,6 +165,12 @@ class RLTrainer(ValidationRuns):
                 )
 
         self.env_source = None
+        if cfg.env is not None and cfg.data.curriculum.enabled:
+            raise ConfigError(
+                "data.curriculum.enabled",
+                "false with an env section (the curriculum draws prompt rows, not episodes)",
+                value=True,
+            )
         if cfg.env is not None:  # episodes from text environments, rewards from them
             from rl_algos.trainer.env_episodes import EnvEpisodeSource
 
@@ -221,9 +227,20 @@ class RLTrainer(ValidationRuns):
             self.train_set = dataset(
                 list(data.train_files), name="data.train_files", **common, **extra_keys
             )
-            self.train_loader = PromptDataLoader(
-                self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
-            )
+            if data.curriculum.enabled:  # kinds drawn by what the policy can learn
+                from rl_algos.data.curriculum import CurriculumLoader
+
+                self.train_loader = CurriculumLoader(
+                    self.train_set,
+                    data.train_batch_size,
+                    data.curriculum,
+                    seed=data.seed,
+                    group_size=cfg.rollout.n,
+                )
+            else:
+                self.train_loader = PromptDataLoader(
+                    self.train_set, data.train_batch_size, shuffle=data.shuffle, seed=data.seed
+                )
             self.val_set = (
                 dataset(list(data.val_files), name="data.val_files", **common)
                 if data.val_files
@@ -304,6 +321,8 @@ class RLTrainer(ValidationRuns):
             metrics["reward/baseline_mean"] = float(out.batch["reward_baselines"].mean())
         if guide is not None:
             metrics.update(guided_metrics(out))
+        if hasattr(self.train_loader, "observe"):  # data.curriculum: every scored round
+            self.train_loader.observe(out)
         out.meta_info["reward_metrics"] = {**metrics, **failover}
         return out
 
@@ -393,6 +412,8 @@ class RLTrainer(ValidationRuns):
                 batch, sampler_metrics = sampler.take()
                 metrics.update(sampler_metrics)
         metrics.update(batch.meta_info.pop("reward_metrics", {}))
+        if hasattr(self.train_loader, "observe"):
+            metrics.update(self.train_loader.metrics(batch))
         version = batch.meta_info.get("rollout_version", self.rollout.version)
         batch = trim_padding(batch)
         batch.meta_info["rollout_version"] = version

@@ -1,0 +1,171 @@
+"""The curriculum by kind (rl_algos.data.curriculum): scores, draw probabilities by hand,
+the batch's shift towards a kind near p = 0.5 and away as it saturates, exact resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rl_algos.config.curriculum_section import CurriculumConfig
+from rl_algos.data import PromptDataset
+from rl_algos.data.curriculum import CurriculumLoader, KindCurriculum, learnability
+from rl_algos.data.tasks import ArithmeticTask, arithmetic_kind
+from rl_core import DataProto
+from rl_core.config import ConfigError
+
+
+def test_learnability_scores_by_hand():
+    p = np.array([0.0, 0.1, 0.5, 0.9, 1.0])
+    assert learnability(p, "variance").tolist() == pytest.approx([0, 0.36, 1, 0.36, 0])
+    # 1 - 0.1^8 - 0.9^8 = 1 - 1e-8 - 0.43046721
+    informative = learnability(p, "informative", group_size=8)
+    assert informative.tolist() == pytest.approx([0, 0.56953278, 1 - 2 / 256, 0.56953278, 0])
+    with pytest.raises(ValueError, match="'entropy'"):
+        learnability(p, "entropy")
+
+
+def _update(c: KindCurriculum, mid_successes: int) -> None:
+    """One batch of 8 samples per kind: `easy` all right, `hard` all wrong, `mid` some."""
+    kinds = ["easy"] * 8 + ["hard"] * 8 + ["mid"] * 8
+    c.update(kinds, [1.0] * 8 + [0.0] * 8 + [1.0] * mid_successes + [0.0] * (8 - mid_successes))
+
+
+def test_the_draw_shifts_towards_a_kind_near_half_and_away_as_it_saturates():
+    c = KindCurriculum(["easy", "hard", "mid"], floor=0.1, ema=0.5, prior=0.5)
+    mid = c.kinds.index("mid")
+    assert c.probabilities().tolist() == pytest.approx([1 / 3] * 3)  # all at the prior
+    # mid stays at 0.5; easy goes 0.75, 0.875, ...; hard 0.25, 0.125, ... (s = 4p(1-p))
+    # easy and hard: s = 0.75, 0.4375, 0.234375, 0.12109375, then below the floor 0.1
+    expected_mid = [1 / 2.5, 1 / 1.875, 1 / 1.46875, 1 / 1.2421875, 1 / 1.2]
+    for want in expected_mid:
+        _update(c, 4)
+        assert c.probabilities()[mid] == pytest.approx(want)
+    assert c.rate["mid"] == 0.5 and c.rate["easy"] == pytest.approx(0.984375)
+    # mid saturates: 0.75, 0.875, 0.9375, 0.96875, 0.984375 (s below the floor: uniform)
+    expected_mid = [0.75 / 0.95, 0.4375 / 0.6375, 0.234375 / 0.434375, 0.12109375 / 0.32109375]
+    for want in expected_mid:
+        _update(c, 8)
+        assert c.probabilities()[mid] == pytest.approx(want)
+    _update(c, 8)
+    assert c.probabilities().tolist() == pytest.approx([1 / 3] * 3)
+    assert c.observed == {"easy": 80, "hard": 80, "mid": 80}
+
+
+def _rows(kinds: list[str]) -> list[dict]:
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"question {i}"}],
+            "data_source": "x",
+            "kind": kind,
+            "reward_model": {"ground_truth": "1"},
+        }
+        for i, kind in enumerate(kinds)
+    ]
+
+
+def _scored(prompts: DataProto, success_of: dict[str, float], n: int = 8) -> DataProto:
+    """`prompts` sampled n times; a sample of kind k scores 1 with the first
+    round(n * success_of[k]) samples of its group."""
+    kinds = list(prompts.non_tensor_batch["kind"])
+    rows_kind = [k for k in kinds for _ in range(n)]
+    wins = [float(j < round(n * success_of[k])) for k in kinds for j in range(n)]
+    scores = torch.zeros(len(rows_kind), 3)
+    scores[:, -1] = torch.tensor(wins)
+    uids = [f"{i}" for i in range(len(kinds)) for _ in range(n)]
+    return DataProto.from_dict(
+        tensors={"token_level_scores": scores},
+        non_tensors={"kind": rows_kind, "uid": uids},
+    )
+
+
+@pytest.fixture
+def dataset(tokenizer):
+    kinds = ["easy"] * 20 + ["hard"] * 20 + ["mid"] * 20
+    return PromptDataset(_rows(kinds), tokenizer, 64, name="train")
+
+
+def test_the_loaders_batches_follow_the_probabilities(dataset):
+    cfg = CurriculumConfig(enabled=True, floor=0.1, ema=0.5)
+    loader = CurriculumLoader(dataset, 4, cfg, seed=3)
+    success = {"easy": 1.0, "hard": 0.0, "mid": 0.5}
+    every_kind = DataProto.from_dict(non_tensors={"kind": ["easy", "hard", "mid"]})
+    for _ in range(5):  # as in the hand computation above: mid's weight 1 / 1.2
+        loader.observe(_scored(every_kind, success))
+    assert loader.curriculum.rate["mid"] == 0.5
+    assert loader.probabilities().tolist() == pytest.approx([1 / 12, 1 / 12, 5 / 6])
+    drawn = [k for _ in range(300) for k in loader.next_batch().non_tensor_batch["kind"]]
+    share = drawn.count("mid") / len(drawn)
+    assert abs(share - 5 / 6) < 0.045  # 1200 draws: 4 standard deviations
+    assert drawn.count("easy") > 40 and drawn.count("hard") > 40  # the floor: none starves
+    metrics = loader.metrics(_scored(loader.next_batch(), success))
+    assert metrics["curriculum/weight/mid"] == pytest.approx(5 / 6)
+    assert metrics["curriculum/success/easy"] == pytest.approx(0.984375)
+    assert sum(metrics[f"curriculum/share/{k}"] for k in ("easy", "hard", "mid")) == 1.0
+    assert loader.epoch == 301 * 4 // 60
+    # every row of a kind comes once per pass over that kind
+    assert loader.kind_epoch["mid"] >= 1
+
+
+def test_a_resumed_loader_draws_the_same_prompts(dataset):
+    cfg = CurriculumConfig(enabled=True, floor=0.05, ema=0.3, score="informative")
+
+    def run(loader: CurriculumLoader, batches: int) -> list[list[int]]:
+        drawn = []
+        for b in range(batches):
+            prompts = loader.next_batch()
+            drawn.append(list(prompts.non_tensor_batch["index"]))
+            # successes that change with time: mid becomes easy
+            loader.observe(_scored(prompts, {"easy": 1.0, "hard": 0.125, "mid": min(1, b / 8)}))
+        return drawn
+
+    whole = run(CurriculumLoader(dataset, 4, cfg, seed=5), 12)
+    first = CurriculumLoader(dataset, 4, cfg, seed=5)
+    head = run(first, 6)
+    state = first.state_dict()
+    resumed = CurriculumLoader(dataset, 4, cfg, seed=5)  # a new process would build this
+    resumed.load_state_dict(state)
+
+    def tail(loader: CurriculumLoader) -> list[list[int]]:
+        drawn = []
+        for b in range(6, 12):
+            prompts = loader.next_batch()
+            drawn.append(list(prompts.non_tensor_batch["index"]))
+            loader.observe(_scored(prompts, {"easy": 1.0, "hard": 0.125, "mid": min(1, b / 8)}))
+        return drawn
+
+    assert head + tail(resumed) == whole
+    assert len({tuple(b) for b in whole}) == 12  # not one batch repeated
+    other = CurriculumLoader(dataset, 4, cfg, seed=6)
+    with pytest.raises(ValueError, match="seed=5 but this run has seed=6"):
+        other.load_state_dict(state)
+
+
+def test_bad_input_names_the_field(dataset, tokenizer):
+    with pytest.raises(ConfigError, match="floor"):
+        CurriculumConfig(floor=0)
+    with pytest.raises(ConfigError, match="score"):
+        CurriculumConfig(score="entropy")  # type: ignore[arg-type]
+    rows = [*_rows(["a"]), {"prompt": [{"role": "user", "content": "q"}], "data_source": "x"}]
+    unkinded = PromptDataset(rows, tokenizer, 64, name="train")
+    with pytest.raises(ValueError, match=r"train row 1: data\.curriculum\.kind_key='kind' is None"):
+        CurriculumLoader(unkinded, 1, CurriculumConfig(enabled=True))
+    loader = CurriculumLoader(dataset, 2, CurriculumConfig(enabled=True, metric="reward_acc"))
+    with pytest.raises(KeyError, match=r"data\.curriculum\.metric"):
+        loader.observe(_scored(loader.next_batch(), {"easy": 1, "hard": 0, "mid": 0}))
+
+
+def test_arithmetic_rows_carry_their_kind():
+    assert arithmetic_kind("45 * 7", 315) == "ab*c"
+    assert arithmetic_kind("7 - 45", -38) == "a-cd<0"
+    assert arithmetic_kind("45 - 17", 28) == "ab-cd"
+    assert arithmetic_kind("3 - 5", -2) == "a-c<0"
+    assert arithmetic_kind("12 + 3 * 4", 24) == "nn+n*n"
+    assert arithmetic_kind("123 + 4", 127) == "3d+c"
+    import random
+
+    task = ArithmeticTask(digits=(1, 2), max_multiplier=9)
+    for seed in range(50):
+        expression, row = task.sample(random.Random(seed))
+        left, op, right = expression.split()
+        assert row["kind"].startswith("ab"[: len(left)] + op + "cd"[: len(right)])
