@@ -169,3 +169,33 @@ def test_arithmetic_rows_carry_their_kind():
         expression, row = task.sample(random.Random(seed))
         left, op, right = expression.split()
         assert row["kind"].startswith("ab"[: len(left)] + op + "cd"[: len(right)])
+
+
+def test_worked_demos_of_the_problems_own_kind_leave_the_problems_alone():
+    import random
+
+    plain = ArithmeticTask(digits=(1, 2), max_multiplier=9, teacher_few_shot=3)
+    guided = ArithmeticTask(
+        digits=(1, 2), max_multiplier=9, teacher_few_shot=3, demo_steps=True, demo_same_kind=1
+    )
+    rng_a, rng_b = random.Random(11), random.Random(11)
+    for _ in range(60):
+        (expression, row), (same_expression, same_row) = plain.sample(rng_a), guided.sample(rng_b)
+        assert (expression, row["prompt"]) == (same_expression, same_row["prompt"])
+        demos = same_row["teacher_prompt"][:-1]
+        assert len(demos) == 6
+        last_demo, last_reply = demos[-2]["content"], demos[-1]["content"]
+        demo_expression = last_reply.split(" = ")[0]
+        answer = int(last_reply.rsplit("{", 1)[1].rstrip("}"))
+        assert arithmetic_kind(demo_expression, answer) == row["kind"], (last_demo, row["kind"])
+    # the steps, by hand
+    task = ArithmeticTask(demo_steps=True)
+    reply = task._demo_turns("7 - 45", "q", "-38")[1]["content"]
+    assert reply == "7 - 45 = -(45 - 7) = -38. \\boxed{-38}"
+    assert task._demo_turns("34 * 7", "q", "238")[1]["content"] == (
+        "34 * 7 = 210 + 28 = 238. \\boxed{238}"
+    )
+    assert task._demo_turns("30 * 7", "q", "210")[1]["content"] == "30 * 7 = 210. \\boxed{210}"
+    assert task._demo_turns("45 - 7", "q", "38")[1]["content"] == "45 - 7 = 38. \\boxed{38}"
+    with pytest.raises(ValueError, match=r"demo_same_kind must be an integer 0\.\.8, got 9"):
+        ArithmeticTask(demo_same_kind=9)

@@ -123,7 +123,12 @@ class ArithmeticTask:
     demos before the problem (per-problem demos), for context distillation
     (``distill.teacher_prompt_key: teacher_prompt``) or guided samples
     (``rollout.guide_prompt_key: teacher_prompt``); `teacher_system_prompt` opens it with
-    that system prompt (replacing `system_prompt` there)."""
+    that system prompt (replacing `system_prompt` there). `demo_steps`: a demo's reply
+    shows the steps of a negative difference ("7 - 45 = -(45 - 7) = -38") and of a
+    product of a multi-digit number by a one-digit one ("34 * 7 = 210 + 28 = 238");
+    `demo_same_kind` (0-8): the last that many per-problem demos (`few_shot` and
+    `teacher_few_shot`) have the problem's own kind (`arithmetic_kind`), so a guide shows
+    the way for that kind of problem. Neither changes the problems drawn."""
 
     min_value: int = 0
     max_value: int = 99
@@ -142,6 +147,8 @@ class ArithmeticTask:
     instruction_example: bool = True
     teacher_few_shot: int = 0
     teacher_system_prompt: str | None = None
+    demo_steps: bool = False
+    demo_same_kind: int = 0
 
     data_source = "arithmetic"
 
@@ -203,6 +210,13 @@ class ArithmeticTask:
             raise ValueError(
                 "arithmetic: teacher_system_prompt needs teacher_few_shot >= 1 (there is no "
                 "teacher prompt without it)"
+            )
+        same = self.demo_same_kind
+        if isinstance(same, bool) or not isinstance(same, int) or not 0 <= same <= 8:
+            raise ValueError(f"arithmetic: demo_same_kind must be an integer 0..8, got {same!r}")
+        if not isinstance(self.demo_steps, bool):
+            raise ValueError(
+                f"arithmetic: demo_steps must be true or false, got {self.demo_steps!r}"
             )
         low = self.few_shot_min
         if low is not None:
@@ -274,9 +288,10 @@ class ArithmeticTask:
 
     def _demo_turns(self, expression: str, question: str, answer: str) -> list[dict[str, str]]:
         reply = _DEMO_REPLIES[self.answer_format]
+        shown = _worked(expression, int(answer)) if self.demo_steps else expression
         return [
             {"role": "user", "content": question},
-            {"role": "assistant", "content": reply.format(expression=expression, answer=answer)},
+            {"role": "assistant", "content": reply.format(expression=shown, answer=answer)},
         ]
 
     def _too_few_demos(self, expression: str) -> ValueError:
@@ -295,13 +310,22 @@ class ArithmeticTask:
             return [dict(turn) for turn in self._fixed_demos()[1]]
         count = self._demo_count(expression) if count is None else count
         rng = random.Random(f"few_shot:{expression}")
+        same = min(self.demo_same_kind, count)  # the last `same` demos: the problem's kind
+        kind = arithmetic_kind(expression, int(safe_eval(expression)[0])) if same else ""
         demos: list[dict[str, str]] = []
-        for _ in range(100 * max(count, 1)):  # bounded: a tiny problem space may repeat
+        # bounded: a tiny problem space may repeat; a rare kind takes ~100 draws a demo
+        for _ in range(100 * max(count, 1) + 5000 * same):
             if len(demos) == 2 * count:
                 return demos
             demo_expression, question, answer = self._draw(rng)
-            if demo_expression != expression:
-                demos += self._demo_turns(demo_expression, question, answer)
+            if demo_expression == expression:
+                continue
+            if (
+                len(demos) // 2 >= count - same
+                and arithmetic_kind(demo_expression, int(answer)) != kind
+            ):
+                continue
+            demos += self._demo_turns(demo_expression, question, answer)
         raise self._too_few_demos(expression)
 
     def _demo_count(self, expression: str) -> int:
@@ -426,6 +450,22 @@ def arithmetic_kind(expression: str, answer: int) -> str:
         letters = ["n" * len(number.lstrip("-")) for number in numbers]
     kind = letters[0] + "".join(op + term for op, term in zip(ops, letters[1:], strict=True))
     return kind + ("<0" if answer < 0 else "")
+
+
+def _worked(expression: str, answer: int) -> str:
+    """`expression` with its steps (`demo_steps`): a negative difference as the negated
+    reverse one, a multi-digit number times a one-digit one by tens and units; other
+    problems as they are."""
+    parts = expression.split()
+    if len(parts) != 3:
+        return expression
+    left, op, right = int(parts[0]), parts[1], int(parts[2])
+    if op == "-" and answer < 0:
+        return f"{expression} = -({right} - {left})"
+    if op == "*" and left >= 10 and 0 <= right <= 9 and left % 10:
+        tens = left - left % 10
+        return f"{expression} = {tens * right} + {left % 10 * right}"
+    return expression
 
 
 def _letters(number: str, letters: str) -> str:
