@@ -197,5 +197,8 @@ def test_worked_demos_of_the_problems_own_kind_leave_the_problems_alone():
     )
     assert task._demo_turns("30 * 7", "q", "210")[1]["content"] == "30 * 7 = 210. \\boxed{210}"
     assert task._demo_turns("45 - 7", "q", "38")[1]["content"] == "45 - 7 = 38. \\boxed{38}"
+    assert (
+        task._demo_turns("7 + 91", "q", "98")[1]["content"] == "7 + 91 = 91 + 7 = 98. \\boxed{98}"
+    )
     with pytest.raises(ValueError, match=r"demo_same_kind must be an integer 0\.\.8, got 9"):
         ArithmeticTask(demo_same_kind=9)

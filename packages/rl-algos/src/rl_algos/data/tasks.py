@@ -125,7 +125,8 @@ class ArithmeticTask:
     (``rollout.guide_prompt_key: teacher_prompt``); `teacher_system_prompt` opens it with
     that system prompt (replacing `system_prompt` there). `demo_steps`: a demo's reply
     shows the steps of a negative difference ("7 - 45 = -(45 - 7) = -38") and of a
-    product of a multi-digit number by a one-digit one ("34 * 7 = 210 + 28 = 238");
+    product of a multi-digit number by a one-digit one ("34 * 7 = 210 + 28 = 238") and a
+    sum whose first number is the shorter, larger first ("7 + 91 = 91 + 7 = 98");
     `demo_same_kind` (0-8): the last that many per-problem demos (`few_shot` and
     `teacher_few_shot`) have the problem's own kind (`arithmetic_kind`), so a guide shows
     the way for that kind of problem. Neither changes the problems drawn."""
@@ -454,8 +455,8 @@ def arithmetic_kind(expression: str, answer: int) -> str:
 
 def _worked(expression: str, answer: int) -> str:
     """`expression` with its steps (`demo_steps`): a negative difference as the negated
-    reverse one, a multi-digit number times a one-digit one by tens and units; other
-    problems as they are."""
+    reverse one, a multi-digit number times a one-digit one by tens and units, a sum with
+    the shorter number first the other way round; other problems as they are."""
     parts = expression.split()
     if len(parts) != 3:
         return expression
@@ -465,6 +466,8 @@ def _worked(expression: str, answer: int) -> str:
     if op == "*" and left >= 10 and 0 <= right <= 9 and left % 10:
         tens = left - left % 10
         return f"{expression} = {tens * right} + {left % 10 * right}"
+    if op == "+" and len(parts[0]) < len(parts[2]):
+        return f"{expression} = {right} + {left}"
     return expression
 
 
