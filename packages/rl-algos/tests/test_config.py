@@ -365,3 +365,21 @@ def test_a_rejection_that_cannot_be_used_is_refused_with_one_line(overrides, pat
         load([*rs, *overrides])
     assert "\n" not in str(info.value)
     assert load(rs).actor.loss.rollout_correction.rejects  # alone it is accepted
+
+
+def test_failover_without_a_snapshot_or_checkpoint_is_refused_in_one_line():
+    """``max_restarts > 0`` with snapshots off and no ``save_every`` would send a run back to
+    step 0 at its first lost worker: refused, naming the three fields."""
+    off = ["trainer.snapshot_every=0", "trainer.save_every=0"]
+    with pytest.raises(ConfigError) as info:
+        load([*off, "trainer.max_restarts=2"])
+    message = str(info.value)
+    assert info.value.path == "trainer.max_restarts" and "\n" not in message
+    for field in ("trainer.snapshot_every=0", "trainer.save_every=0", "trainer.max_restarts=0"):
+        assert field in message
+    assert load().trainer.snapshot_every == 1  # the defaults: snapshots on
+    for fine in (["trainer.max_restarts=0"], ["trainer.save_every=5"],
+                 ["trainer.snapshot_every=3"], ["trainer.backend=local"]):  # fmt: skip
+        load([*off, "trainer.max_restarts=2", *fine])
+    with pytest.raises(ConfigError, match=r"trainer\.snapshot_every: invalid value -1"):
+        load(["trainer.snapshot_every=-1"])

@@ -570,8 +570,20 @@ class TrainerConfig:
     call_timeout_s: float = 600.0
     max_restarts: int = 2
     """Failover (Ray backend): how many times a run rebuilds a worker group whose process
-    died or hung and continues from the last intact checkpoint; past it the run stops with
-    the worker's error. 0: never."""
+    died or hung and continues from the newest in-memory snapshot (`snapshot_every`), else
+    the newest intact checkpoint (`save_every`); past it the run stops with the worker's
+    error. 0: never. With the Ray backend, > 0 needs `snapshot_every` or `save_every`
+    (else a lost worker would send the run back to step 0: refused)."""
+    snapshot_every: int = 1
+    """In-memory snapshots (Ray backend): after every this many steps each training rank
+    copies its shard of the weights, optimizer state and RNG state to host memory in the
+    background and hands it to a holder process outside its worker group; the driver keeps
+    its own state (data loader and sampler, KL controller, step, untrained async batches).
+    Failover restores the newest complete snapshot, so a lost worker costs at most the
+    step in flight, replayed exactly. Host memory: about 2x the training state of every
+    trained role in the holders (the newest complete snapshot and the one being written)
+    plus 1x in each rank's staging buffer: per rank (params + optimizer state) / ranks;
+    for AdamW in fp32, 12 bytes per parameter, e.g. 84 GB for a 7B model per copy. 0: off."""
     restart_backoff_s: float = 2.0
     """Wait before the first rebuild; doubled for each further one."""
     heartbeat_timeout_s: float = 60.0
@@ -605,6 +617,13 @@ class TrainerConfig:
             check(value >= 0, name, value, ">= 0 (0: never)" if "every" in name else ">= 0")
         check(self.call_timeout_s > 0, "call_timeout_s", self.call_timeout_s, "> 0 seconds")
         check(self.max_restarts >= 0, "max_restarts", self.max_restarts, ">= 0 (0: never)")
+        check(self.snapshot_every >= 0, "snapshot_every", self.snapshot_every, ">= 0 (0: off)")
+        # failover with nothing to restore but the initial weights: a silent rewind
+        check(self.backend != "ray" or not self.max_restarts or self.snapshot_every
+              or self.save_every, "max_restarts", self.max_restarts,
+              "0 with trainer.snapshot_every=0 and trainer.save_every=0 (a lost worker would "
+              "send the run back to step 0): set trainer.snapshot_every >= 1 (in-memory "
+              "snapshots) or trainer.save_every >= 1 (checkpoints), or trainer.max_restarts=0")  # fmt: skip
         check(
             self.restart_backoff_s >= 0,
             "restart_backoff_s",
