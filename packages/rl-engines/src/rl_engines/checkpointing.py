@@ -97,14 +97,15 @@ def save_staged(path: str, write_shards: Callable[[str], None], meta: dict[str, 
             write_shards(partial)
         except Exception as exc:
             local_error = f"rank {rank}: {describe_write_failure(partial, exc)}"
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.int64)
+        # on the rank's device: the default group is NCCL's on GPUs, which has no host backend
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=get_platform().device())
         flags[rank] = 0 if local_error is None else 1
         try:
             dist.all_reduce(flags)  # which ranks failed
         except Exception as exc:
             raise rank_error("agreeing on the shards of checkpoint", path, exc) from exc
         if flags.any():
-            bad = [int(r) for r in flags.nonzero().flatten()]
+            bad = [int(r) for r in flags.cpu().nonzero().flatten()]
             error = local_error or f"rank(s) {bad} failed to write their shards"
         else:
             if rank == 0:
@@ -120,8 +121,8 @@ def save_staged(path: str, write_shards: Callable[[str], None], meta: dict[str, 
         if rank == 0:
             discard_staging(path)
         dist.barrier()
-        kept = "the previous checkpoint there is intact" if os.path.isdir(path) else "nothing"
-        raise CheckpointError(f"saving checkpoint {path!r} failed: {error} ({kept} was kept)")
+        kept = "the previous checkpoint there is intact" if os.path.isdir(path) else "nothing kept"
+        raise CheckpointError(f"saving checkpoint {path!r} failed: {error} ({kept})")
     dist.barrier()
 
 

@@ -286,8 +286,18 @@ class ActorRolloutWorker(_TrainedRole):
         outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
         return self._update(batch, self.loss_fn, outputs)
 
-    def _buckets(self) -> Any:
-        return self.engine.export_weights(bucket_bytes=self.config.weight_bucket_bytes)
+    def _rollout_dtype(self) -> torch.dtype | None:
+        """The dtype the colocated rollout engine holds its weights in: buckets are cast to
+        it before they leave the trainer (fp32 master weights would double the bytes)."""
+        if self.config.rollout is None:
+            return None
+        name = self.config.rollout.rollout.dtype
+        return self.platform.auto_dtype if name == "auto" else getattr(torch, name)
+
+    def _buckets(self, dtype: torch.dtype | None = None) -> Any:
+        return self.engine.export_weights(
+            bucket_bytes=self.config.weight_bucket_bytes, dtype=dtype or self._rollout_dtype()
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int | None = None) -> float:
@@ -306,7 +316,7 @@ class ActorRolloutWorker(_TrainedRole):
         takes part in the gather, rank 0 sends each bucket through ``sender`` (the
         generator's `weight_sender`: one session per replica, bounded in flight)."""
         start = time.perf_counter()
-        buckets = self._buckets()
+        buckets = self._buckets(getattr(sender, "dtype", None))
         if self.rank == 0:
             sender(buckets, version)
         else:

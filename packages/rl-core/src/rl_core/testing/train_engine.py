@@ -769,3 +769,22 @@ class TrainEngineDeviceConformance:
         with SpawnRunner(world_size, timeout_s=300.0) as runner:
             results = runner.run(run_standin_check, spec)
         assert all(r["offloaded"] < r["on_device"] for r in results), results
+
+    #: the `train_engine_device` checks to run (a subclass may drop one it cannot support)
+    standin_collective_checks: ClassVar[tuple[str, ...]] = (
+        "save_load",
+        "failed_save",
+        "export",
+        "export_lora",
+    )
+
+    def test_collectives_on_standin(self, tmp_path) -> None:
+        """World size 2 with NCCL-strict process groups (a host tensor in a collective
+        raises): save/load, a save failing on one rank, weight export, LoRA export."""
+        from rl_core.testing.train_engine_device import run_standin_collective_checks
+
+        spec = _spawn_spec(self, save_tiny_model(str(tmp_path / "lm"), "qwen2"))
+        spec.update(tmp=str(tmp_path), checks=list(self.standin_collective_checks))
+        with SpawnRunner(2, timeout_s=600.0) as runner:
+            results = runner.run(run_standin_collective_checks, spec)
+        assert all(r["ran"] == list(self.standin_collective_checks) for r in results), results
