@@ -80,3 +80,29 @@ class ReportsModules(_Base):
 
         heavy = sorted(m for m in ("torch", "transformers", "numpy", "pytest") if m in sys.modules)
         return TextEnvStep([], 1.0, terminated=True, info={"heavy": heavy, "pid": os.getpid()})
+
+
+class Counted(_Base):
+    """Says in its reset info how many instances this process built and which one it is."""
+
+    built = 0
+
+    def __init__(self) -> None:
+        Counted.built += 1
+        self.number = Counted.built
+
+    def reset(self, task, seed):
+        first = super().reset(task, seed)
+        first.info = {"built": Counted.built, "instance": self.number, "pid": os.getpid()}
+        return first
+
+    def step(self, turn):
+        if turn.text == "crash":
+            raise RuntimeError("asked to crash")
+        return TextEnvStep([], 1.0, terminated=True)
+
+
+class CountedOnce(Counted):
+    """A `Counted` that cannot be reset for a second episode."""
+
+    reusable = False

@@ -160,9 +160,18 @@ class TextEnvStep:
 class TextEnv(ABC):
     """A multi-turn text environment (see the module docstring for the semantics).
 
-    ``name`` is set by `make_text_env` to the name it was made from."""
+    ``name`` is set by `make_text_env` to the name it was made from. ``reusable``: an
+    environment worker builds an instance once and `reset`s it for each later episode (an
+    instance whose call raised is closed instead); set it to False when an instance cannot
+    play a second episode after `reset`.
+
+    An environment may instead run an *agent* for the whole episode: ``async def
+    run_agent(task, seed, base_url, api_key) -> float | dict`` (see
+    `rl_rollout.envs.agent`), called in place of `reset`/`step` with an OpenAI-compatible
+    endpoint of the policy; its return is the reward."""
 
     name: str = ""
+    reusable: bool = True
 
     def tasks(self, split: Split, seed: int, count: int) -> list[dict[str, Any]]:
         """``count`` tasks of `split`, the same for the same seed. Default: empty tasks."""

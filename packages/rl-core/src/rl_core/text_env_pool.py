@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Listener
 from typing import Any, Literal
@@ -111,6 +112,9 @@ class EnvHost:
         self.envs = {k: dict(v or {}) for k, v in envs.items()}
         self.episodes: dict[str, tuple[str, TextEnv]] = {}
         self._task_envs: dict[str, TextEnv] = {}
+        self._idle: dict[str, list[TextEnv]] = {}  # reusable instances between episodes
+        self._broken: set[str] = set()  # episodes whose instance raised: not reused
+        self.constructions: dict[str, int] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -126,12 +130,23 @@ class EnvHost:
 
         return loop.run_until_complete(wait())
 
-    def _run(self, name: str, turn: int | None, what: str, fn: Any, *args: Any) -> Any:
+    def _run(
+        self,
+        name: str,
+        turn: int | None,
+        what: str,
+        fn: Any,
+        *args: Any,
+        episode_id: str | None = None,
+    ) -> Any:
         try:
             return self._await(fn(*args))
-        except TextEnvError:
-            raise
         except Exception as exc:
+            if episode_id is not None:
+                with self._lock:
+                    self._broken.add(episode_id)
+            if isinstance(exc, TextEnvError):
+                raise
             detail = f"{what} raised {type(exc).__name__}: {_one_line(str(exc))}"
             raise EnvCrashedError(name, turn, detail) from exc
 
@@ -140,7 +155,10 @@ class EnvHost:
             raise EnvCrashedError(
                 name, None, f"not one of this pool's environments {sorted(self.envs)}"
             )
-        return self._run(name, None, "the factory", make_text_env, name, self.envs[name])
+        env = self._run(name, None, "the factory", make_text_env, name, self.envs[name])
+        with self._lock:
+            self.constructions[name] = self.constructions.get(name, 0) + 1
+        return env
 
     def _episode(self, episode_id: str, turn: int | None) -> tuple[str, TextEnv]:
         with self._lock:
@@ -170,38 +188,98 @@ class EnvHost:
         value = self._run(name, None, "tasks()", env.tasks, split, seed, count)
         return check_tasks(value, name, count)
 
-    def do_open(self, episode_id: str, name: str) -> None:
-        env = self._make(name)
+    def do_open(self, episode_id: str, name: str) -> str:
+        """Host an instance of `name` for the episode: an idle one of an earlier episode
+        when the environment is `reusable`, else a new one. Returns "agent" when the
+        environment runs agents (`run_agent`), else "env"."""
+        with self._lock:
+            idle = self._idle.get(name)
+            env = idle.pop() if idle else None
+        if env is None:
+            env = self._make(name)
         with self._lock:
             self.episodes[episode_id] = (name, env)
+        return "agent" if callable(getattr(env, "run_agent", None)) else "env"
 
     def do_reset(self, episode_id: str, task: dict[str, Any], seed: int) -> EnvReset:
         name, env = self._episode(episode_id, 0)
-        return check_reset(self._run(name, 0, "reset()", env.reset, task, seed), name)
+        value = self._run(name, 0, "reset()", env.reset, task, seed, episode_id=episode_id)
+        return check_reset(value, name)
 
     def do_step(self, episode_id: str, turn: ModelTurn) -> TextEnvStep:
         name, env = self._episode(episode_id, turn.turn)
-        return check_step(self._run(name, turn.turn, "step()", env.step, turn), name, turn.turn)
+        value = self._run(name, turn.turn, "step()", env.step, turn, episode_id=episode_id)
+        return check_step(value, name, turn.turn)
 
     def do_final_reward(self, episode_id: str, turn: int) -> float:
         name, env = self._episode(episode_id, turn)
-        value = self._run(name, turn, "final_reward()", env.final_reward)
+        value = self._run(name, turn, "final_reward()", env.final_reward, episode_id=episode_id)
         return check_reward(value, name, turn, "final_reward()")
+
+    def do_run_agent(
+        self,
+        episode_id: str,
+        task: dict[str, Any],
+        seed: int,
+        base_url: str,
+        api_key: str,
+        timeout_s: float,
+    ) -> tuple[float, dict[str, Any]]:
+        """Run the environment's agent on `task` against the policy server at `base_url`
+        (its API key names the episode), within `timeout_s`; its return is the reward: a
+        finite number, or a dict with a finite ``"reward"`` (its other entries: info)."""
+        name, env = self._episode(episode_id, 1)
+
+        async def bounded() -> Any:
+            try:
+                return await asyncio.wait_for(
+                    _as_awaitable(env.run_agent(task, seed, base_url, api_key)), timeout_s
+                )
+            except TimeoutError:
+                raise EnvTimeoutError(
+                    name, 1, f"the agent did not return within {timeout_s:g} s (episode_timeout_s)"
+                ) from None
+
+        value = self._run(name, 1, "the agent", bounded, episode_id=episode_id)
+        info: dict[str, Any] = {}
+        if isinstance(value, Mapping):
+            if "reward" not in value:
+                raise EnvOutputError(
+                    name, 1, f"the agent returned {_one_line(repr(value), 80)}: expected a "
+                    "finite number or a dict with a 'reward'"
+                )  # fmt: skip
+            info = {str(k): v for k, v in value.items() if k != "reward"}
+            value = value["reward"]
+        return check_reward(value, name, 1, "the agent's return"), info
 
     def do_close(self, episode_id: str) -> None:
         with self._lock:
             found = self.episodes.pop(episode_id, None)
-        if found is not None:
-            self._run(found[0], None, "close()", found[1].close)
+            broken = episode_id in self._broken
+            self._broken.discard(episode_id)
+        if found is None:
+            return
+        name, env = found
+        if not broken and getattr(env, "reusable", False):
+            with self._lock:
+                self._idle.setdefault(name, []).append(env)
+            return
+        self._run(name, None, "close()", env.close)
 
     def close_all(self) -> None:
         with self._lock:
             envs = [e for _, e in self.episodes.values()] + list(self._task_envs.values())
+            envs += [e for idle in self._idle.values() for e in idle]
             self.episodes.clear()
             self._task_envs.clear()
+            self._idle.clear()
         for env in envs:
             with contextlib.suppress(Exception):
                 self._await(env.close())
+
+
+async def _as_awaitable(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def _serve(conn: Any, envs: dict[str, dict[str, Any]], threads: int) -> None:
@@ -478,7 +556,8 @@ class TextEnvPool:
         try:
             episode.worker = self._worker(index)
             timeout = max(self.config.step_timeout_s, self.config.start_timeout_s)
-            await self.call(episode.worker, name, None, "open", (episode.episode_id, name), timeout)
+            args = (episode.episode_id, name)
+            episode.kind = await self.call(episode.worker, name, None, "open", args, timeout)
         except BaseException:
             episode.released = True
             self._release(index)
@@ -501,6 +580,7 @@ class EnvEpisode:
     def __init__(self, pool: TextEnvPool, index: int, name: str, episode_id: str) -> None:
         self.pool, self.index, self.name, self.episode_id = pool, index, name, episode_id
         self.worker: _Worker | None = None
+        self.kind = "env"  # "agent": the environment runs an agent (`run_agent`)
         self.turn = 0
         self.deadline = time.monotonic() + pool.config.episode_timeout_s
         self.released = False
@@ -533,6 +613,20 @@ class EnvEpisode:
 
     async def final_reward(self) -> float:
         return await self._call("final_reward", self.turn)
+
+    async def run_agent(
+        self, task: dict[str, Any], seed: int, base_url: str, api_key: str
+    ) -> tuple[float, dict[str, Any]]:
+        """Run the environment's agent (``kind == "agent"``) for the rest of the episode's
+        time limit; returns its reward and info (`EnvHost.do_run_agent`)."""
+        self.turn = 1
+        left = self.deadline - time.monotonic()
+        limit = f"episode_timeout_s={self.pool.config.episode_timeout_s:g} s"
+        if left <= 0:
+            raise EnvTimeoutError(self.name, 1, f"the episode ran past {limit}")
+        args = (self.episode_id, dict(task), int(seed), base_url, api_key, left)
+        # the worker stops the agent at `left`; the call's own limit leaves it time to say so
+        return await self.pool.call(self.worker, self.name, 1, "run_agent", args, left + 5.0)
 
     async def close(self) -> None:
         """Free the instance (best effort, short time limit); the worker slot is released."""

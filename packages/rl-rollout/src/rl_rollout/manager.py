@@ -606,6 +606,8 @@ class RolloutManager:
             return
 
         async def stop() -> None:
+            servers = [getattr(loop, "aclose", None) for loop in self._loops.values()]
+            await asyncio.gather(*(c() for c in servers if c is not None), return_exceptions=True)
             if self.envs is not None:
                 self.envs.shutdown()
             await asyncio.gather(*(r.shutdown() for r in self.replicas), return_exceptions=True)

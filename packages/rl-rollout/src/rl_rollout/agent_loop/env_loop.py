@@ -17,6 +17,14 @@ with a turn the budget cut off). A generation that ends "abort" ends the episode
 An environment that fails (raises, dies, hangs, returns garbage: a `TextEnvError`) ends the
 sample with ``env_error`` set to the one-line error; the trainer drops such samples and
 counts them. At most ``max_concurrency`` episodes run at once in this loop.
+
+An environment that runs an agent (``run_agent``, e.g. ``agent:<module:function>``,
+`rl_rollout.envs.agent`) plays the episode differently: the loop opens a session on its
+policy server (`rl_rollout.server`, started on 127.0.0.1 in this loop's event loop at the
+first such episode), hands the agent the server's URL and the session's API key, and builds
+the sample from the calls the server recorded for that key (token-in/token-out; the chain
+that ends at the agent's last call); the agent's return is the reward, on the last sampled
+token. An agent that makes no model call fails its episode.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from rl_core.text_env import ModelTurn, TextEnvError
 from rl_rollout.agent_loop.base import AgentInput, AgentLoop, AgentLoopOutput
 from rl_rollout.agent_loop.chat import ChatTemplate
 from rl_rollout.agent_loop.tool_parsers import build_tool_parser
+from rl_rollout.server.app import PolicyServer
 
 __all__ = ["EnvAgentLoop"]
 
@@ -48,6 +57,7 @@ class EnvAgentLoop(AgentLoop):
         self.chat = ChatTemplate(self.tokenizer, None, self.config.chat_template_kwargs)
         self.parser = build_tool_parser(self.config.tool_parser)
         self._slots: asyncio.Semaphore | None = None
+        self.server: PolicyServer | None = None
 
     def _semaphore(self) -> asyncio.Semaphore:
         if self._slots is None:  # made in the event loop that runs the episodes
@@ -66,13 +76,66 @@ class EnvAgentLoop(AgentLoop):
             state = _Episode(name)
             try:
                 episode = await self.envs.open_episode(name)
-                await self._play(sample, episode, state)
+                if episode.kind == "agent":
+                    await self._play_agent(sample, episode, state)
+                else:
+                    await self._play(sample, episode, state)
             except TextEnvError as exc:
                 state.error = str(exc)
             finally:
                 if episode is not None:
                     await episode.close()
         return state.output(self.envs.config, self._pad_id())
+
+    async def policy_server(self) -> PolicyServer:
+        """The loop's OpenAI-compatible server (started at the first call, in this loop)."""
+        if self.server is None:
+            server = PolicyServer(
+                self.client,
+                self.tokenizer,
+                tool_parser=self.config.tool_parser,
+                chat_template_kwargs=self.config.chat_template_kwargs,
+                response_length=self.config.response_length,
+            )
+            await server.start()
+            self.server = server
+        return self.server
+
+    async def aclose(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+
+    async def _play_agent(self, sample: AgentInput, episode: Any, s: _Episode) -> None:
+        server = await self.policy_server()
+        session = sample.session_id.replace(".", "_")
+        key = server.open_session(
+            session, sampling=sample.sampling_params, max_context=sample.extra.get("max_context")
+        )
+        try:
+            task = dict(sample.extra.get("env_task") or {})
+            seed = int(sample.extra.get("env_seed") or 0)
+            reward, _ = await episode.run_agent(task, seed, server.url, key)
+        finally:
+            recorded = server.close_session(session)
+        row = recorded.trajectory()
+        if row is None:
+            s.error = (
+                f"environment {episode.name!r} turn 1: the agent made no model call "
+                "(nothing to train on)"
+            )
+            return
+        s.prompt_ids = row.prompt_ids
+        s.ids, s.mask, s.log_probs = row.response_ids, row.mask, row.log_probs
+        s.rewards = [0.0] * len(row.response_ids)
+        s.versions = row.versions
+        s.routed_experts = row.routed_experts
+        s.turns = row.calls
+        s.finish, s.why = "terminated", "agent"
+        s.extra_metrics["env/agent/unused_calls"] = float(row.unused_calls)
+        s.reward_at_last_policy_token(reward)
+        if s.pending and not any(s.mask):
+            s.error = f"environment {episode.name!r}: the agent's calls sampled no token"
 
     def _pad_id(self) -> int:
         for attr in ("pad_token_id", "eos_token_id"):
@@ -161,6 +224,8 @@ class _Episode:
         self.why = ""
         self.final = 0.0
         self.error: str | None = None
+        self.routed_experts: Any = None
+        self.extra_metrics: dict[str, float] = {}
 
     def add(self, ids: list[int], bit: int, log_probs: list[float], versions: Any) -> None:
         self.ids += ids
@@ -187,6 +252,7 @@ class _Episode:
         metrics = {f"env/turns/{self.name}": float(self.turns)}
         if self.why:
             metrics[f"env/truncated/{self.why}"] = float(self.finish == "truncated")
+        metrics.update(self.extra_metrics)
         return AgentLoopOutput(
             prompt_ids=self.prompt_ids or [pad_id],
             response_ids=self.ids,
@@ -199,4 +265,5 @@ class _Episode:
             token_rewards=self.rewards,
             env_name=self.name,
             env_error=self.error,
+            routed_experts=self.routed_experts,
         )

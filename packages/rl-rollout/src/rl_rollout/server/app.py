@@ -168,9 +168,15 @@ class PolicyServer:
     async def stop(self) -> None:
         await self.http.stop()
 
-    def open_session(self, session_id: str) -> str:
-        """Open an episode's session; returns the API key its agent must use."""
-        return self.sessions.open(session_id)
+    def open_session(
+        self,
+        session_id: str,
+        sampling: SamplingParams | None = None,
+        max_context: int | None = None,
+    ) -> str:
+        """Open an episode's session (its own sampling parameters and engine context, else
+        the server's); returns the API key its agent must use."""
+        return self.sessions.open(session_id, sampling, max_context)
 
     def close_session(self, session_id: str) -> Session:
         """End an episode's session: what it recorded (`Session.trajectory`)."""
@@ -196,29 +202,31 @@ class PolicyServer:
             raise HttpError(
                 400, "stop strings are not supported: the policy stops at its stop tokens"
             )
+        sampling = session.sampling or self.sampling
+        context = min(self.max_context, session.max_context or self.max_context)
         asked = body.get("max_completion_tokens") or body.get("max_tokens")
-        limit = (
-            self.sampling.max_tokens if asked is None else min(int(asked), self.sampling.max_tokens)
-        )
+        limit = sampling.max_tokens if asked is None else min(int(asked), sampling.max_tokens)
         root = len(prompt) if parent is None else session.calls[parent].root_prompt_len
-        room = min(self.response_length - (len(prompt) - root), self.max_context - len(prompt))
+        room = min(self.response_length - (len(prompt) - root), context - len(prompt))
         if room < 1 or limit < 1:
             raise HttpError(
                 400,
                 f"the prompt is {len(prompt)} tokens ({len(prompt) - root} of them after the "
                 f"episode's first prompt): no room left in the response budget "
-                f"({self.response_length}) or the context ({self.max_context})",
+                f"({self.response_length}) or the context ({context})",
                 "context_length_exceeded",
             )
-        return dataclasses.replace(self.sampling, n=1, max_tokens=min(limit, room))
+        return dataclasses.replace(sampling, n=1, max_tokens=min(limit, room))
 
     async def _generate(self, session: Session, prompt: list[int],
                         params: SamplingParams) -> GenerationOutput:  # fmt: skip
         return await self.client.generate(prompt, params, session.session_id)
 
-    def _content_ids(self, out: GenerationOutput) -> list[int]:
+    @staticmethod
+    def _content_ids(out: GenerationOutput, params: SamplingParams) -> list[int]:
+        """The sampled ids without the stop tokens they end with (the reply's text)."""
         ids = list(out.token_ids)
-        stops = set(self.sampling.stop_token_ids)
+        stops = set(params.stop_token_ids)
         while ids and ids[-1] in stops:
             ids.pop()
         return ids
@@ -261,7 +269,7 @@ class PolicyServer:
         prompt, parent = self._chat_prompt(session, messages, tools)
         params = self._params(body, session, prompt, parent)
         out = await self._generate(session, prompt, params)
-        text = self.chat.decode(self._content_ids(out))
+        text = self.chat.decode(self._content_ids(out, params))
         parsed = self.parser.parse(text) if tools else None
         message: dict[str, Any] = {"role": "assistant", "content": text}
         finish = "length" if out.finish_reason == "length" else "stop"
@@ -347,7 +355,7 @@ class PolicyServer:
             raise HttpError(400, f"prompt is {raw!r:.80}: expected a string or a list of token ids")
         params = self._params(body, session, prompt, parent)
         out = await self._generate(session, prompt, params)
-        text = self.chat.decode(self._content_ids(out))
+        text = self.chat.decode(self._content_ids(out, params))
         done_text = None if prompt_text is None else prompt_text + text
         session.add(RecordedCall(prompt, out, parent, text=done_text))
         finish = "length" if out.finish_reason == "length" else "stop"

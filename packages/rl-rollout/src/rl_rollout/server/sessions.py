@@ -79,6 +79,8 @@ class Session:
     key: str
     calls: list[RecordedCall] = field(default_factory=list)
     closed: bool = False
+    sampling: Any = None  # the episode's SamplingParams (None: the server's)
+    max_context: int | None = None
 
     def add(self, call: RecordedCall) -> None:
         if call.parent is not None:
@@ -145,7 +147,7 @@ class SessionStore:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def open(self, session_id: str) -> str:
+    def open(self, session_id: str, sampling: Any = None, max_context: int | None = None) -> str:
         """Open a session; returns its API key. Refuses an id that is open already."""
         session_id = str(session_id)
         if "." in session_id or not session_id:
@@ -154,7 +156,9 @@ class SessionStore:
             if session_id in self._sessions:
                 raise ValueError(f"session {session_id!r} is open already")
             key = f"{session_id}.{secrets.token_hex(16)}"
-            self._sessions[session_id] = Session(session_id, key)
+            self._sessions[session_id] = Session(
+                session_id, key, sampling=sampling, max_context=max_context
+            )
         return key
 
     def close(self, session_id: str) -> Session:
