@@ -113,6 +113,22 @@ def tests_envs(session: nox.Session) -> None:
     session.run("pytest", *ENV_TESTS, "-m", HARDWARE_MARKERS, *session.posargs, env=env)
 
 
+# The policy server and agent episodes through the real `openai` client (rl-rollout's
+# `agents` extra): ~2 minutes on 2 CPUs at load ~10 (a hanging agent waits out its limit).
+AGENT_TESTS = (
+    "packages/rl-rollout/tests/test_policy_server.py",
+    "packages/rl-rollout/tests/test_agent_episodes.py",
+)
+
+
+@nox.session(name="tests-agents", python="3.11")
+def tests_agents(session: nox.Session) -> None:
+    """The OpenAI-compatible policy server and agent episodes with the `openai` client."""
+    _sync_only(session, "packages/rl-rollout", ("hf", "agents"))
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    session.run("pytest", *AGENT_TESTS, *session.posargs, env=env)
+
+
 DEVICE_TESTS = (
     "packages/rl-engines/tests/test_fsdp_device.py",
     "packages/rl-rollout/tests/test_device_hf.py",
@@ -316,6 +332,7 @@ nox.options.sessions = [
     *[f"tests-{key}" for key in PACKAGES],
     "tests-verl-oracle",  # verl 0.9 as the oracle of the losses: ~1 minute on 2 CPUs
     "tests-envs",  # environment adapters vs the real libraries (see ENV_TESTS for the time)
+    "tests-agents",  # the policy server and agent episodes with openai, ~2 min on 2 CPUs
     "tests-device",  # fsdp engine + hf rollout on the stand-in accelerator, ~2-3 min on 2 CPUs
     "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
