@@ -67,3 +67,75 @@ class TestTextArenaConformance(TextEnvConformance):
 def test_unknown_game_is_named():
     with pytest.raises(ValueError, match=r"no game 'GuessTheNumbr-v0'.*GuessTheNumber-v0"):
         make_text_env("textarena:GuessTheNumbr-v0")
+
+
+TICTACTOE = "textarena:TicTacToe-v0"
+FIRST_FREE = "textarena_players:first_free"
+
+
+def test_two_players_against_a_fixed_opponent():
+    env = make_text_env(TICTACTOE, {"opponent": FIRST_FREE, "seat": 0})
+    first = env.reset({}, seed=3)
+    assert first.info == {"seat": 0} and "Player 0" in first.messages[0]["content"]
+    # O at 4, X (first free) at 0, O at 3, X at 1, O at 5: three in a row for the policy
+    step = env.step(turn("[4]", 1))
+    assert not step.done and "cell 0" in step.messages[0]["content"]  # the opponent's move
+    step = env.step(turn("[3]", 2))
+    assert not step.done and "cell 1" in step.messages[0]["content"]
+    step = env.step(turn("[5]", 3))
+    assert step.terminated and step.reward == 1.0
+    # seat null: the seed's parity; seat 1 moves second, after the opponent's opening
+    env = make_text_env(TICTACTOE, {"opponent": FIRST_FREE})
+    second = env.reset({}, seed=1)
+    assert second.info == {"seat": 1} and "cell 0" in second.messages[0]["content"]
+
+
+def test_a_two_player_game_needs_an_opponent():
+    env = make_text_env(TICTACTOE)
+    with pytest.raises(ValueError, match="does not start with 1 player"):
+        env.reset({}, seed=0)
+    with pytest.raises(ValueError, match="cannot be imported"):
+        make_text_env(TICTACTOE, {"opponent": "textarena_players:nobody"})
+
+
+def test_self_play_trains_one_seat_and_records_the_other(tokenizer):
+    """Both seats are the policy (first free cell, scripted); the row is the trained seat's
+    calls only, its reward that seat's."""
+    import asyncio
+
+    from textarena_players import first_free
+
+    from rl_core.rollout import GenerationOutput, SamplingParams
+    from rl_rollout.server import PolicyServer
+
+    class FirstFreePolicy:
+        def __init__(self):
+            self.prompts = []
+
+        async def generate(self, prompt_ids, params, session_id, multi_modal_data=None):
+            self.prompts.append(prompt_ids)
+            move = first_free(tokenizer.decode(prompt_ids), 0)
+            ids = [*tokenizer.encode(move, add_special_tokens=False), 2]
+            return GenerationOutput(ids, [-0.5] * len(ids), "stop")
+
+    async def main(seed):
+        env = make_text_env(TICTACTOE, {"opponent": "self"})
+        server = PolicyServer(FirstFreePolicy(), tokenizer, SamplingParams(stop_token_ids=(2,)))
+        url = await server.start()
+        key = server.open_session(f"s{seed}")
+        try:
+            result = await env.run_agent({}, seed, url, key)
+        finally:
+            await server.stop()
+        return result, server.close_session(f"s{seed}")
+
+    # moves O0 X1 O2 X3 O4 X5 O6: seat 0 wins on the 2-4-6 diagonal
+    for seed, seat, reward, calls in [(0, 0, 1.0, 4), (1, 1, -1.0, 3)]:
+        result, session = asyncio.run(main(seed))
+        assert result["seat"] == seat and result["reward"] == reward
+        row = session.trajectory()
+        assert (row.calls, row.unused_calls) == (calls, 7 - calls)
+        moves = tokenizer.decode([t for t, m in zip(row.response_ids, row.mask) if m])
+        assert moves.replace("<|im_end|>", "") == "".join(
+            f"[{k}]" for k in range(seat, 7, 2)
+        )  # only the trained seat's moves are policy tokens of the row

@@ -12,7 +12,8 @@ Routes: ``POST /v1/chat/completions`` (messages, ``tools``, ``stream``, ``logpro
 **Session id: the API key.** Every request names its episode by the API key the trainer
 handed to it (``Authorization: Bearer <session id>.<secret>``); a key of another, closed or
 unknown session is refused with 401. Nothing else (headers, the ``user`` field) selects the
-session.
+session. A call sent with ``user: "opponent"`` is recorded but never trained (the other seat
+of a self-play game); the episode's row is the chain of its last other call.
 
 **Token-in/token-out.** A chat request whose messages extend a conversation the session
 already had (the same earlier messages, then the assistant message this server returned,
@@ -51,7 +52,10 @@ from rl_rollout.agent_loop.tool_parsers import build_tool_parser
 from rl_rollout.server.http import HttpError, HttpServer, Request, Response, StreamResponse
 from rl_rollout.server.sessions import RecordedCall, Session, SessionError, SessionStore
 
-__all__ = ["PolicyServer"]
+__all__ = ["OPPONENT", "PolicyServer"]
+
+OPPONENT = "opponent"
+"""The ``user`` field of calls that are recorded but not trained (a self-play opponent)."""
 
 
 def _text(content: Any) -> str:
@@ -286,7 +290,10 @@ class PolicyServer:
             ]
             finish = "tool_calls"
         reply = _message(message, 0)
-        session.add(RecordedCall(prompt, out, parent, messages=messages, reply=reply))
+        trained = body.get("user") != OPPONENT
+        session.add(
+            RecordedCall(prompt, out, parent, messages=messages, reply=reply, trained=trained)
+        )
         head = {
             "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
             "created": int(time.time()),
@@ -357,7 +364,8 @@ class PolicyServer:
         out = await self._generate(session, prompt, params)
         text = self.chat.decode(self._content_ids(out, params))
         done_text = None if prompt_text is None else prompt_text + text
-        session.add(RecordedCall(prompt, out, parent, text=done_text))
+        trained = body.get("user") != OPPONENT
+        session.add(RecordedCall(prompt, out, parent, text=done_text, trained=trained))
         finish = "length" if out.finish_reason == "length" else "stop"
         head = {
             "id": f"cmpl-{uuid.uuid4().hex[:16]}",

@@ -48,6 +48,7 @@ class RecordedCall:
     messages: list[dict[str, Any]] | None = None
     reply: dict[str, Any] | None = None
     text: str | None = None
+    trained: bool = True
 
     @property
     def full_ids(self) -> list[int]:
@@ -101,10 +102,12 @@ class Session:
         return None
 
     def trajectory(self) -> Trajectory | None:
-        """The row of the chain that ends at the last call (None: no call was made)."""
-        if not self.calls:
+        """The row of the chain that ends at the last trained call (None: there is none;
+        calls sent with ``user: "opponent"`` are recorded, never trained)."""
+        last = [i for i, call in enumerate(self.calls) if call.trained]
+        if not last:
             return None
-        chain = [len(self.calls) - 1]
+        chain = [last[-1]]
         while self.calls[chain[-1]].parent is not None:
             chain.append(self.calls[chain[-1]].parent)
         chain.reverse()
