@@ -3,33 +3,44 @@ appended to docs/gpu-results.md.
 
     bash .device/run.sh python3 benchmarks/gpu_check.py            # on the GPU machine
     uv run python benchmarks/gpu_check.py --dry-run                # CPU half, in CI
+    uv run python benchmarks/gpu_check.py --skip megatron          # a check left out, by name
 
 Checks (goal in brackets):
 
 * ``gpu-tests``: ``pytest -m "gpu and not vllm and not sglang"`` over the packages' test
   files that mark tests ``gpu`` [all pass];
-* ``grpo``: ``rl train examples/grpo_tiny.yaml`` on the accelerator with the hf rollout,
-  3 steps, one worker [exits 0];
-* ``fsdp-vs-plain``: the FSDP2 engine vs a plain PyTorch loop (same sdpa attention, fused
-  AdamW, autocast bf16, the same tokens) on the Qwen2-0.5B shape at 16 x 2048 tokens
-  [engine >= 1.0x the plain loop's speed and MFU >= 25%]. MFU = model FLOPs per step /
-  step time / peak, model FLOPs = 6 * N_non-embedding * tokens + 6 * N_embedding * response
-  tokens (the tied LM head runs on the response positions only) + 6 * layers * hidden *
-  seq_len * tokens (attention; `benchmarks/fsdp2_step.py`); peak = bf16 dense of the card,
-  detected by name: H100 SXM / H200 989 TFLOP/s, H100 PCIe 756, A100 312
-  (``RL_PEAK_TFLOPS`` overrides);
+* ``grpo``: ``rl train examples/grpo_tiny.yaml`` on the accelerator, colocated, with the hf
+  rollout, 3 steps, one worker [exits 0, 3 steps logged with a finite loss, the weight
+  sync timed; its bytes (parameters x the rollout dtype's size) and seconds reported];
+* ``sharded-loader``: the FSDP2 engine loads a saved model through its sharded loader
+  (each rank reads only its shards) [log-probs equal the Hugging Face reference];
+* ``fsdp-vs-plain``: the FSDP2 engine (loaded from a saved model, through the sharded
+  loader) vs a plain PyTorch loop (same sdpa attention, fused AdamW, autocast bf16, the
+  same tokens) on the Qwen2-0.5B shape at 16 x 2048 tokens [engine >= 1.0x the plain
+  loop's speed and MFU >= 25%]. MFU = model FLOPs per step / step time / peak, model
+  FLOPs = 6 * N_non-embedding * tokens + 6 * N_embedding * response tokens (the tied LM
+  head runs on the response positions only) + 6 * layers * hidden * seq_len * tokens
+  (attention; `benchmarks/fsdp2_step.py`); peak = bf16 dense of the card, detected by
+  name: H100 SXM / H200 989 TFLOP/s, H100 PCIe 756, A100 312 (``RL_PEAK_TFLOPS``
+  overrides);
 * ``offload``: device bytes freed by the engine's ``offload()`` over its parameters +
-  optimizer state [>= 90%];
-* ``megatron``: one bf16 step of the megatron engine [runs; "not installed" without
-  megatron-core];
+  optimizer state, engine loaded from a saved model [>= 90%];
+* ``checkpoint``: save and load through the platform's process group (NCCL on GPUs, which
+  refuses host tensors) [training continues bit-exactly after the load];
+* ``megatron``: one bf16 step of the megatron engine at TP1, then offload/onload
+  [finite loss, >= 90% of the device bytes freed, log-probs unchanged after onload];
+  megatron-core must be installed (docs/gpu-results.md says how);
 * ``vlm``: one bf16 step of the FSDP2 engine on a tiny Qwen2.5-VL with images [finite loss];
 * ``lora``: one bf16 LoRA step (adapters change, the base weights do not) [as stated].
 
-``--dry-run`` lists the checks and runs their CPU half on CPU: pytest collects the gpu
-tests, the GRPO config is loaded and validated, engine vs plain runs a tiny shape, the
-offload check runs on `rl_core.testing.standin`'s host-backed device, megatron reports
-whether it is importable, VLM and LoRA steps run in float32 on tiny models. Nothing is
-appended to docs/gpu-results.md in a dry run.
+A check that does not run (an error, a missing library) counts as failed unless ``--skip
+NAME`` names it. ``--dry-run`` runs every check's CPU half on the CPU, and a check counts
+as ran only when its CPU half ran: pytest collects the gpu tests, the GRPO config is
+loaded and validated, the sharded loader and engine vs plain run a tiny shape, offload
+runs on `rl_core.testing.standin`'s host-backed device, checkpoint save/load runs on CPU,
+megatron runs a float32 step in its own process (megatron-core absent: failed), VLM and
+LoRA steps run in float32 on tiny models. Nothing is appended to docs/gpu-results.md in a
+dry run. The last line reads ``ran: ... failed: ... skipped: ...``.
 """
 
 from __future__ import annotations
@@ -37,8 +48,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -67,8 +80,12 @@ PEAKS_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100",
 
 @dataclass
 class Outcome:
+    """What a check measured, and whether it met its goal (in a dry run: whether its CPU
+    half ran and held). There is no "informational" outcome: a check that cannot run
+    fails, unless ``--skip`` names it."""
+
     result: str
-    passed: bool | None  # None: informational (dry run, not installed)
+    passed: bool
 
 
 def device_name() -> str:
@@ -122,9 +139,28 @@ def check_gpu_tests(dry: bool) -> Outcome:
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", marker, *files]
     if dry:
         code, last = _run([*base, "--collect-only"], 240)
-        return Outcome(f"{len(files)} files, {last}", None if code == 0 else False)
+        return Outcome(f"{len(files)} files, {last}", code == 0 and bool(files))
     code, last = _run(base, 150)
     return Outcome(last or f"exit {code}", code == 0)
+
+
+def _metrics(path: Path) -> list[dict[str, float]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _sync_bytes(model_dir: str, dtype: str) -> int:
+    """Bytes one weight sync moves: every parameter of the model in the rollout's dtype."""
+    from safetensors import safe_open
+
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    numel = 0
+    for path in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():
+                numel += math.prod(f.get_slice(key).get_shape())
+    return numel * itemsize
 
 
 def check_grpo(dry: bool) -> Outcome:
@@ -133,12 +169,59 @@ def check_grpo(dry: bool) -> Outcome:
         from rl_algos.cli import _load
 
         config = _load(str(ROOT / "examples" / "grpo_tiny.yaml"), overrides)
-        return Outcome(f"config valid ({config.rollout.backend} rollout)", None)
-    out = tempfile.mkdtemp(prefix="gpu-check-grpo-")
+        return Outcome(f"config valid ({config.rollout.backend} rollout)", True)
+    out = Path(tempfile.mkdtemp(prefix="gpu-check-grpo-"))
     cmd = ["rl", "train", "examples/grpo_tiny.yaml", *overrides, f"trainer.output_dir={out}"]
     start = time.monotonic()
-    code, last = _run(cmd, 120)
-    return Outcome(f"exit {code} in {time.monotonic() - start:.0f} s; {last[:60]}", code == 0)
+    code, last = _run(cmd, 150)
+    seconds = time.monotonic() - start
+    steps = [m for m in _metrics(out / "metrics.jsonl") if "actor/loss" in m]
+    finite = [m for m in steps if math.isfinite(m["actor/loss"])]
+    syncs = [m["timing/sync_weights_s"] for m in steps if "timing/sync_weights_s" in m]
+    model_dirs = [p.parent for p in out.rglob("config.json") if any(p.parent.glob("*.safetensors"))]
+    nbytes = _sync_bytes(str(model_dirs[0]), "bfloat16") if model_dirs else 0
+    sync = f"sync {statistics.mean(syncs):.3f} s" if syncs else "no sync timing"
+    result = (
+        f"exit {code} in {seconds:.0f} s; {len(finite)}/3 steps finite; {sync}, "
+        f"~{nbytes / 2**20:.1f} MiB/sync; {last[:50]}"
+    )
+    return Outcome(result, code == 0 and len(finite) == 3 and len(syncs) == 3)
+
+
+def _save_model(tmp: str, shape: dict, name: str = "lm") -> str:
+    """A random model of ``shape`` saved as a Hugging Face directory, so the engine loads it
+    through its sharded loader (a model from a config alone takes the eager path)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(shape)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)
+    path = os.path.join(tmp, name)
+    AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def check_sharded_loader(dry: bool) -> Outcome:
+    from rl_core.engine import build_engine
+    from rl_core.testing.train_engine import (
+        engine_config,
+        make_rl_batch,
+        reference_outputs,
+        save_tiny_model,
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = save_tiny_model(os.path.join(tmp, "lm"), "qwen2")
+        engine = build_engine("fsdp", engine_config(model_dir, {}))
+        sharded = bool(getattr(engine, "sharded_load", False))
+        batch = make_rl_batch()
+        got = engine.infer_batch(batch, outputs=("log_probs",)).batch["log_probs"]
+        engine.close()
+        want = reference_outputs(model_dir, batch)["log_probs"]
+    error = float((got.double() - want).abs().max())
+    tol = 2e-5 if dry else 1e-3
+    loader = "sharded loader" if sharded else "NOT the sharded loader"
+    return Outcome(f"{loader}; max |log-prob - HF| {error:.2e} (tol {tol:g})", sharded and error <= tol)
 
 
 def _timed(step: Callable[[], None], steps: int) -> float:
@@ -169,13 +252,17 @@ def check_engine_vs_plain(dry: bool) -> Outcome:
     plain_s = _timed(plain_step, steps)
     del plain_step
     platform.empty_cache()
+    tmp = tempfile.mkdtemp(prefix="gpu-check-model-")
     config = {
-        "model": {"config": shape, "compute_dtype": "bfloat16"},
+        "model": {"path": _save_model(tmp, shape), "compute_dtype": "bfloat16"},
         "engine_kwargs": {"attn_implementation": "sdpa"},
         "optim": bench.OPTIM,
         "micro_batch": {"micro_batch_size": micro},
     }
     engine = build_engine("fsdp", config)
+    if not getattr(engine, "sharded_load", False):
+        engine.close()
+        return Outcome("the engine did not load through the sharded loader", False)
 
     def step() -> None:
         engine.train_batch(batch, pg_loss)
@@ -183,6 +270,7 @@ def check_engine_vs_plain(dry: bool) -> Outcome:
 
     engine_s = _timed(step, steps)
     engine.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     tokens = seqs * seq_len
     embed = shape["vocab_size"] * shape["hidden_size"]
     flops = (
@@ -198,7 +286,7 @@ def check_engine_vs_plain(dry: bool) -> Outcome:
         f"{speed:.2f}x plain ({engine_s:.3f} vs {plain_s:.3f} s/step), MFU {100 * mfu:.1f}% "
         f"of {peak / 1e12:.0f} TFLOP/s ({name})"
     )
-    return Outcome(result, None if dry else (speed >= 1.0 and mfu >= 0.25))
+    return Outcome(result, True if dry else (speed >= 1.0 and mfu >= 0.25))
 
 
 def check_offload(dry: bool) -> Outcome:
@@ -215,7 +303,8 @@ def check_offload(dry: bool) -> Outcome:
             }
             (r,) = runner.run(run_standin_check, spec)
         freed = (r["on_device"] - r["offloaded"]) / r["on_device"]
-        return Outcome(f"stand-in device: {100 * freed:.0f}% of {r['on_device']} B freed", None)
+        result = f"stand-in device: {100 * freed:.0f}% of {r['on_device']} B freed"
+        return Outcome(result, freed >= 0.9)
     from fsdp2_step import QWEN2_05B
 
     from rl_core.engine import build_engine
@@ -223,10 +312,9 @@ def check_offload(dry: bool) -> Outcome:
     from rl_core.testing.train_engine import make_rl_batch, pg_loss
 
     platform = get_platform()
-    engine = build_engine(
-        "fsdp",
-        {"model": {"config": dict(QWEN2_05B, vocab_size=32000)}, "optim": {"lr": 1e-6}},
-    )
+    tmp = tempfile.mkdtemp(prefix="gpu-check-model-")
+    model_dir = _save_model(tmp, dict(QWEN2_05B, vocab_size=32000))
+    engine = build_engine("fsdp", {"model": {"path": model_dir}, "optim": {"lr": 1e-6}})
     engine.train_batch(make_rl_batch(), pg_loss)  # creates the optimizer state
     platform.synchronize()
     params = sum(p.numel() * p.element_size() for p in engine.model.parameters())
@@ -241,6 +329,7 @@ def check_offload(dry: bool) -> Outcome:
     after = platform.memory_allocated()
     engine.onload()
     engine.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     freed = (before - after) / (params + optim)
     result = f"{100 * freed:.0f}% of {(params + optim) / 2**30:.2f} GiB params+optimizer freed"
     return Outcome(result, freed >= 0.9)
@@ -252,26 +341,72 @@ def _tiny_dir(tmp: str) -> str:
     return save_tiny_model(os.path.join(tmp, "lm"), "qwen2")
 
 
+def check_checkpoint(dry: bool) -> Outcome:
+    """Save, load, continue: `check_save_load` of the conformance suite, on the platform's
+    process group (NCCL on GPUs: a host tensor in the save's shard agreement fails)."""
+    from rl_core.platform import get_platform
+    from rl_core.testing.train_engine import check_save_load, save_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {
+            "engine": "fsdp",
+            "options": {},
+            "model_dir": save_tiny_model(os.path.join(tmp, "lm"), "qwen2"),
+            "value_head": False,
+            "tmp": tmp,
+        }
+        check_save_load(spec)
+    return Outcome(f"saved, loaded and continued bit-exactly ({get_platform().dist_backend})", True)
+
+
+def megatron_step(model_dir: str, dtype: str) -> dict[str, float]:
+    """One megatron step at TP1, then offload/onload: the loss, the device bytes freed
+    (share of those in use) and whether the log-probs survived the round trip."""
+    from rl_core.engine import build_engine
+    from rl_core.platform import get_platform
+    from rl_core.testing.train_engine import engine_config, make_rl_batch, pg_loss
+
+    platform = get_platform()
+    engine = build_engine("megatron", engine_config(model_dir, {"model": {"compute_dtype": dtype}}))
+    batch = make_rl_batch()
+    metrics = engine.train_batch(batch, pg_loss)
+    before_lp = engine.infer_batch(batch, outputs=("log_probs",)).batch["log_probs"]
+    platform.synchronize()
+    before = platform.memory_allocated()
+    engine.offload()
+    after = platform.memory_allocated()
+    engine.onload()
+    after_lp = engine.infer_batch(batch, outputs=("log_probs",)).batch["log_probs"]
+    engine.close()
+    freed = (before - after) / before if before else 0.0
+    return {"loss": metrics["loss"], "freed": freed, "same": bool(torch.equal(before_lp, after_lp))}
+
+
 def check_megatron(dry: bool) -> Outcome:
     if importlib.util.find_spec("megatron") is None or (
         importlib.util.find_spec("megatron.core") is None
     ):
-        return Outcome("not installed", None)
-    if dry:
         return Outcome(
-            "installed (bf16 step needs CUDA; CPU runs in tests-rl-engines-megatron)", None
+            "megatron-core is not installed (pip install 'rl-engines[megatron]'; "
+            "docs/gpu-results.md)",
+            False,
         )
-    from rl_core.engine import build_engine
-    from rl_core.testing.train_engine import engine_config, make_rl_batch, pg_loss
-
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = engine_config(_tiny_dir(tmp), {"model": {"compute_dtype": "bfloat16"}})
-        engine = build_engine("megatron", cfg)
-        m = engine.train_batch(make_rl_batch(), pg_loss)
-        engine.close()
-    return Outcome(
-        f"loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}", math.isfinite(m["loss"])
+        model_dir = _tiny_dir(tmp)
+        if dry:  # megatron's CPU shim patches torch.cuda process-wide: its own process
+            from rl_core.testing.spawn import SpawnRunner
+
+            with SpawnRunner(1, timeout_s=300, env={"RL_PLATFORM": "cpu"}) as runner:
+                (r,) = runner.run(megatron_step, model_dir, "float32")
+            ok = math.isfinite(r["loss"]) and r["same"]
+            return Outcome(f"CPU float32 step: loss {r['loss']:.4f}; offload is a no-op on CPU", ok)
+        r = megatron_step(model_dir, "bfloat16")
+    ok = math.isfinite(r["loss"]) and r["freed"] >= 0.9 and r["same"]
+    result = (
+        f"bf16 loss {r['loss']:.4f}; offload freed {100 * r['freed']:.0f}%; "
+        f"log-probs {'unchanged' if r['same'] else 'CHANGED'} after onload"
     )
+    return Outcome(result, ok)
 
 
 def check_vlm(dry: bool) -> Outcome:
@@ -293,7 +428,7 @@ def check_vlm(dry: bool) -> Outcome:
     ok = math.isfinite(m["loss"]) and m["grad_norm"] > 0
     return Outcome(
         f"{dtype} step: loss {m['loss']:.4f}, grad_norm {m['grad_norm']:.3f}",
-        ok if not dry else None,
+        ok,
     )
 
 
@@ -326,15 +461,17 @@ def check_lora(dry: bool) -> Outcome:
     base_changed = [n for n in before if "lora_" not in n and not torch.equal(before[n], after[n])]
     ok = bool(changed) and not base_changed and math.isfinite(m["loss"])
     result = f"{dtype}: {len(changed)}/{len(adapters)} adapters changed, {len(base_changed)} base"
-    return Outcome(result, ok if not dry else None)
+    return Outcome(result, ok)
 
 
 CHECKS: list[tuple[str, str, Callable[[bool], Outcome]]] = [
     ("gpu-tests", "all pass", check_gpu_tests),
-    ("grpo", "3 steps, exit 0", check_grpo),
+    ("grpo", "3 finite steps, sync timed", check_grpo),
+    ("sharded-loader", "sharded, = HF log-probs", check_sharded_loader),
     ("fsdp-vs-plain", ">= 1.0x plain, MFU >= 25%", check_engine_vs_plain),
     ("offload", ">= 90% freed", check_offload),
-    ("megatron", "bf16 step runs", check_megatron),
+    ("checkpoint", "save/load bit-exact", check_checkpoint),
+    ("megatron", "bf16 step, offload >= 90%", check_megatron),
     ("vlm", "bf16 step, finite loss", check_vlm),
     ("lora", "adapters move, base frozen", check_lora),
 ]
@@ -361,8 +498,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU half of every check")
     parser.add_argument("--only", nargs="*", help="check names (default: all)")
+    parser.add_argument("--skip", nargs="*", default=[], help="check names left out (skipped)")
     parser.add_argument("--no-record", action="store_true", help="do not touch gpu-results.md")
     args = parser.parse_args()
+    names = [name for name, _, _ in CHECKS]
+    unknown = [n for n in [*(args.only or []), *args.skip] if n not in names]
+    if unknown:
+        print(f"gpu_check: unknown check(s) {unknown}: expected names from {names}", file=sys.stderr)
+        return 2
     if not args.dry_run and device_name() == "cpu":
         print("gpu_check: no accelerator visible to the platform; use --dry-run", file=sys.stderr)
         return 2
@@ -372,6 +515,9 @@ def main() -> int:
     for name, goal, check in CHECKS:
         if args.only and name not in args.only:
             continue
+        if name in args.skip:
+            rows.append((name, "skipped by --skip", goal, "skipped"))
+            continue
         start = time.monotonic()
         try:
             outcome = check(args.dry_run)
@@ -379,17 +525,23 @@ def main() -> int:
             traceback.print_exc()
             outcome = Outcome(f"error: {type(exc).__name__}: {str(exc)[:80]}", False)
         seconds = time.monotonic() - start
-        verdict = {True: "pass", False: "FAIL", None: "-"}[outcome.passed]
+        verdict = ("ran" if args.dry_run else "pass") if outcome.passed is True else "FAIL"
         rows.append((name, f"{outcome.result} [{seconds:.0f} s]", goal, verdict))
         print(f"{name}: {verdict}: {outcome.result} ({seconds:.0f} s)", file=sys.stderr, flush=True)
-    width = [
-        max(len(r[i]) for r in [("check", "result", "goal", "pass/fail"), *rows]) for i in range(4)
-    ]
-    for row in [("check", "result", "goal", "pass/fail"), *rows]:
+    header = ("check", "result", "goal", "verdict")
+    width = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, width)))
+    ran = [r[0] for r in rows if r[3] in ("ran", "pass")]
+    failed = [r[0] for r in rows if r[3] == "FAIL"]
+    skipped = [r[0] for r in rows if r[3] == "skipped"]
+    print(
+        f"ran: {', '.join(ran) or '-'} failed: {', '.join(failed) or '-'} "
+        f"skipped: {', '.join(skipped) or '-'}"
+    )
     if not args.dry_run and not args.no_record:
         record(rows, device_name())
-    return 1 if any(r[3] == "FAIL" for r in rows) else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -172,6 +172,7 @@ class FSDPEngine(EngineBase):
             model, sources = load_local_shards(
                 lambda: build_hf_model(mcfg, config.seed, attention), self.mesh, True
             )
+        self.sharded_load = sources is not None  # each rank read only its shards
         self.lora = mcfg.lora
         if self.lora is not None and not self.custom_model:  # a builder applies its own
             with adapters_on_host(sources) if sources is not None else nullcontext():
