@@ -138,8 +138,8 @@ def megatron_checkpoint(model_dir: str, options: dict[str, Any], path: str) -> d
     fresh = build_engine("megatron", engine_config(model_dir, opts, optim=OPTIM))
     fresh.load(path)
     loaded = _weights(fresh)
-    rounded = all(
-        torch.equal(p, fresh.main_params.of(p).to(p.dtype))
+    rounded = all(  # main_weight: a collective, the same order on every rank
+        torch.equal(p, fresh.main_weight(p).to(p.dtype))
         for c in fresh.chunks
         for p in c.parameters()
     )

@@ -3,14 +3,16 @@ EP, expert-TP, sequence parallel).
 
 One instance per rank; every public method is collective. The model is built from a
 Hugging Face config and weights (`rl_engines.megatron.model` / `.weights`), trained with
-megatron-core's pipeline schedules (1F1B, interleaved with virtual stages) and a
-``torch.optim.AdamW`` on each rank's shards (with a bf16 ``compute_dtype`` the chunks run
-inside megatron-core's ``Float16Module`` and AdamW steps fp32 main copies of the
-parameters: `rl_engines.megatron.precision`). Gradients are *summed* over data-parallel
-ranks (the loss contract: sum-style partial losses), expert gradients over the
-expert-data-parallel ranks, sequence-parallel norm gradients over TP, and the tied
-embedding gradient between first and last pipeline stage. On CPU the engine installs
-`cpu_shim` first (gloo; see that module).
+megatron-core's pipeline schedules (1F1B, interleaved with virtual stages) and
+`DistributedAdamW` (`rl_engines.megatron.distributed_optimizer`: Megatron's distributed
+optimizer on any backend; with a bf16 ``compute_dtype`` the chunks run inside
+megatron-core's ``Float16Module``, gradients accumulate in an fp32 buffer and each rank
+steps fp32 main parameters and AdamW moments of its 1/DP range only). Gradients are
+*summed* (the loss contract: sum-style partial losses): reduce-scattered over the
+data-parallel ranks (expert gradients over the expert-data-parallel ranks), sequence-
+parallel norm gradients all-reduced over TP and the tied embedding gradient between first
+and last pipeline stage; clipping uses the global norm over the reduced shards. On CPU the
+engine installs `cpu_shim` first (gloo; see that module).
 
 Data-parallel rank/size and the collect ranks (TP rank 0 of the last pipeline stage) are
 exposed as `dp_rank`/`dp_size`/`is_collect_rank`, which `EngineWorker` declares to the
@@ -51,10 +53,10 @@ from rl_engines.megatron import checkpoint as ckpt
 from rl_engines.megatron.config import MegatronConfig
 from rl_engines.megatron.convert import hf_layer_keys, shard_dim
 from rl_engines.megatron.cpu_shim import define_missing_te_symbols, install_cpu_shim
+from rl_engines.megatron.distributed_optimizer import DistributedAdamW
 from rl_engines.megatron.forward import (
     align_micro_batch,
     aligned_length,
-    causal_mask,
     outputs_from_logits,
 )
 from rl_engines.megatron.model import (
@@ -71,7 +73,6 @@ from rl_engines.megatron.routing import (
     install_router_probes,
     routing_padding_mask,
 )
-from rl_engines.megatron.sharded_optimizer import ShardedAdamW
 from rl_engines.megatron.weights import HFWeightLoader, Layout, export_hf_weights, load_hf_weights
 from rl_engines.moe import RouterStats
 from rl_engines.router_replay import routed_experts_of
@@ -83,6 +84,9 @@ class MegatronEngine(EngineBase):
     """Megatron-core training engine for Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE models."""
 
     engine_name: ClassVar[str] = "megatron"
+    #: a checkpoint loads at another data-parallel size (world size); the model-parallel
+    #: layout (TP, PP, EP, expert-TP, virtual stages) must be the saving one
+    supports_resharding: ClassVar[bool] = True
 
     options_class: ClassVar[type] = MegatronConfig
 
@@ -111,15 +115,16 @@ class MegatronEngine(EngineBase):
         self.compute_dtype = resolve_compute_dtype(mcfg)
         self.main_dtype = getattr(torch, mcfg.dtype)
         check_dtypes(mcfg.dtype, mcfg.compute_dtype, self.compute_dtype)
-        # main's start-up path (whole HF model on every rank, a full AdamW state on every
-        # data-parallel rank) stays selectable for comparisons (`benchmarks/init_memory.py`)
+        # main's start-up path (whole HF model on every rank, whole fp32 main parameters
+        # and a full AdamW state on every data-parallel rank) stays selectable for
+        # comparisons (`benchmarks/init_memory.py`, the equivalence tests)
         self.legacy_init = os.environ.get(EAGER_INIT_ENV) == "1"
         self.hf_config = hf_model_config(mcfg)
         self.arch = arch_spec(self.hf_config)
         check_divisibility(self.arch, self.mcfg)
         # megatron-core's mixed precision: the model in the compute dtype (bf16=True,
         # params_dtype and pipeline_dtype = compute dtype), fp32 main parameters for the
-        # optimizer (`precision`)
+        # optimizer (`precision`, `distributed_optimizer`)
         self.tconfig = transformer_config(
             self.arch,
             self.mcfg,
@@ -135,22 +140,38 @@ class MegatronEngine(EngineBase):
         if config.inference_only:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
-        self.main_params = MainParams(
-            [p for c in self.chunks for p in c.parameters()],
-            self.main_dtype,
-            mixed=not config.inference_only and self.main_dtype != self.compute_dtype,
-        )
-        self._load_weights()
-        self.main_params.copy_main_to_model()
-        self.models = wrap_float16(self.chunks, self.tconfig)  # what the schedules run
-        self.main_params.install_grad_hooks()
-        self.params = [
-            self.main_params.of(p) for c in self.chunks for p in c.parameters() if p.requires_grad
-        ]
         self._grad_groups = self._classify_params()
-        self._build_optimizer(self.params)
-        if self.optimizer is not None:
-            init_optimizer_state(self.optimizer)
+        #: the distributed optimizer's path: no whole fp32 copy of anything on any rank
+        self.distributed = not (config.inference_only or self.legacy_init)
+        self.main_params: MainParams | None = None
+        if self.distributed:
+            # the chunks in the compute dtype first, so the optimizer's flat parameter
+            # buffer holds them as they train; the weights then go to the model (rounded)
+            # and to the optimizer's fp32 main ranges (exact)
+            self.models = wrap_float16(self.chunks, self.tconfig)  # what the schedules run
+            self._build_optimizer([p for c in self.chunks for p in c.parameters()])
+            self._load_weights(write=self.optimizer.write)
+            self.optimizer.install_grad_hooks()
+            counted = self._grad_groups["norm_dense"] + self._grad_groups["norm_expert"]
+            self.optimizer.set_norm_params(counted)
+            self.params = self.optimizer.main_params()
+        else:
+            self.main_params = MainParams(
+                [p for c in self.chunks for p in c.parameters()],
+                self.main_dtype,
+                mixed=not config.inference_only and self.main_dtype != self.compute_dtype,
+            )
+            target = self.main_params.of
+            self._load_weights(write=lambda p, value: target(p).copy_(value))
+            self.main_params.copy_main_to_model()
+            self.models = wrap_float16(self.chunks, self.tconfig)  # what the schedules run
+            self.main_params.install_grad_hooks()
+            self.params = [
+                target(p) for c in self.chunks for p in c.parameters() if p.requires_grad
+            ]
+            self._build_optimizer(self.params)
+            if self.optimizer is not None:
+                init_optimizer_state(self.optimizer)
         self.router_stats: RouterStats | None = None
         if self.arch.num_experts is not None:
             self.router_stats = RouterStats(self.arch.num_layers, self.arch.num_experts)
@@ -184,21 +205,24 @@ class MegatronEngine(EngineBase):
             )
         return MegatronRouterReplay(self.chunks, self.arch.num_layers)
 
-    def _load_weights(self) -> None:
-        """Fill the main parameters from the Hugging Face model: a checkpoint is streamed
-        one tensor at a time and each rank keeps only its TP/PP/EP shards
-        (`HFWeightLoader`); a config-only model (random init), the legacy path and virtual
-        pipeline stages (streaming left layers of the second model chunk unfilled: not yet
-        supported) build the whole Hugging Face model first."""
-        mcfg, seed, target = self.config.model, self.config.seed, self.main_params.of
+    def _load_weights(self, write) -> None:
+        """Set the parameters from the Hugging Face model through ``write(param, value)``
+        (exact values into the fp32 main parameters or ranges, rounded into the model): a
+        checkpoint is streamed one tensor at a time and each rank keeps only its TP/PP/EP
+        shards (`HFWeightLoader`); a config-only model (random init), the legacy path and
+        virtual pipeline stages (streaming left layers of the second model chunk unfilled:
+        not yet supported) build the whole Hugging Face model first."""
+        mcfg, seed = self.config.model, self.config.seed
         if self.legacy_init or mcfg.path is None or self.mcfg.vpp > 1:
             hf_model = build_hf_model(mcfg, seed)
             state = hf_model.state_dict()
-            load_hf_weights(self.chunks, state, self.arch, self.layout, self.value_model, target)
+            load_hf_weights(
+                self.chunks, state, self.arch, self.layout, self.value_model, write=write
+            )
             return
         keys = hf_layer_keys(self.arch)
         loader = HFWeightLoader(
-            self.chunks, self.arch, self.layout, self.value_model, keys, target=target
+            self.chunks, self.arch, self.layout, self.value_model, keys, write=write
         )
         with streamed_checkpoint_tensors(loader.add):
             skeleton = build_hf_model(mcfg, seed)
@@ -206,18 +230,19 @@ class MegatronEngine(EngineBase):
         loader.finish(rest)  # e.g. a value head initialised from the seed
 
     def _build_optimizer(self, params: Sequence[Tensor]) -> None:
-        """Each data-parallel rank holds the AdamW state of 1/DP of the (main) parameters
-        (`ShardedAdamW`; expert parameters over the expert-data-parallel group); the legacy
-        path keeps a full AdamW per rank."""
-        if self.config.inference_only or self.legacy_init:
+        """`DistributedAdamW` over the model parameters: dense ones sharded over the
+        data-parallel group, expert ones over the expert-data-parallel group (each rank
+        holds fp32 main parameters and moments of its 1/DP range); the legacy path keeps
+        a full AdamW over whole fp32 main parameters per rank."""
+        if not self.distributed:
             super()._build_optimizer(params)
             return
         opt = self.config.optim
-        trainable = {id(p) for p in params}
+        trainable = {id(p) for p in params if p.requires_grad}
         dense = [p for p in self._grad_groups["dense"] if id(p) in trainable]
         expert = [p for p in self._grad_groups["expert"] if id(p) in trainable]
-        self.optimizer = ShardedAdamW(
-            [(dense, self.layout.dp_group), (expert, self.layout.edp_group)],
+        self.optimizer = DistributedAdamW(
+            [(dense, self.layout.dp_group, "dense"), (expert, self.layout.edp_group, "expert")],
             lr=opt.lr,
             betas=opt.betas,
             eps=opt.eps,
@@ -226,7 +251,8 @@ class MegatronEngine(EngineBase):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
 
     def _after_optimizer_step(self) -> None:
-        self.main_params.copy_main_to_model()  # the stepped fp32 main weights into the model
+        if self.main_params is not None:  # the distributed optimizer all-gathered already
+            self.main_params.copy_main_to_model()  # the stepped fp32 main weights
 
     def _prepare_platform(self) -> None:
         define_missing_te_symbols()
@@ -265,16 +291,15 @@ class MegatronEngine(EngineBase):
         return count
 
     def _classify_params(self) -> dict[str, list[Tensor]]:
-        """Which gradient reduction each parameter needs, and its share of the grad norm."""
+        """Which gradient reduction each (model) parameter needs, and its share of the
+        grad norm."""
         groups: dict[str, list[Tensor]] = {"dense": [], "expert": [], "tp_sum": [], "embed": []}
         groups.update({"norm_dense": [], "norm_expert": []})
         tied = self.arch.tied_embeddings and not self.value_model and self.layout.pp > 1
         sp = self.mcfg.sequence_parallel
         for chunk in self.chunks:
             for name, model_param in chunk.named_parameters():
-                # attributes live on the model parameter; gradients are reduced and
-                # clipped on its main parameter
-                p = self.main_params.of(model_param)
+                p = model_param
                 expert = ".experts." in name
                 groups["expert" if expert else "dense"].append(p)
                 if (
@@ -302,35 +327,57 @@ class MegatronEngine(EngineBase):
                     groups["norm_dense"].append(p)
         return groups
 
-    def _all_reduce_grads(self, params: list[Tensor], group, what: str) -> None:
-        if not params or dist.get_world_size(group) == 1:
+    def _all_reduce_grads(self, grads: list[Tensor], group, what: str) -> None:
+        if not grads or dist.get_world_size(group) == 1:
             return
-        grads = [p.grad for p in params]
         flat = torch._utils._flatten_dense_tensors(grads)
         all_reduce(flat, dist.ReduceOp.SUM, what, group)
         for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             g.copy_(reduced)
 
     def _finalize_grads(self) -> None:
+        """Sum the gradients: norm gradients over TP and the tied embedding between first
+        and last stage on the whole gradients, then over data-parallel ranks (the
+        distributed optimizer: a reduce-scatter, each rank keeping its range)."""
         from megatron.core import parallel_state as ps
 
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         g = self._grad_groups
-        self._all_reduce_grads(g["dense"], self.layout.dp_group, "dense gradients over DP")
-        self._all_reduce_grads(g["expert"], self.layout.edp_group, "expert gradients over EDP")
-        self._all_reduce_grads(g["tp_sum"], self.layout.tp_group, "norm gradients over TP")
+        if self.distributed:
+            grad = self.optimizer.grad_of
+        else:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+            def grad(p: Tensor) -> Tensor:
+                return self.main_params.of(p).grad
+
+            dense, expert = [grad(p) for p in g["dense"]], [grad(p) for p in g["expert"]]
+            self._all_reduce_grads(dense, self.layout.dp_group, "dense gradients over DP")
+            self._all_reduce_grads(expert, self.layout.edp_group, "expert gradients over EDP")
+        tp_sum = [grad(p) for p in g["tp_sum"]]
+        self._all_reduce_grads(tp_sum, self.layout.tp_group, "norm gradients over TP")
         if g["embed"] and ps.is_rank_in_embedding_group():
-            self._all_reduce_grads(g["embed"], ps.get_embedding_group(), "tied embedding gradient")
+            embed = [grad(p) for p in g["embed"]]
+            self._all_reduce_grads(embed, ps.get_embedding_group(), "tied embedding gradient")
+        if self.distributed:
+            self.optimizer.reduce_scatter_grads()
 
     def _grad_norm(self) -> float:
+        """The global L2 norm of the summed gradients, each tensor- or expert-parallel
+        replica and the tied embedding counted once: the distributed optimizer's ranges
+        summed over all ranks, or the whole gradients over the model-parallel groups."""
         from megatron.core import parallel_state as ps
+
+        if self.distributed:
+            total = self.optimizer.grad_squares(self.device)
+            all_reduce(total, dist.ReduceOp.SUM, "the grad norm")
+            return float(total.sqrt().item())
 
         def squares(params: list[Tensor]) -> Tensor:
             total = torch.zeros((), dtype=torch.float64, device=self.device)
             for p in params:
-                total += p.grad.detach().double().pow(2).sum()
+                total += self.main_params.of(p).grad.detach().double().pow(2).sum()
             return total
 
         dense = squares(self._grad_groups["norm_dense"])
@@ -366,7 +413,6 @@ class MegatronEngine(EngineBase):
         )
         if self.mcfg.sequence_parallel:
             seq_len = -(-seq_len // self.layout.tp) * self.layout.tp
-        mask = causal_mask(seq_len, self.device)
         items = []
         for index, (mb, _) in enumerate(micro_batches):
             tensors = {
@@ -397,7 +443,9 @@ class MegatronEngine(EngineBase):
                 self.router_stats.skip = kwargs["padding_mask"] is None  # no real token
             if model is not getattr(model, "module", model):  # Float16Module
                 kwargs["fp32_output"] = False  # logits stay bf16; log-probs upcast per chunk
-            output = model(aligned.input_ids, aligned.position_ids, mask, **kwargs)
+            # no mask: attention is causal (`attention.SDPAttention`), and sequences are
+            # left-aligned, so no real token attends to padding
+            output = model(aligned.input_ids, aligned.position_ids, None, **kwargs)
 
             def loss_func(output_tensor):
                 outs = outputs_from_logits(
@@ -568,8 +616,29 @@ class MegatronEngine(EngineBase):
             self.value_model,
             bucket_bytes,
             dtype,
-            source=self.main_params.of,  # the fp32 main weights when training in bf16
+            source=self._export_source(dtype),
         )
+
+    def _export_source(self, dtype: Any):
+        """What `export_weights` gives for a model parameter: the fp32 main weights when
+        training in bf16 (assembled from the data-parallel ranges, one unit at a time, by
+        the distributed optimizer), the model parameter itself when it is what ``dtype``
+        asks for (the rounded main weights) or the main weights."""
+        if self.main_params is not None:
+            return self.main_params.of
+        optimizer = self.optimizer
+
+        def source(param: Tensor) -> Tensor:
+            if (dtype is not None and dtype == param.dtype) or not optimizer.holds(param):
+                return param
+            return optimizer.full_flat(param, "param").view_as(param)
+
+        return source
+
+    def main_weight(self, param: Tensor) -> Tensor:
+        """The whole fp32 main value of model parameter ``param`` (collective over its
+        data-parallel group with the distributed optimizer)."""
+        return self._export_source(None)(param)
 
     # ---- checkpoints --------------------------------------------------------------
     def save(self, path: str) -> None:
@@ -581,17 +650,19 @@ class MegatronEngine(EngineBase):
         self._refuse_nonfinite(bad, path)
         meta = self._checkpoint_meta(
             hf_config=self.hf_config.to_dict(),  # for offline export (`offline`)
-            parallel={
-                "tp": self.layout.tp,
-                "pp": self.layout.pp,
-                "ep": self.layout.ep,
-                "etp": self.layout.etp,
-                "vpp": self.mcfg.vpp,
-            },
+            parallel={**self._model_parallel(), "dp": self.layout.dp},
         )
-        ckpt.save_checkpoint(
-            path, self.chunks, self.optimizer, self._train_state(), meta, self.main_params.of
-        )
+        main_of = self.main_params.of if self.main_params is not None else None
+        ckpt.save_checkpoint(path, self.chunks, self.optimizer, self._train_state(), meta, main_of)
+
+    def _model_parallel(self) -> dict[str, int]:
+        return {
+            "tp": self.layout.tp,
+            "pp": self.layout.pp,
+            "ep": self.layout.ep,
+            "etp": self.layout.etp,
+            "vpp": self.mcfg.vpp,
+        }
 
     @classmethod
     def read_checkpoint_weights(cls, path: str) -> dict[str, Tensor]:
@@ -604,8 +675,12 @@ class MegatronEngine(EngineBase):
     def load(self, path: str) -> None:
         self._require_onloaded("load")
         self._require_trainable("load")
-        state, meta = ckpt.load_checkpoint(path, self.chunks, self.optimizer, self.main_params.of)
-        self.main_params.copy_main_to_model()
+        main_of = self.main_params.of if self.main_params is not None else None
+        state, meta = ckpt.load_checkpoint(
+            path, self.chunks, self.optimizer, main_of, layout=self._model_parallel()
+        )
+        if self.main_params is not None:
+            self.main_params.copy_main_to_model()
         self._restore_train_state(path, state, meta)
 
     # ---- memory -------------------------------------------------------------------
@@ -613,16 +688,15 @@ class MegatronEngine(EngineBase):
         if self.device_type == "cpu":
             return  # already in host memory
         params = {id(p): p for c in self.chunks for p in c.parameters()}
-        params.update((id(p), p) for p in self.main_params.main)  # the fp32 main copies, if any
-        sharded = self.optimizer if isinstance(self.optimizer, ShardedAdamW) else None
-        if sharded is not None:  # its parameters view its flat buffers: move those once
-            sharded.relocate(device)
-            for part in sharded.partitions:
-                for p in part.params:
-                    params.pop(id(p), None)
+        if self.main_params is not None:  # the fp32 main copies, if any
+            params.update((id(p), p) for p in self.main_params.main)
+        if isinstance(self.optimizer, DistributedAdamW):
+            # its parameters view its flat buffers: move those (and its ranges) once
+            self.optimizer.relocate(device)
+            params = {k: p for k, p in params.items() if not self.optimizer.holds(p)}
         for p in params.values():
             p.data = p.data.to(device)
-        if self.optimizer is not None:
+        if self.optimizer is not None and not isinstance(self.optimizer, DistributedAdamW):
             for state in self.optimizer.state.values():
                 for key, value in state.items():
                     if isinstance(value, Tensor) and key != "step":
@@ -632,7 +706,10 @@ class MegatronEngine(EngineBase):
             get_platform().empty_cache()
 
     def close(self) -> None:
-        self.main_params.close()
+        if self.main_params is not None:
+            self.main_params.close()
+        if isinstance(self.optimizer, DistributedAdamW):
+            self.optimizer.close()
         self.chunks = []
         self.models = []
         self.optimizer = None  # type: ignore[assignment]

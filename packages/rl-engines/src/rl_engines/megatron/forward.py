@@ -3,7 +3,8 @@
 Megatron's local attention has no per-token positions for RoPE and no varlen kernel, so
 every sequence is *left-aligned*: its real tokens moved to columns 0..L-1 (positions
 0..L-1, exactly as a Hugging Face forward of the unpadded sequence), padding after them.
-With a causal mask no real token then attends to padding. Every micro-batch of a step is
+Attention is causal (`rl_engines.megatron.attention`, no mask tensor), so no real token
+attends to padding. Every micro-batch of a step is
 padded to one [b, s] shape (the pipeline schedule sends fixed-shape activations); extra
 rows are empty and dropped.
 """
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from rl_engines.megatron.logprobs import vocab_parallel_log_probs_and_entropy
 
-__all__ = ["AlignedBatch", "align_micro_batch", "causal_mask", "outputs_from_logits"]
+__all__ = ["AlignedBatch", "align_micro_batch", "outputs_from_logits"]
 
 
 @dataclass
@@ -31,11 +32,6 @@ class AlignedBatch:
     valid: Tensor  # [n, R] bool, response tokens that are real (n real rows)
     num_rows: int
     padding_mask: Tensor  # [b, s] bool, True at padding (excluded from MoE routing statistics)
-
-
-def causal_mask(seq_len: int, device: torch.device) -> Tensor:
-    """Megatron's boolean attention mask [1, 1, s, s]: True where attention is masked."""
-    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), 1)[None, None]
 
 
 def aligned_length(attention_mask: Tensor) -> int:

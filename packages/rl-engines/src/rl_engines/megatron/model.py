@@ -3,8 +3,10 @@
 Supported architectures (``model_type``): ``llama``, ``qwen2`` (QKV bias), ``qwen3``
 (QK RMSNorm) and ``qwen3_moe`` (every layer a top-k softmax MoE). The layers use
 megatron-core's local (Transformer-Engine-free) modules with fusions off, so the same
-build runs on CPU (gloo) and accelerators. A value model replaces the LM head on the last
-pipeline stage with `ValueHead` (Hugging Face's ``score`` Linear, replicated over TP).
+build runs on CPU (gloo) and accelerators; attention is causal scaled-dot-product
+attention (`rl_engines.megatron.attention`, no [S, S] scores or mask). A value model
+replaces the LM head on the last pipeline stage with `ValueHead` (Hugging Face's
+``score`` Linear, replicated over TP).
 """
 
 from __future__ import annotations
@@ -250,6 +252,10 @@ def _layer_spec(arch: ArchSpec) -> Any:
         normalization="RMSNorm",
     )
     layer = spec.submodules
+    # causal scaled-dot-product attention: no [S, S] scores or mask (`attention`)
+    from rl_engines.megatron.attention import SDPAttention
+
+    layer.self_attention.submodules.core_attention = SDPAttention
     layer.input_layernorm = RMSNorm
     layer.pre_mlp_layernorm = RMSNorm
     if arch.qk_norm:

@@ -6,8 +6,12 @@ stage cast down, outputs of the last stage cast back to fp32), the ``Transformer
 says ``bf16``/``fp16`` with ``pipeline_dtype`` = the compute dtype (stage-to-stage
 activations), and the optimizer steps fp32 *main* parameters. megatron-core's own
 ``Float16OptimizerWithFloat16Params`` and ``DistributedDataParallel`` (which keep those
-copies and accumulate gradients in fp32 ``main_grad`` buffers) only run on CUDA, so
-`MainParams` does the same job with plain tensors:
+copies and accumulate gradients in fp32 ``main_grad`` buffers) only run on CUDA. The
+engine's `DistributedAdamW` (`rl_engines.megatron.distributed_optimizer`) keeps the fp32
+main parameters, gradients and moments the Megatron way (a flat fp32 grad buffer, main
+parameters and moments for this rank's 1/DP range only); `MainParams` is the whole-copy
+equivalent that the full-AdamW path (``RL_ENGINES_EAGER_INIT=1``, for comparisons) and
+inference-only engines use, with plain tensors:
 
 * the main parameters are fp32 copies made *before* the cast, so they hold the exact
   Hugging Face (or checkpoint) values, never values rounded through bf16;

@@ -108,8 +108,10 @@ class HFWeightLoader:
     Tensors of layers this pipeline stage does not hold are dropped at once; a layer's
     tensors wait until all of them arrived (``layer_keys``: the HF short names of every
     layer, None: wait for `finish`), then the layer is converted, each parameter takes its
-    TP/ETP shard (into ``target(param)`` when given: the fp32 main copies of a bf16 model),
-    and the layer's HF tensors are released. Experts are mapped by global index."""
+    TP/ETP shard (into ``target(param)`` when given: the fp32 main copies of a bf16 model;
+    or through ``write(param, shard)``: the distributed optimizer's fp32 main range and
+    the rounded model parameter), and the layer's HF tensors are released. Experts are
+    mapped by global index."""
 
     def __init__(
         self,
@@ -119,9 +121,11 @@ class HFWeightLoader:
         value_head: bool,
         layer_keys: set[str] | None = None,
         target: Callable[[Tensor], Tensor] | None = None,
+        write: Callable[[Tensor, Tensor], None] | None = None,
     ) -> None:
         self.arch, self.layout, self.layer_keys = arch, layout, layer_keys
         self.target = target  # a parameter's fp32 main copy (bf16 models), or None
+        self.write = write  # sets a parameter (and its main values), or None
         experts_per_rank = (arch.num_experts or 1) // layout.ep
         # global layer -> [(parameter, Megatron name, converted short name)]
         self.layer_params: dict[int, list[tuple[Tensor, str, str]]] = {}
@@ -156,7 +160,10 @@ class HFWeightLoader:
                 f"Megatron parameter {name!r} has shape {tuple(param.shape)}, the converted "
                 f"Hugging Face weight's shard {tuple(shard.shape)}"
             )
-        (param if self.target is None else self.target(param)).copy_(shard)
+        if self.write is not None:
+            self.write(param, shard)
+        else:
+            (param if self.target is None else self.target(param)).copy_(shard)
         self.unfilled.discard(key)
 
     def _flush(self, layer: int) -> None:
@@ -204,10 +211,12 @@ def load_hf_weights(
     layout: Layout,
     value_head: bool,
     target: Callable[[Tensor], Tensor] | None = None,
+    write: Callable[[Tensor, Tensor], None] | None = None,
 ) -> None:
     """Copy this rank's shards of ``hf_state`` (in-memory HF names) into ``chunks``, or
-    into ``target(param)`` for each parameter (the fp32 main copies of a bf16 model)."""
-    loader = HFWeightLoader(chunks, arch, layout, value_head, target=target)
+    into ``target(param)`` for each parameter (the fp32 main copies of a bf16 model), or
+    through ``write(param, shard)`` (`HFWeightLoader`)."""
+    loader = HFWeightLoader(chunks, arch, layout, value_head, target=target, write=write)
     for name, tensor in hf_state.items():
         loader.add(name, tensor)
     loader.finish()
@@ -224,13 +233,12 @@ def _unit_of(name: str, chunk: nn.Module) -> tuple[int, int]:
 
 
 def _local_units(
-    chunks: list[nn.Module], source: Callable[[Tensor], Tensor] | None = None
+    chunks: list[nn.Module],
 ) -> dict[tuple[int, int], list[tuple[nn.Module, str, Tensor]]]:
     units: dict[tuple[int, int], list[tuple[nn.Module, str, Tensor]]] = {}
     for chunk in chunks:
         for name, param in chunk.named_parameters():
-            value = param if source is None else source(param)
-            units.setdefault(_unit_of(name, chunk), []).append((chunk, name, value))
+            units.setdefault(_unit_of(name, chunk), []).append((chunk, name, param))
     return units
 
 
@@ -241,15 +249,18 @@ def _build_unit(
     arch: ArchSpec,
     layout: Layout,
     value_head: bool,
+    source: Callable[[Tensor], Tensor] | None = None,
 ) -> dict[str, Tensor]:
     experts_per_rank = (arch.num_experts or 1) // layout.ep
+    if source is not None:  # one unit at a time: the sources may be assembled on demand
+        entries = [(chunk, name, source(param)) for chunk, name, param in entries]
     if key[0] != 1:
         out = {}
         for _, name, param in entries:
             if name == "output_layer.weight" and arch.tied_embeddings and not value_head:
                 continue  # tied: exported once, as the embedding
-            source = _non_layer_source(name, arch, value_head)
-            out[source] = layout.gather(param.detach(), name)
+            hf_name = _non_layer_source(name, arch, value_head)
+            out[hf_name] = layout.gather(param.detach(), name)
         return out
     full: dict[str, Tensor] = {}
     for _, name, param in entries:
@@ -306,9 +317,10 @@ def export_hf_weights(
     source: Callable[[Tensor], Tensor] | None = None,
 ) -> Iterator[list[tuple[str, Tensor]]]:
     """Full HF-named CPU tensors in buckets of whole units; collective over all ranks.
-    ``source(param)`` gives the tensor exported for a parameter (the fp32 main copy of a
-    bf16 model); ``dtype`` None keeps its dtype."""
-    local = _local_units(chunks, source)
+    ``source(param)`` gives the tensor exported for a parameter (the fp32 main weights of
+    a bf16 model; called one unit at a time, on every rank of the owning stage in the
+    same order, so it may be a collective); ``dtype`` None keeps its dtype."""
+    local = _local_units(chunks)
     owners: dict[tuple[int, int], int] = {}
     if layout.pp > 1:
         gathered: list[Any] = [None] * layout.pp
@@ -330,7 +342,7 @@ def export_hf_weights(
             stage = owners[key]
             unit = None
             if stage == layout.pp_rank:
-                unit = _build_unit(local[key], key, arch, layout, value_head)
+                unit = _build_unit(local[key], key, arch, layout, value_head, source)
             if layout.pp > 1:
                 unit = _broadcast_unit(unit, layout.pp_ranks[stage], layout)
             for name, tensor in unit.items():
