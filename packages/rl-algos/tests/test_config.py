@@ -383,3 +383,16 @@ def test_failover_without_a_snapshot_or_checkpoint_is_refused_in_one_line():
         load([*off, "trainer.max_restarts=2", *fine])
     with pytest.raises(ConfigError, match=r"trainer\.snapshot_every: invalid value -1"):
         load(["trainer.snapshot_every=-1"])
+
+
+def test_colocated_rollout_with_tensor_parallelism_is_refused_in_one_line():
+    """Each colocated training process hosts a one-device rollout engine: TP > 1 there would
+    fail inside every worker, so it is refused at config time, naming the field."""
+    with pytest.raises(ConfigError) as info:
+        load(["rollout.tensor_parallel_size=2"])
+    message = str(info.value)
+    assert "rollout.tensor_parallel_size" in message and "colocated" in message, message
+    assert len(message.splitlines()) == 1, message
+    split = load(["rollout.tensor_parallel_size=2", "rollout.placement=split",
+                  "rollout.gpus_per_replica=2"])  # fmt: skip
+    assert split.rollout.tensor_parallel_size == 2

@@ -1,5 +1,6 @@
 """The vLLM and SGLang adapters' translations (pure functions), without either installed."""
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -44,7 +45,8 @@ def test_vllm_engine_args_from_rollout_config():
     assert args["model"] == "/m" and args["skip_tokenizer_init"] is True
     assert args["tensor_parallel_size"] == 2 and args["max_model_len"] == 1024
     assert args["seed"] == 7 and args["gpu_memory_utilization"] == 0.6
-    assert args["max_num_seqs"] == 64 and args["enforce_eager"] is True
+    assert args["max_num_seqs"] == 64
+    assert args["enforce_eager"] is False  # CUDA graphs by default on an accelerator
     assert args["logprobs_mode"] == "processed_logprobs"
     assert args["generation_config"] == "vllm"
     assert args["worker_extension_cls"] == "rl_rollout.backends.vllm_worker.RLWorkerExtension"
@@ -53,6 +55,21 @@ def test_vllm_engine_args_from_rollout_config():
     assert "weight_bucket_bytes" not in args  # our own options do not
     assert vllm_engine_args(config, sleep_mode_available=False)["enable_sleep_mode"] is False
     assert "enable_chunked_prefill" not in args
+    assert vllm_engine_args(config, sleep_mode_available=False, cpu=True)["enforce_eager"] is True
+    eager = dataclasses.replace(config, engine_kwargs={"enforce_eager": True})
+    assert vllm_engine_args(eager, sleep_mode_available=False)["enforce_eager"] is True
+
+
+@pytest.mark.parametrize("key", ["tensor_parallel_size", "tp_size"])
+def test_engine_kwargs_cannot_override_the_tensor_parallel_size(key):
+    """The weight senders (NcclPoolSender) read rollout.tensor_parallel_size: an override in
+    engine_kwargs would desync them from the engine."""
+    config = RolloutConfig(model_path="/m", engine_kwargs={key: 2})
+    pattern = rf"^engine_kwargs\.{key}: invalid value 2; expected .*rollout.tensor_parallel_size"
+    with pytest.raises(ValueError, match=pattern):
+        vllm_engine_args(config, False)
+    with pytest.raises(ValueError, match=pattern):
+        sglang_engine_kwargs(config)
 
 
 def test_vllm_engine_args_select_the_native_weight_transfer_backend():
@@ -149,7 +166,7 @@ def test_sglang_engine_kwargs_from_rollout_config():
     assert kw["attention_backend"] == "fa3" and "update_timeout_s" not in kw
     default = sglang_engine_kwargs(RolloutConfig(model_path="/m"))
     assert "context_length" not in default and default["mem_fraction_static"] == 0.5
-    assert default["disable_cuda_graph"] is True and default["disable_radix_cache"] is False
+    assert default["disable_cuda_graph"] is False and default["disable_radix_cache"] is False
 
 
 @pytest.mark.parametrize(

@@ -318,6 +318,13 @@ class RolloutSectionConfig:
         _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
         _positive(self, "num_replicas")
         check(
+            self.placement != "colocated" or self.tensor_parallel_size == 1,
+            "tensor_parallel_size",
+            self.tensor_parallel_size,
+            "1 with placement colocated (each training process hosts a one-device engine); "
+            "use placement split with gpus_per_replica >= tensor_parallel_size",
+        )
+        check(
             self.guide_prompt_key is None or 1 <= self.guided_n <= self.n,
             "guided_n",
             self.guided_n,

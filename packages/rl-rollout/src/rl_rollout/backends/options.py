@@ -28,14 +28,15 @@ class _ServerOptions:
 
     ``gpu_memory_utilization``: the fraction of accelerator memory the engine may take
     (weights + KV cache; SGLang's ``mem_fraction_static``). ``enforce_eager``: no CUDA
-    graphs (SGLang's ``disable_cuda_graph``). ``enable_prefix_caching``: reuse the KV cache
+    graphs (SGLang's ``disable_cuda_graph``); None: eager on CPU only (vLLM-CPU captures
+    none), CUDA graphs on accelerators. ``enable_prefix_caching``: reuse the KV cache
     of shared prompt prefixes (SGLang's radix cache). ``weight_bucket_bytes``: the size of
     one weight-update bucket; ``update_timeout_s`` bounds one weight update.
     ``engine_args``: the other keys, for the library.
     """
 
     gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None
     enable_prefix_caching: bool = True
     weight_bucket_bytes: int = DEFAULT_BUCKET_BYTES
     update_timeout_s: float = 600.0
@@ -48,6 +49,9 @@ class _ServerOptions:
         own = {f.name for f in dataclasses.fields(cls)} - {"engine_args"}
         check("engine_args" not in kwargs, "engine_kwargs.engine_args", kwargs.get("engine_args"),
               "the library's arguments directly in engine_kwargs")  # fmt: skip
+        for key in ("tensor_parallel_size", "tp_size"):  # the weight senders read the config's
+            check(key not in kwargs, f"engine_kwargs.{key}", kwargs.get(key),
+                  "no override here: set rollout.tensor_parallel_size")  # fmt: skip
         typed = {k: kwargs.pop(k) for k in list(kwargs) if k in own}
         return dataclasses.replace(build(cls, typed, "engine_kwargs"), engine_args=kwargs)
 

@@ -88,7 +88,7 @@ def sglang_engine_kwargs(config: RolloutConfig) -> dict[str, Any]:
         "dtype": config.dtype,
         "random_seed": config.seed,
         "mem_fraction_static": options.gpu_memory_utilization,
-        "disable_cuda_graph": options.enforce_eager,
+        "disable_cuda_graph": bool(options.enforce_eager),  # None: CUDA graphs (GPU-only engine)
         "disable_radix_cache": not options.enable_prefix_caching,
         "max_running_requests": config.max_num_seqs,
         "enable_memory_saver": True,  # release/resume_memory_occupation for sleep/wake_up

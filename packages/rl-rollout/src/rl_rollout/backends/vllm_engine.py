@@ -29,7 +29,8 @@ enabled where vLLM supports it (CUDA, ROCm, XPU); on CPU `sleep`/`wake_up` are a
 free nothing.
 
 Backend options (``RolloutConfig.engine_kwargs``, typed as `VLLMOptions`):
-``gpu_memory_utilization`` (default 0.5), ``enforce_eager`` (True), ``enable_prefix_caching``
+``gpu_memory_utilization`` (default 0.5), ``enforce_eager`` (default: on CPU only; CUDA graphs
+on GPUs), ``enable_prefix_caching``
 (True), ``weight_bucket_bytes`` (default 512 MiB), ``update_timeout_s`` (default 600),
 ``weight_transfer`` (``auto``: ``ipc`` on accelerators, ``files`` on CPU); every other key
 goes to `vllm.AsyncEngineArgs`.
@@ -93,7 +94,7 @@ def vllm_engine_args(
         "max_model_len": config.max_model_len,
         "seed": config.seed,
         "gpu_memory_utilization": options.gpu_memory_utilization,
-        "enforce_eager": options.enforce_eager,
+        "enforce_eager": cpu if options.enforce_eager is None else options.enforce_eager,
         "enable_prefix_caching": options.enable_prefix_caching,
         "max_num_seqs": config.max_num_seqs,
         "logprobs_mode": "processed_logprobs",
