@@ -10,10 +10,12 @@ which saves and restores *CUDA* generator states around initialisation and dropo
 aux-loss tracker, and a ``.cuda()`` on the tied embedding when the first and last pipeline
 stages synchronise it at construction.
 
-`install_cpu_shim` (called by the engine only when the `Platform` is CPU) replaces them:
-the current device is ``"cpu"``, synchronize is a no-op (CPU ops are synchronous), the
+`install_cpu_shim` (called by the engine when the `Platform` is host-backed, see
+`SHIM_DEVICE_TYPES`: the CPU, or rl-core's stand-in accelerator, whose tensors live in host
+memory but report their own device) replaces them: the current device is the platform's
+(``"cpu"`` or ``"standin"``), synchronize is a no-op (CPU ops are synchronous), the
 RNG tracker forks the CPU generator instead, and those two modules see a ``torch`` whose
-tensor factories map ``device="cuda"`` to the CPU, and the tied-embedding set-up runs with
+tensor factories map ``device="cuda"`` to that device, and the tied-embedding set-up runs with
 ``Tensor.cuda`` as the identity. On accelerators nothing is patched. The
 patch is process-wide and idempotent; `uninstall_cpu_shim` restores the originals.
 """
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "SHIM_DEVICE_TYPES",
     "CPURNGStatesTracker",
     "cpu_shim_installed",
     "define_missing_te_symbols",
@@ -35,6 +38,9 @@ __all__ = [
 ]
 
 _SAVED: dict[str, Any] = {}
+
+#: device types of host-backed platforms, where megatron-core's CUDA calls are redirected
+SHIM_DEVICE_TYPES = ("cpu", "standin")
 
 
 def _make_cpu_tracker_class() -> type:
@@ -74,12 +80,12 @@ CPURNGStatesTracker: type | None = None
 
 
 class _CPUFactories:
-    """``torch`` as one module sees it, with ``device="cuda"`` factories made on the CPU."""
+    """``torch`` as one module sees it, with ``device="cuda"`` factories made on ``device``."""
 
     _FACTORIES = ("zeros", "ones", "empty", "tensor", "full", "arange")
 
-    def __init__(self, module: Any) -> None:
-        self._module = module
+    def __init__(self, module: Any, device: str = "cpu") -> None:
+        self._module, self._device = module, device
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._module, name)
@@ -89,7 +95,7 @@ class _CPUFactories:
         def factory(*args: Any, **kwargs: Any) -> Any:
             device = kwargs.get("device")
             if device is not None and str(device).startswith("cuda"):
-                kwargs["device"] = "cpu"
+                kwargs["device"] = self._device
             return value(*args, **kwargs)
 
         return factory
@@ -131,8 +137,13 @@ def _cpu_manual_seed(seed: int) -> None:
     """``torch.cuda.manual_seed`` stand-in: there is no device generator on CPU."""
 
 
-def install_cpu_shim() -> None:
-    """Patch torch.cuda's current_device/synchronize and Megatron's RNG tracker for CPU."""
+def install_cpu_shim(device: str = "cpu") -> None:
+    """Patch torch.cuda's current_device/synchronize and Megatron's RNG tracker for a
+    host-backed ``device`` (one of `SHIM_DEVICE_TYPES`)."""
+    if device not in SHIM_DEVICE_TYPES:
+        raise ValueError(
+            f"install_cpu_shim: device {device!r}: expected one of {SHIM_DEVICE_TYPES}"
+        )
     global CPURNGStatesTracker
     if _SAVED:
         return
@@ -153,14 +164,14 @@ def install_cpu_shim() -> None:
     for module_name in _PATCHED_MODULES:
         module = importlib.import_module(module_name)
         _SAVED["torch:" + module_name] = module.torch
-        module.torch = _CPUFactories(torch)
+        module.torch = _CPUFactories(torch, device)
     from megatron.core.models.common.language_module.language_module import LanguageModule
 
     _SAVED["embedding_setup"] = LanguageModule.setup_embeddings_and_output_layer
     LanguageModule.setup_embeddings_and_output_layer = _cpu_embedding_setup(
         _SAVED["embedding_setup"]
     )
-    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.current_device = lambda: device
     torch.cuda.synchronize = lambda device=None: None
     torch.cuda.manual_seed = _cpu_manual_seed
     tracker_class = CPURNGStatesTracker

@@ -52,7 +52,11 @@ from rl_engines.hf_model import (
 from rl_engines.megatron import checkpoint as ckpt
 from rl_engines.megatron.config import MegatronConfig
 from rl_engines.megatron.convert import hf_layer_keys, shard_dim
-from rl_engines.megatron.cpu_shim import define_missing_te_symbols, install_cpu_shim
+from rl_engines.megatron.cpu_shim import (
+    SHIM_DEVICE_TYPES,
+    define_missing_te_symbols,
+    install_cpu_shim,
+)
 from rl_engines.megatron.distributed_optimizer import DistributedAdamW
 from rl_engines.megatron.forward import (
     align_micro_batch,
@@ -256,8 +260,8 @@ class MegatronEngine(EngineBase):
 
     def _prepare_platform(self) -> None:
         define_missing_te_symbols()
-        if self.device_type == "cpu":
-            install_cpu_shim()
+        if self.device_type in SHIM_DEVICE_TYPES:  # host-backed: CPU or the stand-in
+            install_cpu_shim(self.device_type)
 
     # ---- layout -------------------------------------------------------------------
     @property
@@ -593,13 +597,14 @@ class MegatronEngine(EngineBase):
 
         self._run_schedule(micro_batches, outputs, temperature, True, on_outputs)
         if self.layout.pp > 1:  # every rank returns the outputs
-            stacked = torch.stack([result[k] for k in outputs])
+            # on the device: the PP group is NCCL's on GPUs, which has no host backend
+            stacked = torch.stack([result[k] for k in outputs]).to(self.device)
             src = self.layout.pp_ranks[-1]
             try:
                 dist.broadcast(stacked, src=src, group=self.layout.pp_group)
             except Exception as exc:
                 raise RuntimeError(f"rank {self.rank}: broadcast of outputs failed: {exc}") from exc
-            result = {k: stacked[i] for i, k in enumerate(outputs)}
+            result = {k: stacked[i].cpu() for i, k in enumerate(outputs)}
         for chunk in self.chunks:
             chunk.train()
         return result

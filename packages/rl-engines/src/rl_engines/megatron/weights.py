@@ -288,7 +288,11 @@ def _build_unit(
     return {f"model.layers.{key[1]}.{k}": v for k, v in hf.items()}
 
 
-def _broadcast_unit(unit: dict[str, Tensor] | None, src: int, layout: Layout) -> dict[str, Tensor]:
+def _broadcast_unit(
+    unit: dict[str, Tensor] | None, src: int, layout: Layout, device: torch.device
+) -> dict[str, Tensor]:
+    """``src``'s unit on every rank of the PP group, through ``device`` (the group is NCCL's
+    on GPUs: sender and receivers both hold device buffers)."""
     meta = [None if unit is None else [(k, tuple(v.shape), v.dtype) for k, v in unit.items()]]
     _collective(
         dist.broadcast_object_list,
@@ -299,7 +303,10 @@ def _broadcast_unit(unit: dict[str, Tensor] | None, src: int, layout: Layout) ->
     )
     out = {}
     for name, shape, dtype in meta[0]:
-        tensor = unit[name].contiguous() if unit is not None else torch.empty(shape, dtype=dtype)
+        if unit is not None:
+            tensor = unit[name].to(device).contiguous()
+        else:
+            tensor = torch.empty(shape, dtype=dtype, device=device)
         _collective(
             dist.broadcast, tensor, src=src, group=layout.pp_group, what=f"broadcast {name}"
         )
@@ -337,6 +344,8 @@ def export_hf_weights(
     else:
         owners = dict.fromkeys(local, 0)
 
+    device = next(p.device for chunk in chunks for p in chunk.parameters())
+
     def named() -> Iterator[tuple[str, Tensor]]:
         for key in sorted(owners):
             stage = owners[key]
@@ -344,7 +353,7 @@ def export_hf_weights(
             if stage == layout.pp_rank:
                 unit = _build_unit(local[key], key, arch, layout, value_head, source)
             if layout.pp > 1:
-                unit = _broadcast_unit(unit, layout.pp_ranks[stage], layout)
+                unit = _broadcast_unit(unit, layout.pp_ranks[stage], layout, device)
             for name, tensor in unit.items():
                 yield name, (tensor.to(dtype) if dtype is not None else tensor).cpu()
 
