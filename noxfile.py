@@ -7,6 +7,7 @@ user can install one package without its siblings.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tomllib
 from pathlib import Path
@@ -132,6 +133,7 @@ def tests_agents(session: nox.Session) -> None:
 DEVICE_TESTS = (
     "packages/rl-engines/tests/test_fsdp_device.py",
     "packages/rl-rollout/tests/test_device_hf.py",
+    "tests/integration/test_standin_trainer.py",
 )
 
 
@@ -140,9 +142,11 @@ def tests_device(session: nox.Session) -> None:
     """The device contract where host and device differ, on a CPU machine: the fsdp engine
     and the hf rollout on `rl_core.testing.standin`'s host-backed accelerator (the loss sees
     the micro-batch on the engine's device, results come back to the host, offload frees
-    the device bytes); tools/mutations.py checks that seeded device bugs fail here."""
+    the device bytes), whose process groups refuse host tensors as NCCL does: world size 2
+    save/load, a failed save, export and LoRA export, and two colocated GRPO workers through
+    the trainer; `nox -s mutations` checks that seeded device and collective bugs fail here."""
     _sync_all(session)
-    env = {"RAY_AUTH_MODE": "disabled"}
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     session.run("pytest", *DEVICE_TESTS, "-m", "device", *session.posargs, env=env)
 
 
@@ -152,7 +156,7 @@ def tests_integration(session: nox.Session) -> None:
     random models, 2 FSDP workers on embedded Ray, the `rl` command) in the full dev env."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    expr = f"not faults and not learning and {HARDWARE_MARKERS}"
+    expr = f"not faults and not learning and not device and {HARDWARE_MARKERS}"
     session.run("pytest", "tests/integration", "-m", expr, *session.posargs, env=env)
 
 
@@ -217,7 +221,28 @@ def tests_rl_engines_megatron(session: nox.Session) -> None:
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     tests = ["packages/rl-engines/tests", "tests/integration/test_megatron_example.py"]
-    session.run("pytest", *tests, "-m", "megatron and not gpu", *session.posargs, env=env)
+    expr = "megatron and not gpu and not device"  # the stand-in runs: tests-device-megatron
+    session.run("pytest", *tests, "-m", expr, *session.posargs, env=env)
+
+
+@nox.session(name="tests-device-megatron", python="3.11")
+def tests_device_megatron(session: nox.Session) -> None:
+    """The megatron engine on the stand-in accelerator, whose process groups refuse host
+    tensors as NCCL does: TP=2 with sequence parallelism, PP=2 with virtual stages, EP=2 at
+    world size 2 (device contract, offload/onload, save/load, a failed save, export). Not a
+    default session yet: see the class docstrings in the test file for what still fails."""
+    _sync_all(session)
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    test = "packages/rl-engines/tests/test_megatron_device.py"
+    session.run("pytest", test, "-m", "megatron and device", *session.posargs, env=env)
+
+
+@nox.session(python="3.11")
+def mutations(session: nox.Session) -> None:
+    """Seeded defects (device and collective classes) must fail their expected test with
+    their expected error (`tools/mutations.py`); outside the default sessions (~10 min)."""
+    _sync_all(session)
+    session.run("python", "tools/mutations.py", *session.posargs, env={"RAY_AUTH_MODE": "disabled"})
 
 
 # verl's core_algos as the oracle of rl-algos' losses and rollout correction: verl without its
@@ -324,6 +349,60 @@ def min_versions(session: nox.Session) -> None:
     session.run("python", "tools/min_versions.py", "--work", str(work), *session.posargs)
 
 
+# The floor of the torch range every package declares (`torch>=X.Y`, read from rl-core's
+# pyproject): the engine suites at that torch, everything else at uv.lock's versions.
+# torch's own stack (CUDA libraries, triton, setuptools) comes with the floor's torch.
+TORCH_STACK = re.compile(r"^(torch|triton|setuptools|nvidia-[\w-]+|cuda-[\w-]+)==")
+TORCH_FLOOR_TESTS = (
+    "packages/rl-core/tests",
+    "packages/rl-engines/tests/test_fsdp_conformance.py",
+    "packages/rl-engines/tests/test_fsdp_device.py",
+    "packages/rl-rollout/tests/test_conformance_hf.py",
+    "packages/rl-rollout/tests/test_device_hf.py",
+    "packages/rl-algos/tests",
+)
+
+
+def _torch_floor() -> str:
+    with open(ROOT / "packages/rl-core/pyproject.toml", "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    found = [re.fullmatch(r"torch\s*>=\s*([\d.]+)", d.strip()) for d in deps]
+    floor = next((m.group(1) for m in found if m), None)
+    if floor is None:
+        raise SystemExit(f"rl-core's dependencies {deps} have no 'torch>=X.Y' to test")
+    return floor
+
+
+@nox.session(name="tests-torch-floor", python="3.11")
+def tests_torch_floor(session: nox.Session) -> None:
+    """The declared torch floor (rl-core's `torch>=X.Y`, PyPI's CUDA build: a multi-GB
+    download on first use): rl-core's tests, the FSDP2 engine's conformance suite and its
+    stand-in device checks, the hf rollout's conformance and device checks, rl-algos' unit
+    tests; every other package at uv.lock's version. Outside the default sessions."""
+    floor = _torch_floor()
+    tmp = Path(session.create_tmp())
+    locked, reqs = tmp / "locked.txt", tmp / "requirements.txt"
+    session.run(
+        "uv", "export", "--locked", "--no-hashes", "--no-emit-workspace", "--no-default-groups",
+        "--package", "rl-algos", "--package", "rl-engines", "--package", "rl-rollout",
+        "--extra", "fsdp", "--extra", "lora", "--extra", "hf", "--group", "test",
+        "-q", "-o", str(locked),
+        external=True,
+    )  # fmt: skip
+    lines = locked.read_text().splitlines()
+    reqs.write_text("\n".join(line for line in lines if not TORCH_STACK.match(line)) + "\n")
+    session.install("-r", str(reqs), f"torch=={floor}.*")
+    session.install("--no-deps", "-e", "packages/rl-core", "-e", "packages/rl-engines")
+    session.install("--no-deps", "-e", "packages/rl-rollout", "-e", "packages/rl-algos")
+    check = f"import torch; v = torch.__version__; print('torch', v); assert v.startswith('{floor}.')"
+    session.run("python", "-c", check)
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    # Ray's own process management (multi-node, node loss, lifecycle) does not vary with torch
+    expr = f"{HARDWARE_MARKERS} and not learning and not verl and not (ray and slow)"
+    ignore = ["--ignore=packages/rl-algos/tests/envs"]
+    session.run("pytest", *TORCH_FLOOR_TESTS, *ignore, "-m", expr, *session.posargs, env=env)
+
+
 nox.options.sessions = [
     "lint",
     "lock",
@@ -333,7 +412,7 @@ nox.options.sessions = [
     "tests-verl-oracle",  # verl 0.9 as the oracle of the losses: ~1 minute on 2 CPUs
     "tests-envs",  # environment adapters vs the real libraries (see ENV_TESTS for the time)
     "tests-agents",  # the policy server and agent episodes with openai, ~2 min on 2 CPUs
-    "tests-device",  # fsdp engine + hf rollout on the stand-in accelerator, ~2-3 min on 2 CPUs
+    "tests-device",  # fsdp + hf rollout + a GRPO step on the NCCL-strict stand-in, ~6 min on 2 CPUs
     "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
