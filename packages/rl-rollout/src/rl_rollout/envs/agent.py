@@ -15,7 +15,7 @@ The agent is ordinary async code that talks to an OpenAI-compatible endpoint, e.
 Config::
 
     env:
-      name: "agent:my_pkg.calc:run"
+      name: "agent:my_pkg.calc:run"              # or "agent:path/to/calc.py:run"
       options: {tasks: "my_pkg.calc:tasks"}      # optional: default count empty dicts
 
 Each episode runs ``run(task, base_url, api_key)`` in an environment worker process (never
@@ -32,8 +32,13 @@ drops such episodes and counts them, like any failed environment episode.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import inspect
+import os
+import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,13 +46,43 @@ from rl_core.text_env import EnvCrashedError, TextEnv
 
 __all__ = ["AgentEnv", "make_agent_env"]
 
+_LOADING = threading.Lock()
+
+
+def _load(module: str) -> Any:
+    """A module by dotted name, or a ``.py`` file by path (relative: to the working
+    directory), loaded once per process."""
+    if not module.endswith(".py"):
+        return importlib.import_module(module)
+    path = os.path.abspath(module)
+    name = "rl_agent_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    with _LOADING:  # episodes open in parallel threads: one of them runs the file
+        return _load_file(name, path)
+
+
+def _load_file(name: str, path: str) -> Any:
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None or not os.path.isfile(path):
+            raise ImportError(f"no file {path}")
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        try:
+            spec.loader.exec_module(loaded)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
 
 def _import(ref: str, what: str) -> Callable[..., Any]:
-    module, sep, attr = str(ref).partition(":")
+    module, sep, attr = str(ref).rpartition(":")
     if not sep or not module or not attr:
-        raise ValueError(f"agent: {what} {ref!r}: expected 'package.module:function'")
+        raise ValueError(
+            f"agent: {what} {ref!r}: expected 'package.module:function' or 'path/file.py:function'"
+        )
     try:
-        found = getattr(importlib.import_module(module), attr)
+        found = getattr(_load(module), attr)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"agent: {what} {ref!r} cannot be imported: {exc}") from None
     if not callable(found):
