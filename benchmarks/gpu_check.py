@@ -158,7 +158,7 @@ def _sync_bytes(model_dir: str, dtype: str) -> int:
     numel = 0
     for path in Path(model_dir).glob("*.safetensors"):
         with safe_open(str(path), "pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                 numel += math.prod(f.get_slice(key).get_shape())
     return numel * itemsize
 
@@ -221,7 +221,9 @@ def check_sharded_loader(dry: bool) -> Outcome:
     error = float((got.double() - want).abs().max())
     tol = 2e-5 if dry else 1e-3
     loader = "sharded loader" if sharded else "NOT the sharded loader"
-    return Outcome(f"{loader}; max |log-prob - HF| {error:.2e} (tol {tol:g})", sharded and error <= tol)
+    return Outcome(
+        f"{loader}; max |log-prob - HF| {error:.2e} (tol {tol:g})", sharded and error <= tol
+    )
 
 
 def _timed(step: Callable[[], None], steps: int) -> float:
@@ -504,7 +506,9 @@ def main() -> int:
     names = [name for name, _, _ in CHECKS]
     unknown = [n for n in [*(args.only or []), *args.skip] if n not in names]
     if unknown:
-        print(f"gpu_check: unknown check(s) {unknown}: expected names from {names}", file=sys.stderr)
+        print(
+            f"gpu_check: unknown check(s) {unknown}: expected names from {names}", file=sys.stderr
+        )
         return 2
     if not args.dry_run and device_name() == "cpu":
         print("gpu_check: no accelerator visible to the platform; use --dry-run", file=sys.stderr)

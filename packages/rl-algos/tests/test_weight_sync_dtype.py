@@ -24,8 +24,10 @@ class _RecordingEngine:
 
 def _worker(rollout_dtype: str | None) -> ActorRolloutWorker:
     worker = ActorRolloutWorker.__new__(ActorRolloutWorker)
-    rollout = None if rollout_dtype is None else SimpleNamespace(
-        rollout=SimpleNamespace(dtype=rollout_dtype)
+    rollout = (
+        None
+        if rollout_dtype is None
+        else SimpleNamespace(rollout=SimpleNamespace(dtype=rollout_dtype))
     )
     worker.config = SimpleNamespace(rollout=rollout, weight_bucket_bytes=1 << 20)
     worker.engine = _RecordingEngine()
@@ -35,8 +37,12 @@ def _worker(rollout_dtype: str | None) -> ActorRolloutWorker:
 
 @pytest.mark.parametrize(
     ("rollout_dtype", "sent"),
-    [("bfloat16", torch.bfloat16), ("float16", torch.float16), ("float32", torch.float32),
-     ("auto", torch.float32)],  # fmt: skip  ("auto" on the CPU platform: float32)
+    [
+        ("bfloat16", torch.bfloat16),
+        ("float16", torch.float16),
+        ("float32", torch.float32),
+        ("auto", torch.float32),
+    ],  # fmt: skip  ("auto" on the CPU platform: float32)
 )
 def test_colocated_sync_buckets_are_in_the_rollout_dtype(rollout_dtype, sent):
     worker = _worker(rollout_dtype)

@@ -98,7 +98,9 @@ def save_staged(path: str, write_shards: Callable[[str], None], meta: dict[str, 
         except Exception as exc:
             local_error = f"rank {rank}: {describe_write_failure(partial, exc)}"
         # on the rank's device: the default group is NCCL's on GPUs, which has no host backend
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=get_platform().device())
+        flags = torch.zeros(
+            dist.get_world_size(), dtype=torch.int64, device=get_platform().device()
+        )
         flags[rank] = 0 if local_error is None else 1
         try:
             dist.all_reduce(flags)  # which ranks failed

@@ -317,6 +317,10 @@ def install() -> torch.device:
     global _DEVICE
     if _DEVICE is not None:
         return _DEVICE
+    if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 11):
+        raise RuntimeError(  # the oldest torch the device checks ran on: nox -s tests-torch-floor
+            f"rl_core.testing.standin needs torch>=2.11; installed: torch {torch.__version__}"
+        )
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     _setup_privateuseone_for_python_backend(rename=DEVICE_TYPE, backend_module=_DeviceModule())

@@ -62,9 +62,9 @@ def check_failed_save(spec: dict[str, Any]) -> None:
     engine.train_batch(_shard(make_rl_batch(seed=1), engine), pg_loss)
     rank, last = dist.get_rank(), dist.get_world_size() - 1
     failing = _failing_torch_save("No space left on device (injected)")
-    with failing if rank == last else contextlib.nullcontext():
-        with pytest.raises(CheckpointError, match="saving checkpoint") as info:
-            engine.save(path)
+    injected = failing if rank == last else contextlib.nullcontext()
+    with injected, pytest.raises(CheckpointError, match="saving checkpoint") as info:
+        engine.save(path)
     # every rank names the failure: the failing rank's own cause, or which rank failed
     message = str(info.value)
     assert "No space left" in message or f"[{last}]" in message, message

@@ -158,6 +158,8 @@ def install_cpu_shim(device: str = "cpu") -> None:
         tracker=mp_random._CUDA_RNG_STATE_TRACKER,
         tracker_initialized=mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED,
         initialize_rng_tracker=mp_random.initialize_rng_tracker,
+        get_cuda_rng_state=mp_random._get_cuda_rng_state,
+        set_cuda_rng_state=mp_random._set_cuda_rng_state,
     )
     import importlib
 
@@ -182,6 +184,10 @@ def install_cpu_shim(device: str = "cpu") -> None:
             mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
     mp_random.initialize_rng_tracker = initialize_rng_tracker
+    # activation recomputation (CheckpointFunction) saves and restores the device RNG
+    # beside the host's: there is no device generator here, the host state is kept by it
+    mp_random._get_cuda_rng_state = lambda *args, **kwargs: None
+    mp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     mp_random._CUDA_RNG_STATE_TRACKER = tracker_class()
     mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
@@ -203,6 +209,8 @@ def uninstall_cpu_shim() -> None:
     torch.cuda.synchronize = _SAVED["synchronize"]
     torch.cuda.manual_seed = _SAVED["manual_seed"]
     mp_random.initialize_rng_tracker = _SAVED["initialize_rng_tracker"]
+    mp_random._get_cuda_rng_state = _SAVED["get_cuda_rng_state"]
+    mp_random._set_cuda_rng_state = _SAVED["set_cuda_rng_state"]
     mp_random._CUDA_RNG_STATE_TRACKER = _SAVED["tracker"]
     mp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = _SAVED["tracker_initialized"]
     _SAVED.clear()
