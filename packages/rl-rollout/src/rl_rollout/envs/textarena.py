@@ -10,7 +10,7 @@ reward for the policy's seat is the turn's reward and the episode terminates.
 
 Two-player games (``TicTacToe-v0``, ``ConnectFour-v0``, ...) need ``opponent``:
 
-* ``opponent: "package.module:function"``: a fixed opponent, ``function(observation: str,
+* ``opponent: "package.module:function"`` (or ``"path/file.py:function"``): a fixed opponent, ``function(observation: str,
   player_id: int) -> str`` (its move), played inside the environment between the policy's
   turns. ``seat`` is the policy's seat (0 or 1; null: the reset seed's parity, so both seats
   are learned).
@@ -32,7 +32,6 @@ others port games from.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -55,9 +54,11 @@ def _textarena() -> Any:
 
 
 def _opponent(ref: str) -> Callable[[str, int], str]:
-    module, sep, attr = str(ref).partition(":")
+    from rl_rollout.envs.agent import _load
+
+    module, sep, attr = str(ref).rpartition(":")
     try:
-        found = getattr(importlib.import_module(module), attr) if sep else None
+        found = getattr(_load(module), attr) if sep and module else None
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"textarena: opponent {ref!r} cannot be imported: {exc}") from None
     if not callable(found):
