@@ -269,3 +269,40 @@ def test_the_response_budget_is_enforced(tokenizer):
     r1, client = serve(tokenizer, ["Hello world, the quick brown fox"], agent, response_length=12)
     assert client.params[0].max_tokens == 12  # min(request, per-call limit, the budget)
     assert r1.choices[0].finish_reason == "length"
+
+
+def test_routing_and_versions_of_the_last_call_cover_the_row(tokenizer):
+    """MoE routing (when the engine records it) of the row: the last call's, whose prompt
+    held every earlier token of the chain ([prompt + response - 1, layers, top_k])."""
+    import torch
+
+    class RoutedClient(ScriptClient):
+        async def generate(self, prompt_ids, sampling_params, session_id, multi_modal_data=None):
+            out = await super().generate(prompt_ids, sampling_params, session_id)
+            n = len(prompt_ids) + len(out.token_ids) - 1
+            out.routed_experts = torch.arange(n * 2, dtype=torch.int16).reshape(n, 1, 2)
+            return out
+
+    client = RoutedClient(tokenizer, ["Hello", "world"])
+
+    async def main():
+        server = PolicyServer(client, tokenizer, SamplingParams(stop_token_ids=(STOP,)))
+        url = await server.start()
+        key = server.open_session("moe")
+        api = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+        messages = [{"role": "user", "content": "Hi"}]
+        r1 = await api.chat.completions.create(model="policy", messages=messages)
+        messages += [
+            {"role": "assistant", "content": r1.choices[0].message.content},
+            {"role": "user", "content": "Again"},
+        ]
+        await api.chat.completions.create(model="policy", messages=messages)
+        await api.close()
+        await server.stop()
+        return server.close_session("moe").trajectory()
+
+    row = asyncio.run(main())
+    total = len(row.prompt_ids) + len(row.response_ids)
+    assert row.routed_experts.shape == (total - 1, 1, 2)
+    world = tokenizer.encode("world", add_special_tokens=False)
+    assert len(client.prompts[1]) + len(world) + 1 == total  # last prompt + "world" + stop
