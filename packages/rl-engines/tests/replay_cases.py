@@ -111,3 +111,15 @@ def replay_errors(model_dir: str, dense_dir: str) -> dict[str, str]:
             errors[name] = str(exc)
     eng.close()
     return errors
+
+
+def replayed_update_on_standin(engine: str, model_dir: str, options: dict[str, Any]) -> dict:
+    """`replayed_update` with the engine on the stand-in device (NCCL-strict groups): the
+    recorded experts travel to the device with the micro-batch."""
+    import os
+
+    from rl_core.testing.standin import DEVICE_TYPE, install
+
+    install()
+    os.environ["RL_PLATFORM"] = DEVICE_TYPE
+    return replayed_update(engine, model_dir, options)

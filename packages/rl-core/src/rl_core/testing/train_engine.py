@@ -785,6 +785,7 @@ class TrainEngineDeviceConformance:
         "failed_save",
         "export",
         "export_lora",
+        "inference_only",
     )
 
     def test_collectives_on_standin(self, tmp_path) -> None:

@@ -4,8 +4,9 @@ as it does on GPUs, so a CPU machine finds what would stop a first multi-GPU run
 
 Run by `TrainEngineDeviceConformance.test_collectives_on_standin` at world size 2, in
 spawned processes: the training step, save and load (re-save, corrupt file), a save that
-fails on one rank (every rank raises, the previous checkpoint stays) and weight export
-(with and without LoRA, merged). Offload/onload at world size 2 is
+fails on one rank (every rank raises, the previous checkpoint stays), weight export
+(with and without LoRA, merged) and an inference-only engine (the reference model, the
+on-policy-distillation teacher). Offload/onload at world size 2 is
 `test_device_contract_on_standin`'s.
 """
 
@@ -92,6 +93,8 @@ def run_standin_collective_checks(spec: dict[str, Any]) -> dict[str, Any]:
         "failed_save": check_failed_save,
         "export": train_engine.check_export,
         "export_lora": train_engine.check_export,
+        # an inference-only engine: the reference model and the distillation teacher
+        "inference_only": train_engine.check_inference_only,
     }
     ran = []
     for name in spec.get("checks") or list(checks):
