@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -380,7 +381,8 @@ def tests_torch_floor(session: nox.Session) -> None:
     stand-in device checks, the hf rollout's conformance and device checks, rl-algos' unit
     tests; every other package at uv.lock's version. Outside the default sessions."""
     floor = _torch_floor()
-    tmp = Path(session.create_tmp())
+    # not session.create_tmp(): it points TMPDIR into the venv, where Ray refuses its temp_dir
+    tmp = Path(tempfile.mkdtemp(prefix="torch-floor-"))
     locked, reqs = tmp / "locked.txt", tmp / "requirements.txt"
     session.run(
         "uv", "export", "--locked", "--no-hashes", "--no-emit-workspace", "--no-default-groups",
@@ -394,7 +396,9 @@ def tests_torch_floor(session: nox.Session) -> None:
     session.install("-r", str(reqs), f"torch=={floor}.*")
     session.install("--no-deps", "-e", "packages/rl-core", "-e", "packages/rl-engines")
     session.install("--no-deps", "-e", "packages/rl-rollout", "-e", "packages/rl-algos")
-    check = f"import torch; v = torch.__version__; print('torch', v); assert v.startswith('{floor}.')"
+    check = (
+        f"import torch; v = torch.__version__; print('torch', v); assert v.startswith('{floor}.')"
+    )
     session.run("python", "-c", check)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     # Ray's own process management (multi-node, node loss, lifecycle) does not vary with torch

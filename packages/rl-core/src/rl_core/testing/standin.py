@@ -23,7 +23,8 @@ torch_npu); `install` changes process-wide state (renames PrivateUse1, wraps
 generators for ``device="standin"``) and FSDP2's private ``_move_states_to_device`` (which
 assigns ``param.data``, impossible between a CPU and a PrivateUse1 tensor: the stand-in
 swaps the tensors instead)), so run it in a dedicated process (`rl_core.testing.spawn.SpawnRunner`).
-It relies on torch's experimental ``_setup_privateuseone_for_python_backend`` (torch 2.15).
+It relies on torch's experimental ``_setup_privateuseone_for_python_backend`` (run on torch
+2.11, ``nox -s tests-torch-floor``, and 2.15; `install` refuses an older torch).
 It is slow (every operation goes through Python): tiny models only.
 """
 
