@@ -5,7 +5,9 @@ The model is asked "What is 4821 * 3907?" and offered the tool (described in the
 prompt, since SmolLM2's chat template has no tools section, and passed as `tools=` so the
 server parses the call). The agent runs the call, hands back the result and asks for the
 answer. Reward: 1 for the right product in the final answer; 0.5 for a correct tool call
-whose result the model then fails to report; 0 otherwise.
+whose result the model then fails to report; without a usable tool call, 0.1 for each step
+towards one the reply shows (a `<tool_call>` tag, the tool's name, both factors), so the
+untrained model, which rarely writes a whole call, still gets a gradient.
 """
 
 from __future__ import annotations
@@ -59,17 +61,13 @@ async def run(task: dict, base_url: str, api_key: str) -> float:
             model="policy", messages=messages, tools=TOOLS, max_tokens=48
         )
         message = reply.choices[0].message
-        calls = message.tool_calls or []
-        if not calls or calls[0].function.name != "multiply":
-            return 0.0
-        try:
-            args = json.loads(calls[0].function.arguments)
-            result = int(args["a"]) * int(args["b"])
-        except (ValueError, KeyError, TypeError):
-            return 0.0
+        result = _multiply(message.tool_calls or [])
+        if result is None:
+            return _towards_a_call(message.content or "", task)
         right_call = result == task["answer"]
         messages.append(message.model_dump(exclude_none=True))
-        messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": str(result)})
+        call_id = message.tool_calls[0].id
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": str(result)})
         final = await client.chat.completions.create(
             model="policy", messages=messages, tools=TOOLS, max_tokens=24
         )
@@ -79,3 +77,21 @@ async def run(task: dict, base_url: str, api_key: str) -> float:
         return 0.5 if right_call else 0.0
     finally:
         await client.close()
+
+
+def _multiply(calls: list) -> int | None:
+    """The product the first call asks for (None: not a usable multiply call)."""
+    if not calls or calls[0].function.name != "multiply":
+        return None
+    try:
+        args = json.loads(calls[0].function.arguments)
+        return int(args["a"]) * int(args["b"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _towards_a_call(text: str, task: dict) -> float:
+    """0.1 per step towards a tool call the reply shows (0 to 0.3)."""
+    steps = ["<tool_call>" in text, "multiply" in text]
+    steps.append(str(task["a"]) in text and str(task["b"]) in text)
+    return 0.1 * sum(steps)
