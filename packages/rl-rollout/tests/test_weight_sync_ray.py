@@ -194,6 +194,22 @@ def _fake_nccl(monkeypatch, backend: str) -> list[list[str]]:
     return sent
 
 
+def test_nccl_sender_moves_host_buckets_to_its_device(monkeypatch):
+    """An engine may export host tensors (megatron does): NCCL refuses them, so the sender
+    moves each bucket to its device (the platform's current one by default) first."""
+    from rl_rollout.backends import nccl_transfer
+
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        nccl_transfer,
+        "_sglang_broadcast",
+        lambda g, bucket: seen.extend((n, t.device.type) for n, t in bucket),
+    )
+    sender = nccl_transfer.NcclPoolSender([], 1, "sglang", device=torch.device("meta"))
+    sender._send(None, nccl_transfer._PoolClient([], 1, 1.0), [("w", torch.ones(2))])
+    assert seen == [("w", "meta")]
+
+
 @pytest.mark.parametrize("backend", [pytest.param("vllm", marks=pytest.mark.vllm), "sglang"])
 def test_nccl_sender_runs_one_session_per_sync_over_whole_layer_buckets(monkeypatch, backend):
     """`NcclPoolSender` (GPU path): one group, rank offsets by TP size, then per sync

@@ -39,8 +39,10 @@ from datetime import timedelta
 from functools import cache
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
+from rl_core.platform import get_platform
 from rl_core.single_controller.host import find_free_port
 from rl_rollout.weight_sync import SyncStats, WeightSyncError, _wait_all
 
@@ -174,6 +176,9 @@ class NcclPoolSender:
     timeout_s: float = 600.0
     master_address: str = field(default_factory=lambda: socket.gethostbyname(socket.gethostname()))
     master_port: int = field(default_factory=find_free_port)
+    device: torch.device | None = None
+    """Where the buckets go before the broadcast (None: the platform's current device). An
+    engine may export host tensors (megatron does); NCCL refuses them."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("vllm", "sglang"):
@@ -205,6 +210,8 @@ class NcclPoolSender:
         return _GROUPS[key]
 
     def _send(self, side: Any, client: _PoolClient, bucket: list[tuple[str, Tensor]]) -> None:
+        device = self.device or get_platform().device()
+        bucket = [(name, t if t.device == device else t.to(device)) for name, t in bucket]
         if self.backend == "vllm":
             _vllm_send(side, bucket)  # vLLM runs client.update_weights beside the broadcast
             return
