@@ -84,3 +84,10 @@ async def no_call(task, base_url, api_key):
 
 def sync_run(task, base_url, api_key):
     return 1.0
+
+
+async def blocks(task, base_url, api_key):
+    """Hangs without yielding to its event loop (a synchronous call that never returns)."""
+    import time
+
+    time.sleep(3600)

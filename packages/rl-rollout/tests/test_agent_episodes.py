@@ -1,8 +1,9 @@
 """Agent episodes (`agent:<module:function>`, `rl_rollout.envs.agent`) through the rollout
 manager: agents written with the real `openai` client run in environment worker processes
 against the loop's policy server; each episode's row is the tokens the engine sampled for its
-session, its reward the agent's return. Bad agents (raise, hang, return a non-number, make no
-call, use another session's id) fail only their own episode, with a named error."""
+session, its reward the agent's return. Bad agents (raise, hang awaiting or blocking their
+thread, return a non-number, make no call, use another session's id) fail only their own
+episode, with a named error."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ GOOD = "agent:agent_cases:good"
 BAD = {
     "agent:agent_cases:raises": "raised ValueError: the agent's own bug",
     "agent:agent_cases:hangs": "the agent did not return within",
+    "agent:agent_cases:blocks": "blocked its thread",
     "agent:agent_cases:returns_text": "the agent's return is 'great': expected a finite number",
     "agent:agent_cases:steals": "AuthenticationError",
     "agent:agent_cases:no_call": "the agent made no model call",

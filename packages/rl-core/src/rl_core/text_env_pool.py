@@ -435,7 +435,16 @@ class EnvEpisode:
             raise EnvTimeoutError(self.name, 1, f"the episode ran past {limit}")
         args = (self.episode_id, dict(task), int(seed), base_url, api_key, left)
         # the worker stops the agent at `left`; the call's own limit leaves it time to say so
-        return await self.pool.call(self.worker, self.name, 1, "run_agent", args, left + 5.0)
+        # (an agent that blocks its thread is not stopped there: the call's limit ends it)
+        try:
+            return await self.pool.call(self.worker, self.name, 1, "run_agent", args, left + 5.0)
+        except EnvTimeoutError as exc:
+            if "episode_timeout_s" in exc.detail:
+                raise
+            raise EnvTimeoutError(
+                self.name, 1, f"the agent did not return within {left:g} s ({limit}; it "
+                "blocked its thread)"
+            ) from None  # fmt: skip
 
     async def close(self) -> None:
         """Free the instance (best effort, short time limit); the worker slot is released."""
