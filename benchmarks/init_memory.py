@@ -8,20 +8,29 @@ process per rank, configurations one after the other) and reports per rank:
 * ``peak MB``: peak RssAnon during start-up minus RssAnon after imports and process-group
   set-up (sampled from ``/proc/self/status`` every 2 ms; file-backed pages of the
   memory-mapped checkpoint are not anonymous memory and do not count);
-* ``optim MB``: bytes of every tensor the optimizer owns after start-up;
+* ``optim MB``: fsdp: bytes of every tensor the optimizer owns after start-up;
+  megatron: the optimizer side after one training step, counted from the tensors
+  themselves (`memory_model.counted_bytes`): the fp32 main parameters that are not the
+  model's plus the AdamW moments;
+* ``total MB`` (megatron): the optimizer side plus the compute-dtype parameters and the
+  gradient buffer (the storages of the gradients at the optimizer step);
 * ``start s``: the engine constructor's wall time.
 
 Engines and paths: ``fsdp`` at world size 1 and 2, ``megatron`` at DP 1 and 2 (TP=PP=1),
 each with the new path and main's (``RL_ENGINES_EAGER_INIT=1``: the whole model built on
-every rank, then sharded; megatron: a full AdamW state on every rank), median of
-``--repeats`` runs. The megatron engine uses a smaller shape by default (same widths,
-``--megatron-layers`` layers, vocab ``--megatron-vocab``: 0.5B on megatron-core's CPU path
-would need ~16 GB for the old path at DP 2 on a machine shared with others).
+every rank, then sharded; megatron: whole fp32 main parameters and a full AdamW state on
+every rank), median of ``--repeats`` runs. The megatron engine trains with
+``model.compute_dtype=bfloat16`` (fp32 main weights), one step on 2 sequences per rank
+after start-up, and uses a smaller shape by default (same widths, ``--megatron-layers``
+layers, vocab ``--megatron-vocab``: 0.5B on megatron-core's CPU path would need ~16 GB
+for the old path at DP 2 on a machine shared with others).
 
 ``--json PATH`` writes ``fsdp.peak_rss_ratio`` (max over ranks of the peak increase, WS2
-over WS1, new path) and ``megatron.optimizer_bytes_ratio`` (max over ranks of the optimizer
-bytes, DP2 over DP1, new path). Goals: the FSDP ratio <= 0.60 with the WS1 increase <=
-1.3x the model's bytes; the megatron ratio <= 0.55; start-up within 10% of main's.
+over WS1, new path), ``megatron.optimizer_bytes_ratio`` and ``megatron.total_bytes_ratio``
+(max over ranks, DP2 over DP1, new path). Goals: the FSDP ratio <= 0.60 with the WS1
+increase <= 1.3x the model's bytes; the megatron ratios <= 0.55 and <= 0.70 (Megatron's
+distributed optimizer: 2 + 4 + 12/DP bytes per parameter, ideally 0.50 and 0.67);
+start-up within 10% of main's.
 
     nice -n 10 uv run python benchmarks/init_memory.py [--repeats 3] [--json out.json]
 """
@@ -118,15 +127,8 @@ def worker(args: argparse.Namespace) -> None:
 
     if args.engine == "megatron":
         import rl_engines.megatron.engine
-
-        try:
-            from rl_engines.megatron.sharded_optimizer import ShardedAdamW
-        except ImportError:  # no sharded optimizer: a full AdamW state on every rank
-            ShardedAdamW = None
     else:
         import rl_engines.fsdp.engine  # noqa: F401
-
-        ShardedAdamW = None
     import transformers
 
     # the model class is imported lazily by from_pretrained: import it here, outside the
@@ -139,6 +141,8 @@ def worker(args: argparse.Namespace) -> None:
     dist.barrier()
     base = _rss_anon_kb()
     model = {"path": args.model, "dtype": args.dtype}
+    if args.compute_dtype:
+        model["compute_dtype"] = args.compute_dtype
     config = EngineConfig.from_dict({"model": model, "optim": {"lr": 1e-6}, "timeout_s": 1800.0})
     sampler = PeakSampler()
     sampler.start()
@@ -146,13 +150,21 @@ def worker(args: argparse.Namespace) -> None:
     engine = build_engine(args.engine, config)
     seconds = time.perf_counter() - start
     peak = sampler.stop()
-    opt = engine.optimizer
-    if ShardedAdamW is not None and isinstance(opt, ShardedAdamW):
-        optim_bytes = opt.owned_bytes()
+    counted: dict[str, int] = {}
+    if args.engine == "megatron":  # one step, then every tensor counted
+        from memory_model import capture_grads, counted_bytes
+
+        from rl_core.testing.train_engine import make_rl_batch, pg_loss
+
+        grads = capture_grads(engine)
+        batch = make_rl_batch(num_seqs=2 * engine.dp_size).chunk(engine.dp_size)[engine.dp_rank]
+        engine.train_batch(batch, pg_loss)
+        counted = counted_bytes(engine, grads)
+        optim_bytes = counted["main"] + counted["moments"]
     else:
         optim_bytes = sum(
             t.numel() * t.element_size()
-            for state in opt.state.values()
+            for state in engine.optimizer.state.values()
             for t in state.values()
             if isinstance(t, torch.Tensor)
         )
@@ -160,6 +172,8 @@ def worker(args: argparse.Namespace) -> None:
     result = {
         "peak_mb": (peak - base) / 1024,
         "optim_mb": optim_bytes / 2**20,
+        "total_mb": sum(counted.values()) / 2**20,
+        **{f"{k}_mb": v / 2**20 for k, v in counted.items()},
         "start_s": seconds,
         "base_mb": base / 1024,
     }
@@ -178,7 +192,12 @@ def _free_port() -> int:
 
 
 def launch(
-    engine: str, model: str, world_size: int, legacy: bool, dtype: str = "float32"
+    engine: str,
+    model: str,
+    world_size: int,
+    legacy: bool,
+    dtype: str = "float32",
+    compute_dtype: str = "",
 ) -> list[dict[str, float]]:
     """One start-up in ``world_size`` fresh processes; the per-rank results."""
     port = _free_port()
@@ -199,6 +218,7 @@ def launch(
             env.pop("RL_ENGINES_EAGER_INIT", None)
             cmd = [sys.executable, __file__, "--worker", "--engine", engine, "--model", model]
             cmd += ["--world-size", str(world_size), "--out", out, "--dtype", dtype]
+            cmd += ["--compute-dtype", compute_dtype] if compute_dtype else []
             cmd += ["--legacy"] if legacy else []
             procs.append(subprocess.Popen(cmd, env=env))
         codes = [p.wait(timeout=3600) for p in procs]
@@ -215,15 +235,17 @@ def warm_page_cache(model: str) -> None:
                 pass
 
 
-def measure(engine: str, model: str, world_size: int, repeats: int, dtype: str) -> dict[bool, dict]:
+def measure(
+    engine: str, model: str, world_size: int, repeats: int, dtype: str, compute_dtype: str = ""
+) -> dict[bool, dict]:
     """Per path (legacy True/False): the median over ``repeats`` runs of each rank-maximum;
     the two paths alternate, so load from other processes affects both alike."""
     warm_page_cache(model)
     runs: dict[bool, list] = {True: [], False: []}
     for _ in range(repeats):
         for legacy in (True, False):
-            runs[legacy].append(launch(engine, model, world_size, legacy, dtype))
-    keys = ("peak_mb", "optim_mb", "start_s")
+            runs[legacy].append(launch(engine, model, world_size, legacy, dtype, compute_dtype))
+    keys = ("peak_mb", "optim_mb", "total_mb", "start_s")
     return {
         legacy: {k: statistics.median(max(r[k] for r in ranks) for ranks in got) for k in keys}
         for legacy, got in runs.items()
@@ -244,6 +266,7 @@ def main() -> None:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    parser.add_argument("--compute-dtype", default="", help=argparse.SUPPRESS)
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--world-size", type=int, default=1, help=argparse.SUPPRESS)
@@ -265,7 +288,8 @@ def main() -> None:
         model, size = models[engine]
         for world_size in (1, 2):
             dtype = args.fsdp_dtype if engine == "fsdp" else "float32"
-            both = measure(engine, model, world_size, args.repeats, dtype)
+            compute = "bfloat16" if engine == "megatron" else ""
+            both = measure(engine, model, world_size, args.repeats, dtype, compute)
             for legacy in (True, False):
                 results[(engine, world_size, legacy)] = both[legacy]
                 path = "main" if legacy else "new"
@@ -275,12 +299,14 @@ def main() -> None:
     print("model bytes (the fp32 checkpoint) per engine:")
     for engine in engines:
         print(f"  {engine}: {models[engine][1] / 2**20:.0f} MB ({models[engine][0]})")
-    print("\n| engine | ranks | path | peak MB | peak / model | optim MB | start s |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| engine | ranks | path | peak MB | peak / model | optim MB | total MB | start s |")
+    print("|---|---|---|---|---|---|---|---|")
     for engine, ws, path, got, size in rows:
+        total = f"{got['total_mb']:.0f}" if engine == "megatron" else ""
         print(
             f"| {engine} | {ws} | {path} | {got['peak_mb']:.0f} | "
-            f"{got['peak_mb'] * 2**20 / size:.2f} | {got['optim_mb']:.0f} | {got['start_s']:.1f} |"
+            f"{got['peak_mb'] * 2**20 / size:.2f} | {got['optim_mb']:.0f} | {total} | "
+            f"{got['start_s']:.1f} |"
         )
     ratios = {}
     if "fsdp" in engines:
@@ -289,6 +315,7 @@ def main() -> None:
     if "megatron" in engines:
         new1, new2 = results[("megatron", 1, False)], results[("megatron", 2, False)]
         ratios["megatron.optimizer_bytes_ratio"] = new2["optim_mb"] / new1["optim_mb"]
+        ratios["megatron.total_bytes_ratio"] = new2["total_mb"] / new1["total_mb"]
     print()
     for key, value in ratios.items():
         print(f"{key} = {value:.3f}")
