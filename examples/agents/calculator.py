@@ -4,10 +4,12 @@ tool. Trained as it is by examples/grpo_openai_agent.yaml (`agent:<this file>:ru
 The model is asked "What is 4821 * 3907?" and offered the tool (described in the system
 prompt, since SmolLM2's chat template has no tools section, and passed as `tools=` so the
 server parses the call). The agent runs the call, hands back the result and asks for the
-answer. Reward: 1 for the right product in the final answer; 0.5 for a correct tool call
-whose result the model then fails to report; without a usable tool call, 0.1 for each step
-towards one the reply shows (a `<tool_call>` tag, the tool's name, both factors), so the
-untrained model, which rarely writes a whole call, still gets a gradient.
+answer. A call the model writes without the exact tool-call markup (no closing tag, extra
+text) is still taken when its JSON names the tool, as many agents do. Reward: 1 for the
+right product in the final answer after a call; 0.5 for a right call whose result the model
+then misreports; 0.4 for a call with wrong factors; without a call, 0.1 for each step
+towards one the reply shows (the tool's name, each factor), so the untrained model, which
+rarely writes a whole call, still gets a gradient.
 """
 
 from __future__ import annotations
@@ -61,37 +63,57 @@ async def run(task: dict, base_url: str, api_key: str) -> float:
             model="policy", messages=messages, tools=TOOLS, max_tokens=48
         )
         message = reply.choices[0].message
-        result = _multiply(message.tool_calls or [])
+        content = message.content or ""
+        if message.tool_calls:
+            call_id, arguments = message.tool_calls[0].id, _called(message.tool_calls[0])
+        else:  # the call written as JSON without the exact markup
+            call_id, arguments = "call_0", _json_call(content)
+        result = _product(arguments)
         if result is None:
-            return _towards_a_call(message.content or "", task)
-        right_call = result == task["answer"]
+            return _towards_a_call(content, task)
+        if result != task["answer"]:
+            return 0.4
         messages.append(message.model_dump(exclude_none=True))
-        call_id = message.tool_calls[0].id
         messages.append({"role": "tool", "tool_call_id": call_id, "content": str(result)})
         final = await client.chat.completions.create(
             model="policy", messages=messages, tools=TOOLS, max_tokens=24
         )
         text = (final.choices[0].message.content or "").replace(",", "")
-        if str(task["answer"]) in text:
-            return 1.0
-        return 0.5 if right_call else 0.0
+        return 1.0 if str(task["answer"]) in text else 0.5
     finally:
         await client.close()
 
 
-def _multiply(calls: list) -> int | None:
-    """The product the first call asks for (None: not a usable multiply call)."""
-    if not calls or calls[0].function.name != "multiply":
+def _called(call) -> dict | None:
+    """The arguments of a parsed `multiply` call (None: another tool or bad JSON)."""
+    if call.function.name != "multiply":
         return None
     try:
-        args = json.loads(calls[0].function.arguments)
-        return int(args["a"]) * int(args["b"])
-    except (ValueError, KeyError, TypeError):
+        return json.loads(call.function.arguments)
+    except ValueError:
+        return None
+
+
+def _json_call(text: str) -> dict | None:
+    """The arguments of the first JSON object in `text` that calls `multiply`."""
+    decoder = json.JSONDecoder()
+    for start in [i for i, c in enumerate(text) if c == "{"]:
+        try:
+            value, _ = decoder.raw_decode(text[start:])
+        except ValueError:
+            continue
+        if isinstance(value, dict) and value.get("name") == "multiply":
+            return value.get("arguments")
+    return None
+
+
+def _product(arguments: dict | None) -> int | None:
+    try:
+        return int(arguments["a"]) * int(arguments["b"])
+    except (TypeError, KeyError, ValueError):
         return None
 
 
 def _towards_a_call(text: str, task: dict) -> float:
-    """0.1 per step towards a tool call the reply shows (0 to 0.3)."""
-    steps = ["<tool_call>" in text, "multiply" in text]
-    steps.append(str(task["a"]) in text and str(task["b"]) in text)
-    return 0.1 * sum(steps)
+    """0.1 per step towards a call the reply shows: the tool's name, each factor (0-0.3)."""
+    return 0.1 * (("multiply" in text) + (str(task["a"]) in text) + (str(task["b"]) in text))
