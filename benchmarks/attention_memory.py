@@ -13,7 +13,9 @@ a fresh process and reports
   backward (every operator output's storage, counted until it is freed: a device
   allocator's view, without kernel-internal scratch);
 * ``RSS MB``: the peak resident set during the forward and backward minus the resident
-  set just before (``VmHWM`` reset through ``/proc/self/clear_refs``).
+  set just before (``VmHWM`` reset through ``/proc/self/clear_refs``); with ``--device
+  cuda`` (one GPU, NCCL; not run here: no GPU was lent) ``CUDA MB`` instead, the CUDA
+  allocator's peak over what was allocated before.
 
 Then the ratio of each to the previous S. Goal: ``sdpa`` grows <= 2.3x from S=2048 to 4096
 (linear: 2x; scores: 4x).
@@ -86,8 +88,9 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def build_model(widths: dict[str, int], layers: int, vocab: int) -> Any:
-    """The megatron engine's GPTModel (one rank, fp32) with random weights."""
+def build_model(widths: dict[str, int], layers: int, vocab: int, device: str = "cpu") -> Any:
+    """The megatron engine's GPTModel (one rank, fp32) with random weights, on ``device``
+    ("cpu": gloo and the engine's CPU shim; "cuda": NCCL, for a GPU check)."""
     import torch.distributed as dist
     from transformers import AutoConfig
 
@@ -97,12 +100,18 @@ def build_model(widths: dict[str, int], layers: int, vocab: int) -> Any:
     from rl_engines.megatron.parallel import ParallelState
 
     define_missing_te_symbols()
-    install_cpu_shim()
+    if device == "cpu":
+        install_cpu_shim()
+    else:
+        torch.cuda.set_device(0)
     if not dist.is_initialized():
         from rl_core.single_controller.host import find_free_port
 
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1
+            "gloo" if device == "cpu" else "nccl",
+            init_method=f"tcp://127.0.0.1:{find_free_port()}",
+            rank=0,
+            world_size=1,
         )
     cfg = MegatronConfig()
     ParallelState.ensure(cfg, 600.0, 0)
@@ -127,6 +136,7 @@ def build_model(widths: dict[str, int], layers: int, vocab: int) -> Any:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02)
+    model.to(device)
     return model
 
 
@@ -170,11 +180,12 @@ def square_tensors(model: Any, seq: int, attention: str) -> list[tuple[int, ...]
 
 
 def _pass(model: Any, seq: int, attention: str) -> None:
-    ids = torch.randint(0, model.vocab_size, (1, seq))
-    positions = torch.arange(seq).unsqueeze(0)
+    device = next(model.parameters()).device
+    ids = torch.randint(0, model.vocab_size, (1, seq), device=device)
+    positions = torch.arange(seq, device=device).unsqueeze(0)
     mask, context = None, contextlib.nullcontext()
     if attention == "local":  # and the dense boolean mask the engine used to build per step
-        mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)[None, None]
+        mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), 1)[None, None]
         context = local_attention()
     with context:
         logits = model(ids, positions, mask)
@@ -183,31 +194,45 @@ def _pass(model: Any, seq: int, attention: str) -> None:
 
 def forward_backward(model: Any, seq: int, attention: str) -> dict[str, float]:
     """One forward and backward of one sequence of ``seq`` tokens (``attention``: "sdpa"
-    or "local"); peak tensor bytes and peak RSS increase (MB)."""
+    or "local"); peak tensor bytes, and the peak RSS increase on CPU or the peak of the
+    CUDA allocator over what was allocated before on a GPU (MB)."""
     import gc
 
     gc.collect()
-    rss_before = _status_kb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
+    cuda = next(model.parameters()).is_cuda
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = _status_kb("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current resident set
     counter = LiveTensorBytes()
     with counter:
         _pass(model, seq, attention)
-    peak_rss = _status_kb("VmHWM") - rss_before
     model.zero_grad(set_to_none=True)
-    return {"tensor_mb": counter.peak / 2**20, "rss_mb": peak_rss / 1024}
+    result = {"tensor_mb": counter.peak / 2**20}
+    if cuda:
+        torch.cuda.synchronize()
+        result["device_mb"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    else:
+        result["rss_mb"] = (_status_kb("VmHWM") - before) / 1024
+    return result
 
 
 def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model = build_model(QWEN2_05B_WIDTHS, args.layers, args.vocab)
+    model = build_model(QWEN2_05B_WIDTHS, args.layers, args.vocab, args.device)
     forward_backward(model, 64, args.attention)  # warm-up: kernels, thread pools
     result = forward_backward(model, args.seq_one, args.attention)
     Path(args.out).write_text(json.dumps(result))
 
 
-def run_one(attention: str, seq: int, layers: int, vocab: int, out: str) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--worker", "--attention", attention]
+def run_one(
+    attention: str, seq: int, layers: int, vocab: int, out: str, device: str = "cpu"
+) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--worker", "--attention", attention, "--device", device]
     cmd += ["--seq-one", str(seq), "--layers", str(layers), "--vocab", str(vocab), "--out", out]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}  # large blocks go back
     subprocess.run(cmd, check=True, env=env)
@@ -220,6 +245,7 @@ def main() -> None:
     parser.add_argument("--attention", default="sdpa,local", help="sdpa, local or both")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU, NCCL)")
     parser.add_argument("--json", help="write the results and ratios to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seq-one", type=int, help=argparse.SUPPRESS)
@@ -237,12 +263,17 @@ def main() -> None:
             results[attention] = {}
             for seq in seqs:
                 out = os.path.join(tmp, f"{attention}-{seq}.json")
-                results[attention][seq] = run_one(attention, seq, args.layers, args.vocab, out)
+                results[attention][seq] = run_one(
+                    attention, seq, args.layers, args.vocab, out, args.device
+                )
+    memory = "rss_mb" if args.device == "cpu" else "device_mb"
     print(
-        f"\nforward + backward, CPU fp32, Qwen2-0.5B widths, {args.layers} layers, vocab "
+        f"\nforward + backward, {args.device} fp32, Qwen2-0.5B widths, {args.layers} layers, vocab "
         f"{args.vocab}, one sequence; peak over the pass (ratio to the previous S)\n"
     )
-    print("| attention | S | tensor MB | ratio | RSS MB | ratio |")
+    print(
+        f"| attention | S | tensor MB | ratio | {'RSS' if memory == 'rss_mb' else 'CUDA'} MB | ratio |"
+    )
     print("|---|---|---|---|---|---|")
     ratios: dict[str, float] = {}
     for attention, by_seq in results.items():
@@ -250,13 +281,13 @@ def main() -> None:
         for seq in seqs:
             got = by_seq[seq]
             t_ratio = got["tensor_mb"] / prev["tensor_mb"] if prev else None
-            r_ratio = got["rss_mb"] / prev["rss_mb"] if prev else None
+            r_ratio = got[memory] / prev[memory] if prev else None
             if prev:
                 ratios[f"{attention}.tensor_ratio_{seq}"] = t_ratio
-                ratios[f"{attention}.rss_ratio_{seq}"] = r_ratio
+                ratios[f"{attention}.{memory.removesuffix('_mb')}_ratio_{seq}"] = r_ratio
             print(
                 f"| {attention} | {seq} | {got['tensor_mb']:.0f} | "
-                f"{'' if t_ratio is None else f'{t_ratio:.2f}x'} | {got['rss_mb']:.0f} | "
+                f"{'' if t_ratio is None else f'{t_ratio:.2f}x'} | {got[memory]:.0f} | "
                 f"{'' if r_ratio is None else f'{r_ratio:.2f}x'} |"
             )
             prev = got
