@@ -17,7 +17,8 @@ declares:
 - torch and its CUDA libraries at the versions uv.lock records (constraints): one torch,
   hard-linked from uv's cache into every venv, so a leg costs seconds, not a 3 GB download.
   torch's own lower bound is therefore not exercised here (PyPI's older CUDA torch builds
-  would each be another multi-GB environment).
+  would each be another multi-GB environment): `nox -s tests-torch-floor` runs the engine
+  conformance suites and the stand-in device checks at rl-core's declared torch floor.
 
 Then it imports the package and runs a short smoke test (see ``SMOKE``) in that venv.
 A lower bound that does not work shows up as an install or smoke failure: raise the bound
