@@ -20,9 +20,9 @@
 
 ``kernels="gpu"`` counts PyTorch's fused RMSNorm (input and 1/rms saved); ``"cpu"`` the
 composite RMSNorm that runs on CPU (fp32 input, normalised input and 1/rms saved). The
-test `packages/rl-engines/tests/test_memory_model.py` checks the model against the bytes
-counted from the tensors of tiny CPU runs of both engines (parameters, gradients, main
-parameters, moments and saved activations, each within 10%).
+test `packages/rl-engines/tests/test_megatron_memory_model.py` checks the model against
+the bytes counted from the tensors of tiny CPU runs of both engines (parameters,
+gradients, main parameters, moments and saved activations, each within 10%).
 
 With no arguments: the table for Qwen2.5-7B and Qwen3-30B-A3B on 8 x 80 GB, both engines,
 and whether each layout fits (``--budget-gb``: what a rank may use of its 80 GB, leaving
