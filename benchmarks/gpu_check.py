@@ -27,8 +27,9 @@ Checks (goal in brackets):
   optimizer state, engine loaded from a saved model [>= 90%];
 * ``checkpoint``: save and load through the platform's process group (NCCL on GPUs, which
   refuses host tensors) [training continues bit-exactly after the load];
-* ``megatron``: one bf16 step of the megatron engine at TP1, then offload/onload
-  [finite loss, >= 90% of the device bytes freed, log-probs unchanged after onload];
+* ``megatron``: one bf16 step of the megatron engine at TP1 with its distributed optimizer
+  (`DistributedAdamW`), then offload/onload [finite loss, >= 90% of the device bytes freed,
+  log-probs unchanged after onload];
   megatron-core must be installed (docs/gpu-results.md says how);
 * ``vlm``: one bf16 step of the FSDP2 engine on a tiny Qwen2.5-VL with images [finite loss];
 * ``lora``: one bf16 LoRA step (adapters change, the base weights do not) [as stated].
@@ -372,6 +373,7 @@ def megatron_step(model_dir: str, dtype: str) -> dict[str, float]:
     engine = build_engine("megatron", engine_config(model_dir, {"model": {"compute_dtype": dtype}}))
     batch = make_rl_batch()
     metrics = engine.train_batch(batch, pg_loss)
+    optimizer = type(getattr(engine, "optimizer", None)).__name__  # the distributed optimizer
     before_lp = engine.infer_batch(batch, outputs=("log_probs",)).batch["log_probs"]
     platform.synchronize()
     before = platform.memory_allocated()
@@ -381,7 +383,8 @@ def megatron_step(model_dir: str, dtype: str) -> dict[str, float]:
     after_lp = engine.infer_batch(batch, outputs=("log_probs",)).batch["log_probs"]
     engine.close()
     freed = (before - after) / before if before else 0.0
-    return {"loss": metrics["loss"], "freed": freed, "same": bool(torch.equal(before_lp, after_lp))}
+    same = bool(torch.equal(before_lp, after_lp))
+    return {"loss": metrics["loss"], "freed": freed, "same": same, "optimizer": optimizer}
 
 
 def check_megatron(dry: bool) -> Outcome:
@@ -400,12 +403,14 @@ def check_megatron(dry: bool) -> Outcome:
 
             with SpawnRunner(1, timeout_s=300, env={"RL_PLATFORM": "cpu"}) as runner:
                 (r,) = runner.run(megatron_step, model_dir, "float32")
-            ok = math.isfinite(r["loss"]) and r["same"]
-            return Outcome(f"CPU float32 step: loss {r['loss']:.4f}; offload is a no-op on CPU", ok)
+            ok = math.isfinite(r["loss"]) and r["same"] and r["optimizer"] == "DistributedAdamW"
+            result = f"CPU float32 step ({r['optimizer']}): loss {r['loss']:.4f}; offload no-op"
+            return Outcome(result, ok)
         r = megatron_step(model_dir, "bfloat16")
     ok = math.isfinite(r["loss"]) and r["freed"] >= 0.9 and r["same"]
+    ok = ok and r["optimizer"] == "DistributedAdamW"
     result = (
-        f"bf16 loss {r['loss']:.4f}; offload freed {100 * r['freed']:.0f}%; "
+        f"bf16 loss {r['loss']:.4f} ({r['optimizer']}); offload freed {100 * r['freed']:.0f}%; "
         f"log-probs {'unchanged' if r['same'] else 'CHANGED'} after onload"
     )
     return Outcome(result, ok)
