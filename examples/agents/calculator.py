@@ -4,8 +4,8 @@ tool. Trained as it is by examples/grpo_openai_agent.yaml (`agent:<this file>:ru
 The model is asked "What is 4821 * 3907?" and offered the tool (described in the system
 prompt, since SmolLM2's chat template has no tools section, and passed as `tools=` so the
 server parses the call). The agent runs the call, hands back the result and asks for the
-answer. A call the model writes without the exact tool-call markup (no closing tag, extra
-text) is still taken when its JSON names the tool, as many agents do. Reward: 1 for the
+answer. A call the model writes without the exact tool-call markup is still taken, as many
+agents do: a JSON object that names the tool, or the tool's name followed by two integers. Reward: 1 for the
 right product in the final answer after a call; 0.5 for a right call whose result the model
 then misreports; 0.4 for a call with wrong factors; without a call, 0.1 for each step
 towards one the reply shows (the tool's name, each factor), so the untrained model, which
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import openai
 
@@ -95,7 +96,8 @@ def _called(call) -> dict | None:
 
 
 def _json_call(text: str) -> dict | None:
-    """The arguments of the first JSON object in `text` that calls `multiply`."""
+    """The arguments of a `multiply` call written without the exact markup: the first JSON
+    object in `text` that names the tool, else the first two integers after its name."""
     decoder = json.JSONDecoder()
     for start in [i for i, c in enumerate(text) if c == "{"]:
         try:
@@ -104,6 +106,10 @@ def _json_call(text: str) -> dict | None:
             continue
         if isinstance(value, dict) and value.get("name") == "multiply":
             return value.get("arguments")
+    if "multiply" in text:
+        numbers = re.findall(r"\d+", text[text.index("multiply") :])
+        if len(numbers) >= 2:
+            return {"a": numbers[0], "b": numbers[1]}
     return None
 
 
