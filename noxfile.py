@@ -230,8 +230,8 @@ def tests_rl_engines_megatron(session: nox.Session) -> None:
 def tests_device_megatron(session: nox.Session) -> None:
     """The megatron engine on the stand-in accelerator, whose process groups refuse host
     tensors as NCCL does: TP=2 with sequence parallelism, PP=2 with virtual stages, EP=2 at
-    world size 2 (device contract, offload/onload, save/load, a failed save, export). Not a
-    default session yet: see the class docstrings in the test file for what still fails."""
+    world size 2 (device contract, offload/onload, save/load, a failed save, export, an
+    inference-only engine). ~3-4 min on 2 CPUs."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     test = "packages/rl-engines/tests/test_megatron_device.py"
@@ -419,6 +419,7 @@ nox.options.sessions = [
     "tests-agents",  # the policy server and agent episodes with openai, ~2 min on 2 CPUs
     "tests-device",  # fsdp + hf rollout + a GRPO step on the NCCL-strict stand-in, ~6 min on 2 CPUs
     "tests-rl-engines-megatron",  # megatron engine on CPU/gloo (see its docstring for time)
+    "tests-device-megatron",  # megatron TP2/PP2+VPP/EP2 on the NCCL-strict stand-in, ~3-4 min
     "tests-rl-rollout-vllm",  # ~5 minutes on 2 CPUs (pip install + one vLLM engine)
     "tests-integration",  # ~10 minutes on 2 CPUs (end-to-end trainer runs)
     "tests-faults",  # fault injection, budget ~4 minutes on 2 CPUs

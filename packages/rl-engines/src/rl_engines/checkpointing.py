@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from rl_core.checkpoint import (
     CheckpointCorruptError,
@@ -95,7 +96,10 @@ def save_staged(path: str, write_shards: Callable[[str], None], meta: dict[str, 
         local_error = None
         try:
             write_shards(partial)
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:
+            # torch.distributed.checkpoint (megatron-core's dist_checkpointing) reports a
+            # failed write, its own or another rank's, as CheckpointException, a
+            # BaseException: uncaught, this rank would skip the agreement below
             local_error = f"rank {rank}: {describe_write_failure(partial, exc)}"
         # on the rank's device: the default group is NCCL's on GPUs, which has no host backend
         flags = torch.zeros(
@@ -107,8 +111,14 @@ def save_staged(path: str, write_shards: Callable[[str], None], meta: dict[str, 
         except Exception as exc:
             raise rank_error("agreeing on the shards of checkpoint", path, exc) from exc
         if flags.any():
+            # every rank names every cause: under a collective writer (dist_checkpointing)
+            # the rank whose write failed may only see "another rank failed"
+            causes: list[str | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(causes, local_error)
             bad = [int(r) for r in flags.cpu().nonzero().flatten()]
-            error = local_error or f"rank(s) {bad} failed to write their shards"
+            error = f"rank(s) {bad} failed to write their shards: " + "; ".join(
+                c for c in causes if c
+            )
         else:
             if rank == 0:
                 try:

@@ -10,7 +10,7 @@ but report ``device(type='standin', index=0)``, and
   scalar, as on CUDA) raises, as on a real accelerator;
 - ``.to("cpu")`` / ``.cpu()`` return plain CPU tensors, ``.to("standin")`` wrapped ones;
 - autograd, FSDP2 (``fully_shard`` on a ``standin`` DeviceMesh, collectives through gloo on
-  the host data) and Hugging Face models run on it;
+  the host data), megatron-core (with the engine's CPU shim) and Hugging Face models run on it;
 - `allocated_bytes()` counts the host bytes held by live ``standin`` tensors (like a
   device allocator's ``memory_allocated``): an offload that moves nothing shows there.
 
@@ -22,7 +22,10 @@ torch_npu); `install` changes process-wide state (renames PrivateUse1, wraps
 ``torch.tensor``/``torch.as_tensor``/``torch.asarray``, ``torch.Generator`` (host
 generators for ``device="standin"``) and FSDP2's private ``_move_states_to_device`` (which
 assigns ``param.data``, impossible between a CPU and a PrivateUse1 tensor: the stand-in
-swaps the tensors instead)), so run it in a dedicated process (`rl_core.testing.spawn.SpawnRunner`).
+swaps the tensors instead), and ``torch.Tensor.data`` (`_set_data`: the same swap between
+a ``standin`` and a host tensor, and the host tensor taken along between two ``standin``
+ones)), so run it in a dedicated process (`rl_core.testing.spawn.SpawnRunner`).
+Its process groups refuse host tensors as NCCL's do (`rl_core.testing.standin_collectives`).
 It relies on torch's experimental ``_setup_privateuseone_for_python_backend`` (run on torch
 2.11, ``nox -s tests-torch-floor``, and 2.15; `install` refuses an older torch).
 It is slow (every operation goes through Python): tiny models only.
@@ -31,6 +34,9 @@ It is slow (every operation goes through Python): tiny models only.
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -85,6 +91,18 @@ class StandInTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         return f"StandInTensor({self.host!r})"
 
+    def __reduce_ex__(self, proto: int) -> Any:
+        """Pickle (``torch.save``) as a device tensor without storage does: its host copy,
+        rebuilt on the device by a function ``torch.load(weights_only=True)`` accepts (as a
+        Python subclass with state it would pickle its class, which that load refuses)."""
+        if getattr(self, "_is_param", False):  # an nn.Parameter on the stand-in
+            plain = StandInTensor(self.host.detach())
+            return (torch._utils._rebuild_parameter, (plain, self.requires_grad, {}))
+        return (
+            torch._utils._rebuild_device_tensor_from_cpu_tensor,
+            (self.host.detach().clone(), self.dtype, str(self.device), self.requires_grad),
+        )
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -94,12 +112,45 @@ class StandInTensor(torch.Tensor):
             return args[0].host.tolist()
         if func is torch.Tensor.backward or func is torch.autograd.backward:
             return _backward(func, args, kwargs)
+        if func is torch._has_compatible_shallow_copy_type and {
+            a.device.type for a in args[:2]
+        } == {DEVICE_TYPE, "cpu"}:
+            # as a CUDA and a CPU tensor are: `nn.Module.to` then moves parameters with
+            # ``param.data = moved`` (see `_set_data`), keeping the Parameter objects and
+            # their attributes (Megatron's tensor_model_parallel, sequence_parallel, ...),
+            # instead of replacing them with new Parameters that have none
+            return True
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _run(func, args, kwargs or {})
+        try:
+            return _run(func, args, kwargs or {})
+        except BaseException:
+            _report_in_autograd_thread(func)
+            raise
+
+
+def _report_in_autograd_thread(what: Any) -> None:
+    """Print the exception being raised when it is raised in autograd's device thread.
+
+    There torch aborts the process instead of raising it in the caller: ``terminate called
+    without an active exception``, with no Python frame left. Torch's Python
+    device guard (PrivateUse1 backends written in Python) calls into Python when a
+    node's stream guard unwinds, while the error is still pending (on CUDA that guard is
+    C++). Errors from a C++ autograd node's operators and from saved-tensor unpack hooks
+    (non-reentrant checkpointing) do that; a custom autograd Function's errors propagate."""
+    if threading.current_thread() is threading.main_thread():
+        return
+    if torch._C._current_graph_task_id() == -1:
+        return
+    sys.stderr.write(
+        f"standin: {what} raised in autograd's device thread; torch will abort the "
+        "process (terminate called without an active exception) rather than raise it:\n"
+        + traceback.format_exc()
+    )
+    sys.stderr.flush()
 
 
 def _backward(func: Callable, args: tuple, kwargs: dict) -> None:
@@ -213,6 +264,48 @@ def _move_states_to_device(params: list, buffers: list, device: torch.device) ->
 
 _FSDP_MOVE: Callable = None  # type: ignore[assignment]
 
+_TENSOR_DATA = torch._C.TensorBase.data  # the C++ ``.data`` descriptor
+
+
+def _get_data(tensor: torch.Tensor) -> torch.Tensor:
+    return _TENSOR_DATA.__get__(tensor)
+
+
+def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    """``tensor.data = value`` (``torch.Tensor.data``'s setter while the stand-in is installed).
+
+    Between two ``standin`` tensors the wrapper takes the host tensor under ``value`` too,
+    so it aliases ``value`` as on a device (Megatron's ``make_viewless_tensor`` and flat
+    optimizer buffers rely on that). Across ``standin`` and host: on CUDA a tensor takes a
+    host tensor's data and back (both are dense TensorImpls; offload code relies on it),
+    but a ``standin`` wrapper and a host tensor have incompatible TensorImpls, so the
+    stand-in swaps ``tensor`` with a tensor aliasing ``value`` (as `nn.Module.to` does for
+    tensor subclasses), keeping its identity, class (``nn.Parameter``), ``requires_grad``,
+    attributes and gradient (moved along)."""
+    moving = isinstance(value, torch.Tensor) and (
+        (tensor.device.type == DEVICE_TYPE) != (value.device.type == DEVICE_TYPE)
+    )
+    if not moving:
+        _TENSOR_DATA.__set__(tensor, value)
+        if isinstance(tensor, StandInTensor) and isinstance(value, StandInTensor):
+            # set_data takes the wrapper's sizes, not the host tensor under it: without
+            # this the tensor would keep its old data and alias nothing (a flat buffer's
+            # parameters would never see the optimizer's updates)
+            tensor.host = value.host
+        return
+    grad, tensor.grad = tensor.grad, None
+    moved = value.detach()
+    if isinstance(tensor, nn.Parameter):
+        moved = nn.Parameter(moved, requires_grad=tensor.requires_grad)
+    else:
+        moved.requires_grad_(tensor.requires_grad)
+    extra = {k: v for k, v in vars(tensor).items() if k not in ("host", "_is_param")}
+    moved.__dict__.update(extra)  # Megatron's parameter attributes (tensor_model_parallel, ...)
+    torch.utils.swap_tensors(tensor, moved)
+    if grad is not None:  # a tensor's gradient must be on its device: it moves along (a
+        # GPU would leave it where it was until `nn.Module.to` moves it right after)
+        tensor.grad = grad.to(value.device)
+
 
 class _Stream:
     """Streams and events: the stand-in runs every operation synchronously."""
@@ -298,6 +391,12 @@ class _DeviceModule:
     def memory_allocated(self, device: Any = None) -> int:
         return allocated_bytes()
 
+    def get_amp_supported_dtype(self) -> list[torch.dtype]:
+        # torch.amp.autocast(device_type="standin") requires it of a PrivateUse1 module, and
+        # non-reentrant activation checkpointing enters that context (disabled) when it
+        # recomputes in backward
+        return [torch.float16, torch.bfloat16]
+
 
 def allocated_bytes() -> int:
     """Bytes of host memory held by live ``standin`` tensors (each storage counted once)."""
@@ -348,6 +447,7 @@ def install() -> torch.device:
     global _FSDP_MOVE
     _FSDP_MOVE = _fsdp_init._move_states_to_device
     _fsdp_init._move_states_to_device = _move_states_to_device
+    torch.Tensor.data = property(_get_data, _set_data, doc=_TENSOR_DATA.__doc__)  # type: ignore
     _KEEP.extend([fallback, factories])
     standin_collectives.install()
     PLATFORMS.register(StandInPlatform.name, StandInPlatform)

@@ -13,6 +13,7 @@ on-policy-distillation teacher). Offload/onload at world size 2 is
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -28,10 +29,16 @@ __all__ = ["check_failed_save", "run_standin_collective_checks"]
 
 @contextlib.contextmanager
 def _failing_torch_save(message: str) -> Iterator[None]:
-    """``torch.save`` raises in this process (a full disk on one rank)."""
+    """``torch.save`` to a file raises in this process (a full disk on one rank). Saves
+    into memory still work, as they do on a full disk: megatron-core serialises its
+    ShardedObjects into a BytesIO before its collective planning, and a rank failing there
+    would leave the other ranks inside dist_checkpointing's collectives (a hang, not the
+    failed save this check is about)."""
     original = torch.save
 
-    def refuse(*args: Any, **kwargs: Any) -> None:
+    def refuse(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(f, io.BytesIO):
+            return original(obj, f, *args, **kwargs)
         raise OSError(28, message)
 
     torch.save = refuse
