@@ -33,6 +33,8 @@ HF_ROLLOUT = "packages/rl-rollout/src/rl_rollout/backends/hf_engine.py"
 CHECKPOINTING = "packages/rl-engines/src/rl_engines/checkpointing.py"
 PLATFORM = "packages/rl-core/src/rl_core/platform.py"
 FSDP_TEST = "packages/rl-engines/tests/test_fsdp_device.py"
+MEGATRON_WEIGHTS = "packages/rl-engines/src/rl_engines/megatron/weights.py"
+MEGATRON_TEST = "packages/rl-engines/tests/test_megatron_device.py"
 HF_TEST = "packages/rl-rollout/tests/test_device_hf.py"
 SOURCES = [
     "packages/rl-core/src",
@@ -65,6 +67,9 @@ class Mutation:
 FSDP_CONTRACT = f"{FSDP_TEST}::TestFSDPDevice::test_device_contract_on_standin[world2]"
 FSDP_COLLECTIVES = f"{FSDP_TEST}::TestFSDPDevice::test_collectives_on_standin"
 HF_CONTRACT = f"{HF_TEST}::TestHFDevice::test_rollout_on_standin"
+MEGATRON_PP_COLLECTIVES = (
+    f"{MEGATRON_TEST}::TestMegatronPipelineParallelDevice::test_collectives_on_standin"
+)
 HOST_TENSOR = r"{op} on rank \d: a tensor of shape .* is on cpu, but the process group is on the 'standin' device"
 
 MUTATIONS = [
@@ -116,8 +121,8 @@ MUTATIONS = [
     Mutation(
         "collective-host-save-flags",
         CHECKPOINTING,
-        "dtype=torch.int64, device=get_platform().device())",
-        "dtype=torch.int64)",
+        "dist.get_world_size(), dtype=torch.int64, device=get_platform().device()",
+        "dist.get_world_size(), dtype=torch.int64",
         FSDP_COLLECTIVES,
         HOST_TENSOR.format(op="all_reduce"),
         "checkpoint save: the shard-agreement flags all-reduced from the host",
@@ -134,13 +139,22 @@ MUTATIONS = [
         "fsdp: the loss and metrics all-reduced from a host buffer",
     ),
     Mutation(
-        "collective-host-receiver",
+        "collective-host-count",
         ENGINE_BASE,
         "count = torch.tensor([local_micro_batch_count(batch, cfg)], device=self.device)",
         "count = torch.tensor([local_micro_batch_count(batch, cfg)])",
         FSDP_CONTRACT,
         r"all-reduce of the micro-batch count failed: " + HOST_TENSOR.format(op="all_reduce"),
-        "engines: the micro-batch count's receive buffer left on the host",
+        "engines: the micro-batch count all-reduced from a host buffer",
+    ),
+    Mutation(
+        "collective-host-receiver",
+        MEGATRON_WEIGHTS,
+        "tensor = torch.empty(shape, dtype=dtype, device=device)",
+        "tensor = torch.empty(shape, dtype=dtype)",
+        MEGATRON_PP_COLLECTIVES,
+        HOST_TENSOR.format(op="broadcast"),
+        "megatron PP export: the receiving stage's buffer allocated on the host",
     ),
     Mutation(
         "collective-no-current-device",
