@@ -7,9 +7,14 @@ finishes on its own, and gives the same weights as a run resumed by hand.
   one a run stopped at step 3 leaves). The final actor weights and optimizer state are
   bit-identical, and so is every metric of steps 3-8 (wall-clock timings aside); with
   synchronous training and with ``async.max_staleness=1`` under each ``async.on_resume``.
-* The `rl` command: ``examples/grpo_tiny.yaml`` with 8 steps; a training worker process is
-  killed with ``kill -9`` after step 3 is logged; the command exits 0, steps 1-8 each
-  appear once in ``metrics.jsonl`` and one restart is logged.
+* The `rl` command: ``examples/grpo_tiny.yaml`` with 8 steps and its defaults (in-memory
+  snapshots every step); a training worker process is killed with ``kill -9`` during the
+  step after step 3 (or a later one) is logged; the command exits 0, steps 1-8 each appear
+  once in ``metrics.jsonl``, one restart is logged, and the first step after it logs
+  ``failover/restored_step`` = the step before it, ``failover/from_snapshot`` = 1.
+
+The in-process cases set ``trainer.snapshot_every=0``: they check the failover from disk
+checkpoints (the snapshots' exact replay is `test_failover_replay.py`'s).
 """
 
 from __future__ import annotations
@@ -37,11 +42,12 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.ray]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-WALL_CLOCK = ("timing/", "perf/", "reward/seconds", "trainer/restarts")
-FAST = [
+WALL_CLOCK = ("timing/", "perf/", "reward/seconds", "trainer/restarts", "failover/")
+FAST = [  # failover from checkpoints: no in-memory snapshots (test_failover_replay.py)
     "actor.loss.kl_loss_coef=0",
     "trainer.total_steps=8",
     "trainer.save_every=2",
+    "trainer.snapshot_every=0",
     "trainer.restart_backoff_s=0",
     "data.max_response_length=6",
 ]
@@ -135,6 +141,9 @@ def test_a_killed_training_worker_is_replaced_and_the_run_equals_a_resume(
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 9))  # step 3 once
     assert [r["trainer/restarts"] for r in rows] == [0, 0, 1, 1, 1, 1, 1, 1]
+    restored = [(r["step"], r["failover/restored_step"], r["failover/from_snapshot"],
+                 r["failover/steps_lost"]) for r in rows if "failover/restored_step" in r]  # fmt: skip
+    assert restored == [(3, 2, 0, 0)]  # from the checkpoint of step 2: no step lost
     assert elapsed < 600
 
     # by hand: a new trainer resumes from the copied step_2 checkpoint
@@ -190,7 +199,10 @@ def _descendants(root: int) -> dict[int, str]:
 
 
 def test_rl_train_survives_kill_9_of_a_training_worker(tmp_path):
-    """The issue's command, with a training worker killed by `kill -9` after step 3."""
+    """The issue's command, with a training worker killed by `kill -9` during step k (the
+    step after the one logged last, k >= 4). With the example's defaults (in-memory
+    snapshots every step) the first step after the failover logs
+    ``failover/restored_step = k-1`` and ``failover/from_snapshot = 1``: no step is lost."""
     out = tmp_path / "run"
     slow = tmp_path / "slow_reward.py"
     # a reward that takes ~0.1 s per sample: steps last long enough to kill one mid-run
@@ -207,7 +219,6 @@ def test_rl_train_survives_kill_9_of_a_training_worker(tmp_path):
         "train",
         str(REPO / "examples" / "grpo_tiny.yaml"),
         "trainer.total_steps=8",
-        "trainer.save_every=2",
         f"trainer.output_dir={out}",
         "trainer.restart_backoff_s=0",
         f"reward.function_path={slow}",
@@ -215,19 +226,21 @@ def test_rl_train_survives_kill_9_of_a_training_worker(tmp_path):
     proc = subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    killed = None
+    killed = logged = None
     try:
         deadline = time.monotonic() + 600
         jsonl = out / "metrics.jsonl"
         while killed is None and proc.poll() is None and time.monotonic() < deadline:
             steps = [r["step"] for r in read_jsonl(jsonl)] if jsonl.is_file() else []
             if 3 in steps:
+                time.sleep(1.0)  # into the next step: its snapshot has long been sent
                 workers = sorted(
                     pid
                     for pid, cmd in _descendants(proc.pid).items()
                     if cmd.startswith("ray::RayWorkerHost")
                 )
                 assert len(workers) == 2, _descendants(proc.pid)
+                logged = max(r["step"] for r in read_jsonl(jsonl))
                 os.kill(workers[-1], signal.SIGKILL)
                 killed = workers[-1]
             time.sleep(0.05)
@@ -242,9 +255,12 @@ def test_rl_train_survives_kill_9_of_a_training_worker(tmp_path):
     assert [r["step"] for r in rows if r["step"] > 0] == list(range(1, 9)), stderr[-3000:]
     restarts = [line for line in stderr.splitlines() if "failover 1/2: group 'actor'" in line]
     assert len(restarts) == 1, stderr[-4000:]
-    assert "died during" in restarts[0] and "resumed from step 2" in restarts[0]
+    assert "died during" in restarts[0], restarts[0]
+    assert f"resumed from step {logged} (the in-memory snapshot of step {logged})" in restarts[0]
     assert "failover 2/2" not in stderr
-    assert rows[-1]["trainer/restarts"] == 1
+    first = next(r for r in rows if r["step"] == logged + 1)  # step k, replayed
+    assert first["failover/restored_step"] == logged and first["failover/from_snapshot"] == 1
+    assert first["failover/steps_lost"] == 0 and rows[-1]["trainer/restarts"] == 1
 
 
 def test_past_max_restarts_the_run_stops_with_the_named_error(ray_cluster, raw_config, tmp_path):
@@ -285,6 +301,7 @@ def test_split_rollout_replicas_lost_mid_generation_and_mid_sync_are_replaced(
             *FAST,
             "trainer.total_steps=3",
             "trainer.save_every=0",
+            "trainer.snapshot_every=1",  # the trainer's failover stays armed: it must not fire
             "rollout.placement=split",
             "rollout.num_replicas=2",
             "trainer.cpus_per_worker=0.5",

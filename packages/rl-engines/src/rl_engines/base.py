@@ -14,10 +14,12 @@ forward/backward, the gradient norm, how shards are saved and loaded, and ``_mov
 from __future__ import annotations
 
 import math
+import random
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -33,6 +35,7 @@ from rl_core.engine import (
     check_outputs,
     local_micro_batch_count,
 )
+from rl_core.engine.snapshot import SnapshotView
 from rl_core.protocol import DataProto
 from rl_engines.checkpointing import rng_state, set_rng_state
 from rl_engines.distributed import (
@@ -89,6 +92,12 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 value.zero_()
 
 
+def _local(tensor: Tensor) -> Tensor:
+    """This rank's part of a tensor (a DTensor's local shard), detached."""
+    to_local = getattr(tensor, "to_local", None)
+    return (to_local() if to_local is not None else tensor).detach()
+
+
 class EngineBase(TrainEngine):
     """Process group, device, step counter, optimizer and offload state of an engine.
 
@@ -102,6 +111,7 @@ class EngineBase(TrainEngine):
     """
 
     engine_name: ClassVar[str]  # the checkpoint's ``meta.json`` "engine"
+    supports_snapshots: ClassVar[bool] = True  # `snapshot_view` / `restore_snapshot`
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
@@ -118,6 +128,15 @@ class EngineBase(TrainEngine):
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._step = 0
         self._offloaded = False
+
+    def _seed_rngs(self) -> None:
+        """Seed this process's torch, NumPy and Python RNGs with ``seed + rank`` (the end
+        of ``__init__``): a run with the same seed draws the same numbers, and its RNG
+        states (in checkpoints and snapshots) are the same."""
+        seed = self.config.seed + self.rank
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
 
     def _prepare_platform(self) -> None:
         """Hook run after the device type is known and before the process group exists."""
@@ -339,6 +358,79 @@ class EngineBase(TrainEngine):
         self.scheduler.load_state_dict(state["scheduler"])
         if "rng" in state:
             set_rng_state(state["rng"])
+
+    # ---- in-memory snapshots ----------------------------------------------------------
+    def _snapshot_params(self) -> list[tuple[str, Tensor]]:
+        """(name, tensor) of the parameters this rank trains, as the optimizer steps them
+        (sharded tensors are fine: their local shard is taken)."""
+        raise NotImplementedError(f"{type(self).__name__} does not name its snapshot parameters")
+
+    def _after_snapshot_restore(self) -> None:
+        """Hook run after `restore_snapshot` wrote the tensors (e.g. main weights into the
+        model)."""
+
+    def _snapshot_tensors(self) -> dict[str, Tensor]:
+        """This rank's live training tensors by name: the trainable parameters' local
+        shards, then per optimizer parameter its state (and the parameter itself when it
+        is a copy of its own, e.g. fp32 main weights kept apart from the model's)."""
+        init_optimizer_state(self.optimizer)  # the state a first step makes, made now
+        tensors: dict[str, Tensor] = {}
+        storages: set[int] = set()
+
+        def add(name: str, tensor: Tensor) -> None:
+            local = _local(tensor)
+            tensors[name] = local
+            storages.add(local.untyped_storage().data_ptr())
+
+        for name, param in self._snapshot_params():
+            add(f"param.{name}", param)
+        for g, group in enumerate(self.optimizer.param_groups):
+            for i, param in enumerate(group["params"]):
+                if _local(param).untyped_storage().data_ptr() not in storages:
+                    add(f"optim.{g}.{i}.param", param)
+                for key, value in sorted(self.optimizer.state.get(param, {}).items()):
+                    if isinstance(value, Tensor):
+                        add(f"optim.{g}.{i}.{key}", value)
+        return tensors
+
+    def snapshot_view(self) -> SnapshotView:
+        self._require_onloaded("snapshot_view")
+        self._require_trainable("snapshot_view")
+        tensors = self._snapshot_tensors()
+        state = self._train_state()
+        state["param_groups"] = [
+            {k: v for k, v in group.items() if k != "params"}
+            for group in self.optimizer.param_groups
+        ]
+        return SnapshotView(state, tensors)
+
+    def restore_snapshot(self, state: dict[str, Any], tensors: Mapping[str, Tensor]) -> None:
+        self._require_onloaded("restore_snapshot")
+        self._require_trainable("restore_snapshot")
+        live = self._snapshot_tensors()
+        for name, target in live.items():
+            given = tensors.get(name)
+            if given is None or given.shape != target.shape or given.dtype != target.dtype:
+                found = "missing" if given is None else f"{given.dtype} {tuple(given.shape)}"
+                raise ValueError(
+                    f"rank {self.rank}: snapshot tensor {name!r} is {found}; expected "
+                    f"{target.dtype} {tuple(target.shape)} (a snapshot of another model or "
+                    "layout)"
+                )
+        extra = sorted(set(tensors) - set(live))
+        if extra:
+            raise ValueError(
+                f"rank {self.rank}: snapshot tensors {extra[:3]} are not this engine's"
+            )
+        with torch.no_grad():
+            for name, target in live.items():
+                target.copy_(tensors[name])
+        for group, saved in zip(self.optimizer.param_groups, state["param_groups"], strict=True):
+            group.update(saved)
+        self._step = int(state["step"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self._after_snapshot_restore()
 
     # ---- memory -------------------------------------------------------------------
     def offload(self) -> None:

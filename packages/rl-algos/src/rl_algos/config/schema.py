@@ -583,14 +583,17 @@ class TrainerConfig:
     (else a lost worker would send the run back to step 0: refused)."""
     snapshot_every: int = 1
     """In-memory snapshots (Ray backend): after every this many steps each training rank
-    copies its shard of the weights, optimizer state and RNG state to host memory in the
-    background and hands it to a holder process outside its worker group; the driver keeps
-    its own state (data loader and sampler, KL controller, step, untrained async batches).
-    Failover restores the newest complete snapshot, so a lost worker costs at most the
-    step in flight, replayed exactly. Host memory: about 2x the training state of every
-    trained role in the holders (the newest complete snapshot and the one being written)
-    plus 1x in each rank's staging buffer: per rank (params + optimizer state) / ranks;
-    for AdamW in fp32, 12 bytes per parameter, e.g. 84 GB for a 7B model per copy. 0: off."""
+    copies its shard of the trained weights, optimizer state, LR schedule and RNG states to
+    host memory, in the background, and sends it to a holder process outside its worker
+    group (one per node, no CPU reserved); the driver keeps its own state (data loader and
+    sampler, KL controller, step, untrained async batches). Failover restores the newest
+    complete snapshot, so a lost worker costs the step in flight, replayed exactly. Host
+    memory: one copy is each rank's shard of the trained parameters and their optimizer
+    state (AdamW with fp32 weights: 12 bytes per trained parameter, e.g. 84 GB for a 7B
+    model, split over its FSDP ranks; megatron ranks hold their TP/PP shard of the weights
+    whole and 1/DP of the optimizer state); the holders keep 2 copies (the newest complete
+    and the next), each rank 1 staging copy (page-locked on accelerators) and a send passes
+    through Ray's object store (1 more, freed at once): about 3-4 copies in all. 0: off."""
     restart_backoff_s: float = 2.0
     """Wait before the first rebuild; doubled for each further one."""
     heartbeat_timeout_s: float = 60.0

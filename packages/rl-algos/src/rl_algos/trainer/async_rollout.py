@@ -12,8 +12,11 @@ each batch itself).
 ``staleness``), the share of partial rollouts and the importance-ratio statistics of the
 trainer's (proximal) log-probs against the rollout's (behaviour) log-probs.
 
-Checkpoints: `snapshot` pauses the producer between batches and returns the batches that
-were generated but not trained; `save_batches` / `load_batches` store them without pickle
+Checkpoints: `paused` pauses the producer between batches and yields the batches that
+were generated but not trained. In-memory snapshots (`rl_algos.trainer.snapshots`) must
+not wait for a batch being generated: `snapshot` copies the untrained batches and gives the
+data source's state from before the batch in flight (``source_state`` at its start), so a
+restore generates that batch again from the same prompts; `save_batches` / `load_batches` store them without pickle
 (tensors through ``torch.save`` of plain tensors, the rest as JSON), so a checkpoint file
 can never run code when it is read.
 """
@@ -21,6 +24,7 @@ can never run code when it is read.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import threading
 from collections import deque
@@ -43,7 +47,9 @@ __all__ = [
 
 class AsyncRolloutBuffer:
     """Batches from ``produce(index)`` (run in a daemon thread) to `get`, at most
-    ``max_staleness`` policy versions ahead of ``version()`` (see the module docstring)."""
+    ``max_staleness`` policy versions ahead of ``version()`` (see the module docstring).
+    ``source_state``: the state of the data source ``produce`` draws from (for
+    `snapshot`), read as each batch starts."""
 
     def __init__(
         self,
@@ -52,6 +58,7 @@ class AsyncRolloutBuffer:
         max_staleness: int,
         started: int = 0,
         timeout_s: float = 3600.0,
+        source_state: Callable[[], Any] | None = None,
     ) -> None:
         if max_staleness < 1:
             raise ValueError(f"max_staleness={max_staleness}: the buffer is for >= 1 (async)")
@@ -67,6 +74,8 @@ class AsyncRolloutBuffer:
         self._stop = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._source_state = source_state
+        self._inflight_source: Any = None  # the source's state as the batch in flight began
 
     def restore(self, batches: list[DataProto]) -> None:
         """Put back batches saved by a checkpoint (before the first `get`)."""
@@ -87,6 +96,8 @@ class AsyncRolloutBuffer:
                 index = self.started
                 self.started += 1
                 self._busy = True
+                if self._source_state is not None:
+                    self._inflight_source = copy.deepcopy(self._source_state())
             try:
                 batch = self._produce(index)
             except BaseException as exc:  # reported to the trainer by `get`
@@ -119,6 +130,17 @@ class AsyncRolloutBuffer:
                     f"policy version {self._version()}, max_staleness {self.max_staleness})"
                 )
             raise AssertionError("unreachable")
+
+    def snapshot(self) -> tuple[list[DataProto], Any]:
+        """Without waiting: copies of the untrained batches, and the data source's state
+        from which the batches after them are drawn (before the batch in flight's prompts
+        when one is being generated: a restore generates it again)."""
+        if self._source_state is None:
+            raise RuntimeError("AsyncRolloutBuffer.snapshot needs the source_state callable")
+        with self._cond:
+            ready = copy.deepcopy(list(self._ready))
+            source = self._inflight_source if self._busy else self._source_state()
+            return ready, copy.deepcopy(source)
 
     def version_changed(self) -> None:
         """Call after a weight sync: the producer may start the next batch."""

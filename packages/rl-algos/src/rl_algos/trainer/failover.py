@@ -9,13 +9,16 @@ the call's time-out (`WorkerTimeoutError`). The trainer then (`RLTrainer._recove
 2. waits the back-off (``trainer.restart_backoff_s``, doubled for each further restart);
 3. builds the group again on the same placement (new processes, same resources,
    torch.distributed formed again) and initialises the models;
-4. restores the newest intact checkpoint into every group (or the initial state when there
-   is none yet), rewinds the metrics log to that step, and continues.
+4. restores the newest complete in-memory snapshot (`rl_algos.trainer.snapshots`: the last
+   step, replayed exactly), else the newest intact checkpoint when it is newer or there is
+   no snapshot, else the initial state, into every trained group and the driver; the
+   trackers follow the rewind (`rl_algos.trainer.tracking`), and the run continues.
 
-A failover therefore gives the same result as stopping the run and resuming it by hand
-from that checkpoint. ``trainer.max_restarts`` bounds how often; past it, the worker's own
-error ends the run. Errors raised *by* a worker's code (`WorkerError`) are bugs or bad
-input, not lost processes: they are never retried.
+A failover from a checkpoint gives the same result as stopping the run and resuming it by
+hand from that checkpoint; from a snapshot, the same as a run that was never interrupted.
+``trainer.max_restarts`` bounds how often; past it, the worker's own error ends the run.
+Errors raised *by* a worker's code (`WorkerError`) are bugs or bad input, not lost
+processes: they are never retried.
 """
 
 from __future__ import annotations

@@ -19,13 +19,15 @@ while this one trains (`rl_algos.trainer.async_rollout`): samples carry the poli
 they were generated with, and staleness and importance-ratio metrics are logged every step.
 
 A lost worker process (Ray backend) does not end the run: the group is rebuilt on the same
-placement and the run continues from the last intact checkpoint, as a resume would
-(`rl_algos.trainer.failover`; at most ``trainer.max_restarts`` times).
+placement and the run continues from the newest in-memory snapshot (`rl_algos.trainer.
+snapshots`: the last step, replayed exactly), else the newest intact checkpoint, as a
+resume would (`rl_algos.trainer.failover`; at most ``trainer.max_restarts`` times).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import time
 from dataclasses import asdict
@@ -70,6 +72,7 @@ from rl_algos.trainer.run_setup import (
     seed_everything,
     user_reward_function,
 )
+from rl_algos.trainer.snapshots import Snapshots, driver_rng_state, set_driver_rng_state
 from rl_algos.trainer.tracking import MetricsLogger, plot_metrics
 from rl_algos.trainer.validation_runs import ValidationRuns
 from rl_core.protocol import DataProto
@@ -113,6 +116,10 @@ class RLTrainer(ValidationRuns):
         self.failover = FailoverPolicy(
             config.trainer.max_restarts, config.trainer.restart_backoff_s
         )
+        self.snapshots = (
+            Snapshots(config.trainer.snapshot_every) if self._snapshots_wanted else None
+        )
+        self._failover_metrics: dict[str, float] = {}  # logged with the first step after one
         self._initial_state = {
             "dataloader": self.train_loader.state_dict(),
             "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
@@ -137,6 +144,7 @@ class RLTrainer(ValidationRuns):
 
         # Everything user input can get wrong is checked here, before Ray or a worker starts.
         check_plugins(cfg)  # engine/rollout/generator/tool names
+        self._snapshots_wanted = _snapshots_wanted(cfg)
         self._resume_from = find_resume_checkpoint(
             self.output_dir / "checkpoints", cfg.trainer.resume
         )
@@ -585,17 +593,13 @@ class RLTrainer(ValidationRuns):
         self.groups.actor.load_checkpoint(str(path / "actor"))
         if self.groups.critic is not None:
             self.groups.critic.load_checkpoint(str(path / "critic"))
-        self.train_loader.load_state_dict(state["dataloader"])
-        self._train_iter = None
-        if self.kl_ctrl is not None and state.get("kl_coef"):
-            for key, value in state["kl_coef"].items():
-                setattr(self.kl_ctrl, key, value)
-        self.global_step = int(state["global_step"])
-        # the rollout gets the loaded weights under the version they had
-        self.rollout.version = int(state.get("policy_version", self.global_step)) - 1
-        self.rollout.sync_weights()
-        self._restored = (
-            load_batches(path / ROLLOUT_BUFFER) if self.config.async_.on_resume == "keep" else []
+        step = int(state["global_step"])
+        self._apply_driver_state(
+            state["dataloader"],
+            state.get("kl_coef"),
+            step,
+            int(state.get("policy_version", step)),
+            load_batches(path / ROLLOUT_BUFFER) if self.config.async_.on_resume == "keep" else [],
         )
         if self._restored and self.config.async_.max_staleness == 0:
             raise RuntimeError(
@@ -617,6 +621,7 @@ class RLTrainer(ValidationRuns):
                 cfg.async_.max_staleness,
                 started=self.global_step,
                 timeout_s=cfg.trainer.call_timeout_s * 4,
+                source_state=self.train_loader.state_dict,
             )
             self.buffer.restore(self._restored)
         self._restored = []
@@ -686,8 +691,88 @@ class RLTrainer(ValidationRuns):
             step % cfg.trainer.save_every == 0 or step == cfg.trainer.total_steps
         ):
             self.save_checkpoint()
+        if self.snapshots is not None and self.snapshots.due(step):
+            metrics.update(self.take_snapshot())
         metrics["trainer/restarts"] = float(self.failover.restarts)
+        metrics.update(self._failover_metrics)
+        self._failover_metrics = {}
         return metrics
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _trained_groups(self) -> dict[str, Any]:
+        """The roles whose weights train (what a snapshot holds): role -> worker group."""
+        groups = {"actor": self.groups.actor}
+        if self.groups.critic is not None:
+            groups["critic"] = self.groups.critic
+        return groups
+
+    def take_snapshot(self) -> dict[str, float]:
+        """An in-memory snapshot of this step (`rl_algos.trainer.snapshots`): the trained
+        roles' ranks send theirs in the background; the driver keeps its own state.
+        Returns the snapshot metrics."""
+        if self.buffer is not None:  # what the producer has generated and not trained yet
+            pending, loader = self.buffer.snapshot()
+        else:
+            pending, loader = [], copy.deepcopy(self.train_loader.state_dict())
+        state = {
+            "global_step": self.global_step,
+            "policy_version": self.rollout.version,
+            "dataloader": loader,
+            "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
+            "rng": driver_rng_state(),
+            "pending": pending,
+        }
+        return self.snapshots.take(self.global_step, self._trained_groups(), state)
+
+    def _newest_snapshot(self) -> int | None:
+        """The step of the newest complete snapshot (None: none, or snapshots off)."""
+        if self.snapshots is None:
+            return None
+        groups = self._trained_groups()
+        sizes = {role: group.world_size for role, group in groups.items()}
+
+        def alive(missing: list[tuple[str, int]]) -> bool:
+            for role in {role for role, _ in missing}:
+                bad = groups[role].check_health(2.0)
+                if any(rank in bad for r, rank in missing if r == role):
+                    return False
+            return True
+
+        return self.snapshots.newest_complete(sizes, alive)
+
+    def _restore_snapshot(self, step: int) -> None:
+        """Snapshot `step` into every trained role's ranks and the driver."""
+        self.snapshots.restore(step, self._trained_groups())
+        state = self.snapshots.driver_state(step)
+        set_driver_rng_state(state["rng"])
+        self._apply_driver_state(
+            state["dataloader"],
+            state["kl_coef"],
+            state["global_step"],
+            state["policy_version"],
+            state["pending"],
+        )
+
+    def _apply_driver_state(
+        self,
+        loader: dict[str, Any],
+        kl_coef: dict[str, float] | None,
+        step: int,
+        policy_version: int,
+        pending: list[DataProto],
+    ) -> None:
+        """The driver's side of a restore (checkpoint, snapshot or the initial state); the
+        rollout gets the restored weights under the version they had."""
+        self.train_loader.load_state_dict(loader)
+        self._train_iter = None
+        if self.kl_ctrl is not None and kl_coef:
+            for key, value in kl_coef.items():
+                setattr(self.kl_ctrl, key, value)
+        self.global_step = step
+        self.rollout.version = policy_version - 1
+        self.rollout.sync_weights()
+        self._restored = pending
 
     # ------------------------------------------------------------------ failover
 
@@ -713,9 +798,14 @@ class RLTrainer(ValidationRuns):
         event = self.failover.admit(error)
         if event is None:
             return False
+        failed_at = self.global_step  # the last step that completed
+        snapshot = self._newest_snapshot()
         path = find_resume_checkpoint(self.output_dir / "checkpoints", "latest")
-        # without a checkpoint every group starts again from the initial weights
-        roles = self.groups.lost_processes(error.role if path is not None else None)
+        disk_step = None if path is None else int(read_state(path)["global_step"])
+        from_snapshot = snapshot is not None and (disk_step is None or snapshot >= disk_step)
+        # with nothing to restore every group starts again from the initial weights
+        keep = from_snapshot or path is not None
+        roles = self.groups.lost_processes(error.role if keep else None)
         if self.buffer is not None:
             self.buffer.stop()  # its call on a killed group fails at once
         self.groups.kill(roles)
@@ -724,34 +814,43 @@ class RLTrainer(ValidationRuns):
             self.buffer = None
         self.groups.rebuild(roles)
         self.rollout.reset_after_failover()
-        seed_everything(cfg.trainer.seed)  # as a resumed process would
-        if path is not None:
-            self._load_checkpoint(path)
+        if from_snapshot:
+            self._restore_snapshot(snapshot)
         else:
-            self._load_initial_state()
+            seed_everything(cfg.trainer.seed)  # as a resumed process would
+            if path is not None:
+                self._load_checkpoint(path)
+            else:
+                self._load_initial_state()
+        if self.snapshots is not None:
+            self.snapshots.forget_after(self.global_step)
         self._start_buffer()
         event.resumed_step = self.global_step
-        event.restored_from = None if path is None else str(path)
+        event.restored_from = (
+            f"the in-memory snapshot of step {snapshot}"
+            if from_snapshot
+            else (None if path is None else str(path))
+        )
         event.rebuilt_at = time.monotonic()
         self.failover.log_restart(event)
+        self._failover_metrics = {
+            "failover/restored_step": float(self.global_step),
+            "failover/from_snapshot": float(from_snapshot),
+            "failover/steps_lost": float(failed_at - self.global_step),
+        }
         return True
 
     def _load_initial_state(self) -> None:
         """The state of a fresh run (failover before the first checkpoint): the rebuilt
         workers hold the initial weights; the driver's state goes back to step 0."""
-        self.train_loader.load_state_dict(self._initial_state["dataloader"])
-        self._train_iter = None
-        if self.kl_ctrl is not None and self._initial_state["kl_coef"]:
-            for key, value in self._initial_state["kl_coef"].items():
-                setattr(self.kl_ctrl, key, value)
-        self.global_step = 0
-        self.rollout.version = -1
-        self.rollout.sync_weights()  # version 0: the initial weights everywhere
-        self._restored = []
+        initial = self._initial_state
+        self._apply_driver_state(initial["dataloader"], initial["kl_coef"], 0, 0, [])
 
     def close(self) -> None:
         if self.buffer is not None:
             self.buffer.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         if self.reward is not None:
             self.reward.close()
         if self.judge is not None:
@@ -780,6 +879,41 @@ def _check_resumed_total(state: dict[str, Any], step: int, trainer: Any) -> None
             step,
             trainer.total_steps,
         )
+
+
+def _snapshots_wanted(cfg: Any) -> bool:
+    """In-memory snapshots are taken with ``trainer.snapshot_every`` > 0 on the Ray backend
+    (the local one has no failover) when every trained role's engine supports them; a
+    run that would then fail over to nothing newer than its initial weights is refused."""
+    from rl_core.engine import ENGINES
+
+    trainer = cfg.trainer
+    if trainer.backend != "ray" or not trainer.snapshot_every:
+        return False
+    engines = {"actor.engine": cfg.actor.engine}
+    if cfg.uses_critic:
+        engines["critic.engine"] = cfg.critic.engine
+    lacking = {k: v for k, v in engines.items() if not ENGINES.get(v).supports_snapshots}
+    if not lacking:
+        return True
+    key, name = next(iter(lacking.items()))
+    if trainer.max_restarts and not trainer.save_every:
+        raise ConfigError(
+            "trainer.snapshot_every",
+            f"0 with {key}={name!r}, whose engine has no in-memory snapshots "
+            "(TrainEngine.supports_snapshots), and then trainer.save_every >= 1 or "
+            "trainer.max_restarts=0 (a lost worker would send the run back to step 0)",
+            value=trainer.snapshot_every,
+        )
+    log.warning(
+        "trainer.snapshot_every=%d: %s=%r has no in-memory snapshots; failover restores "
+        "the newest checkpoint (trainer.save_every=%d)",
+        trainer.snapshot_every,
+        key,
+        name,
+        trainer.save_every,
+    )
+    return False
 
 
 def _progress(total: int, initial: int, enabled: bool) -> Any:

@@ -18,6 +18,7 @@ so this module never imports a sibling package. Configs arrive typed
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Any
@@ -26,6 +27,7 @@ import torch
 
 from rl_algos.distill import TEACHER_LOG_PROB, make_distill_loss_fn
 from rl_algos.losses import make_actor_loss_fn, make_critic_loss_fn
+from rl_algos.trainer.snapshots import RankSnapshots
 from rl_algos.trainer.worker_config import (
     ActorWorkerConfig,
     CriticWorkerConfig,
@@ -118,10 +120,12 @@ class _TrainedRole(Worker):
         super().__init__()
         self.config = config
         self.engine: TrainEngine | None = None
+        self._snapshots = RankSnapshots()
 
     def _update(
         self, batch: DataProto, loss_fn: Any, outputs: tuple[str, ...] | None = None
     ) -> DataProto:
+        self._snapshots.wait()  # the last snapshot is copied and sent before weights change
         cfg = self.config
         step = int(batch.meta_info.get("global_step", 0))
         metrics = _train_epochs(
@@ -156,11 +160,29 @@ class _TrainedRole(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
+        self._snapshots.wait()
         self.engine.save(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
+        self._snapshots.wait()
         self.engine.load(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def begin_snapshot(self, step: int, target: Any, role: str) -> dict[str, Any]:
+        """Snapshot this rank's training state of `step` to `target` (a
+        `rl_core.single_controller.ray.snapshots.SnapshotTarget`) in the background
+        (`rl_algos.trainer.snapshots`); returns at once with the host bytes and how the
+        previous snapshot went. Non-blocking: the driver does not wait for it (it runs
+        before the rank's next call of the driver, e.g. the next update)."""
+        send = functools.partial(target.send, role, self.rank, self.node_id)
+        return self._snapshots.begin(self.engine, step, send)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def restore_snapshot(self, step: int, target: Any, role: str) -> None:
+        """Load this rank's part of snapshot `step` from the holders of `target`."""
+        meta, data = target.fetch(role, self.rank, step)
+        self._snapshots.restore(self.engine, meta, data)
 
 
 class ActorRolloutWorker(_TrainedRole):

@@ -37,6 +37,7 @@ from rl_core.engine.functional import (
     token_log_probs_and_entropy,
 )
 from rl_core.engine.models import MODEL_BUILDERS, RLModel
+from rl_core.engine.snapshot import HostSnapshot, SnapshotView
 from rl_core.engine.weight_buckets import (
     DEFAULT_BUCKET_BYTES,
     iter_layer_buckets,
@@ -52,6 +53,7 @@ __all__ = [
     "OUTPUT_KINDS",
     "TRAIN_KEYS",
     "EngineConfig",
+    "HostSnapshot",
     "LoRAConfig",
     "LossContext",
     "LossFn",
@@ -60,6 +62,7 @@ __all__ = [
     "OptimizerConfig",
     "ParallelConfig",
     "RLModel",
+    "SnapshotView",
     "TrainEngine",
     "build_engine",
     "check_batch",

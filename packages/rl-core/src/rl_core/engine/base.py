@@ -33,7 +33,7 @@ Where tensors live (the device contract; the conformance suite checks it):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -48,6 +48,7 @@ from rl_core.engine.functional import (
     partition_by_count,
     partition_by_token_budget,
 )
+from rl_core.engine.snapshot import SnapshotView
 from rl_core.registry import Registry
 
 if TYPE_CHECKING:
@@ -117,6 +118,10 @@ class TrainEngine(ABC):
     #: The dataclass of this engine's own options (``EngineConfig.engine_kwargs``), built
     #: by `parse_options`; None: the engine reads them itself (not checked ahead).
     options_class: ClassVar[type | None] = None
+    #: Whether `snapshot_view` and `restore_snapshot` are implemented: in-memory snapshots
+    #: of this rank's training state (`rl_core.engine.snapshot`), which a trainer's failover
+    #: restores instead of a checkpoint.
+    supports_snapshots: ClassVar[bool] = False
 
     @classmethod
     def parse_options(cls, config: EngineConfig) -> Any:
@@ -199,6 +204,28 @@ class TrainEngine(ABC):
     @abstractmethod
     def load(self, path: str) -> None:
         """Restore a checkpoint written by `save`; training then continues bit-exactly."""
+
+    def snapshot_view(self) -> SnapshotView:
+        """This rank's training state for an in-memory snapshot (collective-free, cheap):
+        ``state`` (picklable values: optimizer step count, LR schedule, RNG states,
+        optimizer hyper-parameters) and ``tensors`` (name -> this rank's live shards of the
+        trainable parameters and optimizer state, not copies: copy them before the next
+        `train_batch`, `load` or `restore_snapshot`). Engines that set
+        ``supports_snapshots`` implement it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support in-memory snapshots "
+            "(TrainEngine.supports_snapshots is False)"
+        )
+
+    def restore_snapshot(self, state: dict[str, Any], tensors: Mapping[str, Tensor]) -> None:
+        """Restore what `snapshot_view` gave on this rank (``tensors``: copies, on any
+        device, under the same names and shapes) into an engine built from the same config
+        and layout; training then continues bit-exactly. A name, shape or dtype that does
+        not fit raises ValueError naming it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support in-memory snapshots "
+            "(TrainEngine.supports_snapshots is False)"
+        )
 
     @abstractmethod
     def offload(self) -> None:

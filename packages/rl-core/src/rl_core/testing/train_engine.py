@@ -15,7 +15,8 @@ embeddings and Llama; override ``model_type``). Checks: training metrics and the
 loss against a float64 single-process Hugging Face reference (so the loss contract holds
 for any DP size); log-probs, entropy and values against that reference; micro-batching
 and token-budget batching give the same update as one big batch; save/load resumes
-bit-exactly; exported weights load into a fresh Hugging Face model and reproduce the
+bit-exactly; an in-memory snapshot (engines with ``supports_snapshots``) restores
+bit-exactly, into the same engine and a fresh one; exported weights load into a fresh Hugging Face model and reproduce the
 engine's log-probs; offload/onload changes nothing; bad input and NaN losses fail clearly;
 the device contract (the loss sees every tensor on ``engine.device``, `infer_batch`
 returns CPU tensors; the reference losses use the batch exactly as given, so an engine
@@ -380,6 +381,55 @@ def check_save_load(spec: dict[str, Any]) -> None:
         third.close()
 
 
+def check_snapshot(spec: dict[str, Any]) -> None:
+    """In-memory snapshots (engines with ``supports_snapshots``; others skip): the host copy
+    of the state after 2 steps stays put while training goes on, restores into the same
+    engine and into a fresh one, and both then train the next 2 steps bit-exactly like
+    the original; a snapshot that does not fit is refused naming the tensor."""
+    from rl_core.engine import ENGINES, HostSnapshot
+
+    if not getattr(ENGINES.get(spec["engine"]), "supports_snapshots", False):
+        return
+    optim = {"lr_schedule": "cosine", "warmup_steps": 2, "total_steps": 6, "min_lr_ratio": 0.1}
+    cfg = engine_config(spec["model_dir"], spec["options"], optim=optim)
+    batches = [make_rl_batch(seed=s) for s in range(4)]
+    first = build_engine(spec["engine"], cfg)
+    for b in batches[:2]:
+        first.train_batch(_shard(b, first), pg_loss)
+    host = HostSnapshot()
+    host.capture(first.snapshot_view())
+    host.wait_copied()
+    before = {name: t.clone() for name, t in host.tensors().items()}
+    assert before and host.nbytes >= sum(t.numel() * t.element_size() for t in before.values())
+
+    def train_rest(engine: TrainEngine) -> tuple[list[dict[str, float]], dict[str, Any]]:
+        torch.manual_seed(1234)  # a loss with dropout would draw from the restored RNG
+        metrics = [engine.train_batch(_shard(b, engine), pg_loss) for b in batches[2:]]
+        return metrics, _weights(engine)
+
+    expected, expected_w = train_rest(first)
+    for name, tensor in host.tensors().items():  # a copy, not the live tensors
+        assert torch.equal(tensor, before[name]), f"the host copy of {name} changed"
+    first.restore_snapshot(copy.deepcopy(host.state), host.tensors())
+    assert first.global_step == 2
+    again = [train_rest(first)]
+    first.close()
+    second = build_engine(spec["engine"], cfg)
+    second.restore_snapshot(copy.deepcopy(host.state), before)
+    assert second.global_step == 2
+    for metrics, weights in [*again, train_rest(second)]:
+        for m1, m2 in zip(expected, metrics):
+            for key in m1:
+                assert m1[key] == m2[key], (key, m1[key], m2[key])
+        for name in expected_w:
+            assert torch.equal(expected_w[name], weights[name]), name
+    name = next(iter(before))
+    bad = {**before, name: before[name].reshape(-1)[:1]}
+    with pytest.raises(ValueError, match=re.escape(name)):
+        second.restore_snapshot(copy.deepcopy(host.state), bad)
+    second.close()
+
+
 def check_export(spec: dict[str, Any]) -> None:
     engine = build_engine(spec["engine"], engine_config(spec["model_dir"], spec["options"]))
     batch = make_rl_batch()
@@ -618,6 +668,7 @@ CHECKS = {
     "infer_matches_hf": check_infer_matches_hf,
     "micro_batching": check_micro_batching,
     "save_load": check_save_load,
+    "snapshot": check_snapshot,
     "export": check_export,
     "offload": check_offload,
     "bad_input": check_bad_input,

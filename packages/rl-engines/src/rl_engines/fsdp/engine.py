@@ -217,7 +217,7 @@ class FSDPEngine(EngineBase):
             coeff = getattr(self.hf_config.get_text_config(), "router_aux_loss_coef", 0.0)
         self.moe_aux_loss_coeff = float(coeff or 0.0)
         self._build_optimizer([p for p in self.model.parameters() if p.requires_grad])
-        torch.manual_seed(config.seed + self.rank)
+        self._seed_rngs()
 
     def _resolve_share_prompts(self, attention: str) -> str | None:
         """The attention kernel to build shared-prompt masks for, or None (off)."""
@@ -467,6 +467,16 @@ class FSDPEngine(EngineBase):
         init_optimizer_state(self.optimizer)
         state, meta = load_checkpoint(path, self.model, self.optimizer)
         self._restore_train_state(path, state, meta)
+
+    # ---- in-memory snapshots ----------------------------------------------------------
+    def _snapshot_params(self) -> list[tuple[str, Tensor]]:
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def restore_snapshot(self, state: dict[str, Any], tensors: Any) -> None:
+        for module in self.model.modules():  # no gathered copy outlives the new shards
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        super().restore_snapshot(state, tensors)
 
     # ---- memory -------------------------------------------------------------------
     def _move(self, device: torch.device | str) -> None:

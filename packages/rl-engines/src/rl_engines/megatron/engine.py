@@ -181,7 +181,7 @@ class MegatronEngine(EngineBase):
             self.router_stats = RouterStats(self.arch.num_layers, self.arch.num_experts)
             install_router_probes(self.chunks, self.router_stats)
         self.router_replay = self._build_router_replay(config)
-        torch.manual_seed(config.seed + self.rank)
+        self._seed_rngs()
 
     def _build_router_replay(self, config: EngineConfig) -> MegatronRouterReplay | None:
         """Router replay (`EngineConfig.router_replay`): refused for a dense model and for
@@ -687,6 +687,13 @@ class MegatronEngine(EngineBase):
         if self.main_params is not None:
             self.main_params.copy_main_to_model()
         self._restore_train_state(path, state, meta)
+
+    # ---- in-memory snapshots ----------------------------------------------------------
+    def _snapshot_params(self) -> list[tuple[str, Tensor]]:
+        return [(str(i), p) for i, p in enumerate(self.params)]  # the (fp32) main weights
+
+    def _after_snapshot_restore(self) -> None:
+        self.main_params.copy_main_to_model()
 
     # ---- memory -------------------------------------------------------------------
     def _move(self, device: torch.device | str) -> None:

@@ -1,0 +1,207 @@
+"""In-memory snapshots: failover that loses at most the step in flight.
+
+After every ``trainer.snapshot_every`` steps (Ray backend) the trainer takes a snapshot:
+
+* every rank of every trained role (actor, critic) captures its engine's state
+  (`TrainEngine.snapshot_view`: its shards of the trainable weights and the optimizer
+  state, the LR schedule and step, the process's RNG states) into a host buffer and
+  sends it, from a background thread, to a holder process outside its worker group
+  (`rl_core.single_controller.ray.snapshots`). The call returns at once: the copy runs
+  while the next step generates, and the rank's next update (or load) waits for it to
+  finish first (`RankSnapshots.wait`), so the copy is of the step's state, never a later
+  one, and it is complete in the holder before that state changes;
+* the driver keeps its own state of that step: the data loader (with its sampler or
+  curriculum), the KL controller, the step and policy version, its RNG states, and with
+  async training the generated-but-untrained batches and the loader position of the batch
+  being generated (`AsyncRolloutBuffer.snapshot`).
+
+A snapshot is complete when the driver kept its state and the holders hold every rank's
+part. Failover (`RLTrainer._recover`) restores the newest complete snapshot, unless a
+disk checkpoint is newer, else the newest intact checkpoint, else the initial weights;
+the step in flight is then replayed with the same data, seeds and RNG streams, so the run
+ends bit-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl_core.engine import HostSnapshot, TrainEngine
+from rl_core.engine.snapshot import layout_from, unpack
+
+__all__ = ["RankSnapshots", "Snapshots", "driver_rng_state", "set_driver_rng_state"]
+
+log = logging.getLogger(__name__)
+
+# how long failover waits for the newest snapshot of ranks that are alive to arrive
+SETTLE_S = 10.0
+
+
+class RankSnapshots:
+    """One rank's side (module docstring): capture now, copy and send in the background."""
+
+    def __init__(self) -> None:
+        self.host = HostSnapshot()
+        self._thread: threading.Thread | None = None
+        self._last: dict[str, Any] = {}
+
+    def begin(
+        self, engine: TrainEngine, step: int, send: Callable[[int, dict[str, Any], Any], Any]
+    ) -> dict[str, Any]:
+        """Capture `engine`'s state of `step` and send it with ``send(step, meta, data)``
+        from a background thread. Returns how the previous snapshot went: its host bytes
+        and seconds to capture, copy and send (or its error); empty for the first."""
+        start = time.perf_counter()
+        self.wait()
+        previous, self._last = self._last, {}
+        self.host.capture(engine.snapshot_view())
+        captured = time.perf_counter() - start
+        self._thread = threading.Thread(
+            target=self._send, args=(step, send, captured), name=f"snapshot-{step}", daemon=True
+        )
+        self._thread.start()
+        return previous
+
+    def _send(
+        self, step: int, send: Callable[[int, dict[str, Any], Any], Any], captured: float
+    ) -> None:
+        start = time.perf_counter()
+        try:
+            self.host.wait_copied()
+            copied = time.perf_counter()
+            meta = {"state": self.host.state, "layout": self.host.describe()}
+            send(step, meta, self.host.buffer.numpy())
+            self._last = {
+                "host_bytes": self.host.nbytes,
+                "capture_s": captured,
+                "copy_s": copied - start,
+                "send_s": time.perf_counter() - copied,
+            }
+        except BaseException as exc:  # reported by the next `begin`
+            self._last = {"error": f"{type(exc).__name__}: {exc}"}
+
+    def wait(self) -> None:
+        """Return once the snapshot in flight (if any) is copied and sent."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def restore(self, engine: TrainEngine, meta: dict[str, Any], data: Any) -> None:
+        """Write a snapshot fetched from a holder into `engine`."""
+        self.wait()
+        with warnings.catch_warnings():  # the holder's read-only buffer is only read
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            buffer = torch.from_numpy(np.asarray(data))
+        engine.restore_snapshot(meta["state"], unpack(layout_from(meta["layout"]), buffer))
+
+
+def driver_rng_state() -> dict[str, Any]:
+    """The driver's RNG states (Python, NumPy, torch)."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_driver_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+class Snapshots:
+    """The trainer's side (module docstring): takes snapshots, finds the newest complete
+    one, restores it into the trained roles' workers and hands back the driver's state."""
+
+    def __init__(self, every: int) -> None:
+        from rl_core.single_controller.ray.snapshots import SnapshotStore
+
+        self.every = every
+        self.store = SnapshotStore()
+        self._driver: dict[int, dict[str, Any]] = {}
+        self._calls: list[Any] = []  # the futures of the last snapshot's worker calls
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def take(
+        self, step: int, groups: Mapping[str, Any], driver_state: dict[str, Any]
+    ) -> dict[str, float]:
+        """Snapshot `step`: every trained role's ranks (``groups``: role -> worker group)
+        send theirs in the background (the calls do not block the driver); the driver
+        keeps `driver_state`. Returns metrics: the seconds this held the step up and, of an
+        earlier snapshot (the ranks report it with the next one), the host bytes of one
+        copy and the seconds the slowest rank spent on it (capture, copy and send; off the
+        step's critical path but for the capture)."""
+        start = time.perf_counter()
+        nodes = [info.node_id for g in groups.values() for info in g.worker_infos]
+        target = self.store.target(nodes)
+        previous, self._calls = self._calls, []
+        self._calls = [g.begin_snapshot(step, target, role) for role, g in groups.items()]
+        self._driver[step] = driver_state
+        for old in sorted(self._driver)[:-2]:  # the holders keep two per rank: so do we
+            del self._driver[old]
+        metrics = {"timing/snapshot_s": time.perf_counter() - start}
+        reports = [r for call in previous for r in call.result()]
+        errors = [r["error"] for r in reports if "error" in r]
+        if errors:
+            log.warning("snapshot: a rank's snapshot failed: %s", errors[0])
+        done = [r for r in reports if "host_bytes" in r]
+        if done:
+            metrics["perf/snapshot_host_bytes"] = float(sum(r["host_bytes"] for r in done))
+            metrics["timing/snapshot_background_s"] = max(
+                r["capture_s"] + r["copy_s"] + r["send_s"] for r in done
+            )
+        return metrics
+
+    def newest_complete(
+        self, world_sizes: Mapping[str, int], alive: Callable[[list[tuple[str, int]]], bool]
+    ) -> int | None:
+        """The newest step whose snapshot is complete: the driver kept its state and the
+        holders have every rank's part (``world_sizes``: role -> ranks). When the newest
+        one lacks parts of ranks that are still alive (``alive(missing)``: they are sending
+        it), waits up to `SETTLE_S` for them; otherwise falls back to the one before."""
+        self._calls = []  # reports of a failed group: not waited for
+        deadline = time.monotonic() + SETTLE_S
+        for step in sorted(self._driver, reverse=True):
+            while True:
+                missing = self.store.missing(world_sizes, step)
+                if not missing:
+                    return step
+                if time.monotonic() > deadline or not alive(missing):
+                    break
+                time.sleep(0.2)
+        return None
+
+    def driver_state(self, step: int) -> dict[str, Any]:
+        """A copy of the driver's state of snapshot `step` (a later failover may restore
+        the same snapshot again)."""
+        return copy.deepcopy(self._driver[step])
+
+    def restore(self, step: int, groups: Mapping[str, Any]) -> None:
+        """Every rank of every trained role loads its part of snapshot `step`."""
+        nodes = [info.node_id for g in groups.values() for info in g.worker_infos]
+        target = self.store.target(nodes)
+        for role, group in groups.items():
+            group.restore_snapshot(step, target, role)
+
+    def forget_after(self, step: int) -> None:
+        """The run went back to `step`: snapshots of later steps belong to a timeline that
+        will not happen (the replay writes its own)."""
+        for later in [s for s in self._driver if s > step]:
+            del self._driver[later]
+        self.store.drop_after(step)
+
+    def close(self) -> None:
+        self.store.shutdown()
