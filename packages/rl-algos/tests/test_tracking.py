@@ -1,4 +1,5 @@
-"""Metrics tracking: the JSONL log (with resume truncation), console lines, PNG plots."""
+"""Metrics tracking: the JSONL log (with resume truncation), console lines, PNG plots, and
+the real trackers on local stores, also when a failover rewinds the run."""
 
 from __future__ import annotations
 
@@ -177,11 +178,8 @@ def _wandb_records(path):
     return records
 
 
-def test_wandb_offline_run_records_every_step(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    _log_steps(MetricsLogger(["wandb"], tmp_path, project="proj", run_name="run-w"))
+def _wandb_history(tmp_path) -> tuple[list[dict], list]:
+    """(history rows without W&B's own keys, every record) of the offline run's file."""
     (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     deadline = time.monotonic() + 60  # wandb-core finishes writing the file asynchronously
     while True:
@@ -198,8 +196,99 @@ def test_wandb_offline_run_records_every_step(tmp_path, monkeypatch):
                 i.key or "/".join(i.nested_key): json.loads(i.value_json)
                 for i in record.history.item
             }
-            step = items.pop("_step")
-            history.append(
-                {k: v for k, v in items.items() if not k.startswith("_")} | {"step": step}
-            )
-    assert history == [{**m, "step": s} for s, m in STEPS.items()]
+            history.append({k: v for k, v in items.items() if not k.startswith("_")})
+    return history, records
+
+
+def test_wandb_offline_run_records_every_step(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _log_steps(MetricsLogger(["wandb"], tmp_path, project="proj", run_name="run-w"))
+    history, records = _wandb_history(tmp_path)
+    assert history == [{**m, "trainer/step": s} for s, m in STEPS.items()]
+    # the training step is every chart's x-axis
+    metrics = [r.metric for r in records if r.WhichOneof("record_type") == "metric"]
+    assert any(m.glob_name == "*" and m.step_metric == "trainer/step" for m in metrics), metrics
+
+
+# ---- a failover rewinds the run: steps 1-4 logged, back to step 2, steps 3-5 (replayed 3-4)
+
+
+def _rewound(logger: MetricsLogger) -> None:
+    for step in range(1, 5):
+        logger.log(step, {"critic/score/mean": step / 10})
+    logger.rewind(4)  # a snapshot of the last step: nothing is replayed
+    logger.rewind(2)
+    for step in range(3, 6):
+        logger.log(step, {"critic/score/mean": step})
+    logger.close()
+
+
+def test_a_rewind_without_replayed_steps_changes_nothing(tmp_path):
+    logger = MetricsLogger(["jsonl"], tmp_path)
+    logger.log(1, {"a": 1.0})
+    logger.rewind(1)
+    logger.log(2, {"a": 2.0})
+    logger.close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_jsonl_and_console_follow_a_rewind(tmp_path, capsys):
+    _rewound(MetricsLogger(["jsonl", "console"], tmp_path))
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["critic/score/mean"]) for r in rows] == [
+        (1, 0.1), (2, 0.2), (3, 3.0), (4, 4.0), (5, 5.0)
+    ]  # fmt: skip
+    assert "failover: back to step 2; steps 3-4 are replayed" in capsys.readouterr().out
+
+
+def test_tensorboard_hides_the_lost_timeline(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _rewound(MetricsLogger(["tensorboard"], tmp_path))
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    got = [(e.step, e.value) for e in events.Scalars("critic/score/mean")]
+    assert got == [(1, pytest.approx(0.1)), (2, pytest.approx(0.2)), (3, 3.0), (4, 4.0), (5, 5.0)]
+
+
+def test_wandb_marks_the_replayed_steps(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _rewound(MetricsLogger(["wandb"], tmp_path, project="proj", run_name="run-r"))
+    history, records = _wandb_history(tmp_path)
+    rows = [
+        (h["trainer/step"], h["critic/score/mean"], h.get("failover/replayed")) for h in history
+    ]
+    assert rows == [
+        (1, 0.1, None), (2, 0.2, None), (3, 0.3, None), (4, 0.4, None),
+        (3, 3, 1), (4, 4, 1), (5, 5, None),
+    ]  # fmt: skip
+    summaries = [r.summary for r in records if r.WhichOneof("record_type") == "summary"]
+    assert any(
+        (i.key or "/".join(i.nested_key)) == "failover/rewinds" and json.loads(i.value_json) == 1
+        for s in summaries
+        for i in s.update
+    ), summaries
+
+
+def test_mlflow_keeps_both_timelines_and_says_which_is_the_run(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    logger = MetricsLogger(["mlflow"], tmp_path, project="proj", run_name="run-m")
+    run_id = mlflow.active_run().info.run_id
+    _rewound(logger)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    history = client.get_metric_history(run_id, "critic/score/mean")
+    assert sorted((m.step, m.value) for m in history) == [
+        (1, 0.1), (2, 0.2), (3, 0.3), (3, 3.0), (4, 0.4), (4, 4.0), (5, 5.0)
+    ]  # fmt: skip
+    replayed = client.get_metric_history(run_id, "failover/replayed")
+    assert sorted(m.step for m in replayed) == [3, 4]
+    tags = client.get_run(run_id).data.tags
+    assert "steps 3-4 logged twice" in tags["failover.rewind.1"]

@@ -4,6 +4,21 @@
 ``console`` are always available; ``tensorboard``, ``wandb`` and ``mlflow`` are used when
 configured and installed (a configured backend that is not installed is an error that says
 what to install, never a silent no-op). `plot_metrics` draws the run's curves to a PNG.
+
+A failover that goes back before steps already logged (a disk checkpoint older than the
+last step; an in-memory snapshot restores the last logged step, so nothing is replayed)
+calls `MetricsLogger.rewind`, and each backend follows it as far as it can:
+
+* ``jsonl``: the lines after the restored step are dropped (as a resumed run's are);
+* ``tensorboard``: a new writer with ``purge_step`` = the first replayed step: TensorBoard
+  hides the events the lost timeline wrote from that step on;
+* ``wandb``: W&B only appends, in order of its own ``_step``; every row carries
+  ``trainer/step``, the x-axis of every chart (``define_metric``), so replayed steps land
+  on their step, and each replayed row is marked ``failover/replayed=1`` (the run's summary
+  counts ``failover/rewinds``);
+* ``mlflow``: a metric's history keeps every value: a replayed step has the lost
+  timeline's value and the replay's (logged later, marked ``failover/replayed=1``), and a
+  run tag ``failover.rewind.<n>`` says which steps were replayed.
 """
 
 from __future__ import annotations
@@ -19,6 +34,8 @@ from typing import Any, Protocol
 __all__ = ["BACKENDS", "MetricsLogger", "plot_metrics", "read_jsonl"]
 
 BACKENDS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+STEP_KEY = "trainer/step"  # W&B: the x-axis of every chart
+REPLAYED_KEY = "failover/replayed"  # W&B, MLflow: a step logged again after a rewind
 CONSOLE_KEYS = (
     "critic/score/mean",
     "val/accuracy",
@@ -33,6 +50,9 @@ CONSOLE_KEYS = (
 
 class _Backend(Protocol):
     def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def rewind(self, step: int, last: int) -> None:
+        """The run goes back to `step` after logging up to `last` (module docstring)."""
 
     def close(self) -> None: ...
 
@@ -51,7 +71,7 @@ class _Jsonl:
         self.file.write(json.dumps({"step": step, **metrics}) + "\n")
         self.file.flush()
 
-    def rewind(self, step: int) -> None:
+    def rewind(self, step: int, last: int) -> None:
         """Drop the lines of steps after `step` (they will be redone: failover)."""
         self.file.close()
         path = Path(self.file.name)
@@ -71,6 +91,9 @@ class _Console:
             if k in metrics
         ]
         print(f"step {step}: " + "  ".join(shown), flush=True)
+
+    def rewind(self, step: int, last: int) -> None:
+        print(f"failover: back to step {step}; steps {step + 1}-{last} are replayed", flush=True)
 
     def close(self) -> None:
         pass
@@ -93,11 +116,18 @@ class _TensorBoard:
             "tensorboard", "torch.utils.tensorboard", "pip install tensorboard"
         )
         self.writer = tensorboard.SummaryWriter(str(log_dir))
+        self._writer_class = tensorboard.SummaryWriter
+        self._log_dir = log_dir
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
+
+    def rewind(self, step: int, last: int) -> None:
+        # a purge marker: TensorBoard drops the earlier events of steps >= step + 1
+        self.writer.close()
+        self.writer = self._writer_class(str(self._log_dir), purge_step=step + 1)
 
     def close(self) -> None:
         self.writer.close()
@@ -115,9 +145,22 @@ class _WandB:
         self.run = wandb.init(
             project=project, name=run_name, config=dict(config), dir=str(output_dir)
         )
+        # every chart's x-axis: the training step (W&B's own _step only ever increases)
+        self.run.define_metric(STEP_KEY)
+        self.run.define_metric("*", step_metric=STEP_KEY)
+        self._last = -1
+        self._rewinds = 0
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.run.log(dict(metrics), step=step)
+        row = {**metrics, STEP_KEY: step}
+        if step <= self._last:
+            row[REPLAYED_KEY] = 1.0
+        self.run.log(row)
+        self._last = max(self._last, step)
+
+    def rewind(self, step: int, last: int) -> None:
+        self._rewinds += 1
+        self.run.summary["failover/rewinds"] = self._rewinds
 
     def close(self) -> None:
         self.run.finish()
@@ -137,10 +180,23 @@ class _MLflow:
         mlflow.set_experiment(project)
         mlflow.start_run(run_name=run_name)
         mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
+        self._last = -1
+        self._rewinds = 0
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         safe = {k.replace("@", "_at_"): v for k, v in metrics.items()}
+        if step <= self._last:
+            safe[REPLAYED_KEY] = 1.0
         self.mlflow.log_metrics(safe, step=step)
+        self._last = max(self._last, step)
+
+    def rewind(self, step: int, last: int) -> None:
+        self._rewinds += 1
+        self.mlflow.set_tag(
+            f"failover.rewind.{self._rewinds}",
+            f"back to step {step} after step {last}: steps {step + 1}-{last} logged twice "
+            f"(the later values, {REPLAYED_KEY}=1, are the run's)",
+        )
 
     def close(self) -> None:
         self.mlflow.end_run()
@@ -176,6 +232,7 @@ class MetricsLogger:
         self.output_dir = Path(output_dir)
         self.jsonl_path = self.output_dir / "metrics.jsonl"
         self.backends: list[_Backend] = []
+        self._last = -1 if resume_step is None else resume_step  # the newest step logged
         for name in backends:
             if name not in BACKENDS:
                 raise ValueError(
@@ -193,11 +250,12 @@ class MetricsLogger:
                 self.backends.append(_MLflow(project, run_name, config or {}, self.output_dir))
 
     def rewind(self, step: int) -> None:
-        """The run goes back to `step` (failover restored that checkpoint): the JSONL file
-        drops the later steps, as a resumed run's does; other backends keep what they sent."""
+        """The run goes back to `step` (failover restored that step's state): when steps
+        after it were logged, every backend follows (module docstring)."""
+        if step >= self._last:
+            return  # nothing after it was logged: nothing is replayed
         for backend in self.backends:
-            if isinstance(backend, _Jsonl):
-                backend.rewind(step)
+            backend.rewind(step, self._last)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         clean = {
@@ -207,6 +265,7 @@ class MetricsLogger:
         }
         for backend in self.backends:
             backend.log(step, clean)
+        self._last = max(self._last, step)
 
     def close(self) -> None:
         for backend in self.backends:
