@@ -178,3 +178,75 @@ def test_a_kill_9_mid_step_replays_it_bit_identically(
     for where, (state, data, layout) in ref_final.items():
         assert final[where][1] == data, f"{where}: {_differing(layout, final[where][1], data)}"
         _same_state(final[where][0], state, str(where))
+
+
+def _stick_in_recv(host: Any) -> None:
+    """Run inside rank 1's process (``__ray_call__``): its next update first waits in a
+    ``recv`` from rank 0 that never comes (gloo; the GIL is released while it waits, so
+    the heartbeat's ping still answers)."""
+    import torch.distributed as dist
+
+    engine = host._roles["actor"].engine
+    original = engine.train_batch
+
+    def stuck(*args: Any, **kwargs: Any) -> Any:
+        engine.train_batch = original
+        dist.recv(torch.zeros(1), src=0)  # rank 0 is in the update's all-reduce
+        return original(*args, **kwargs)
+
+    engine.train_batch = stuck
+
+
+@pytest.mark.faults
+def test_a_rank_stuck_in_a_collective_fails_over_within_a_minute(
+    ray_cluster, raw_config, tmp_path, caplog
+):
+    """Rank 1 blocks in a collective during step 2's update; the heartbeat keeps answering
+    (4 s time-out), the process groups time out after 10 s (``trainer.collective_timeout_s``)
+    and the call fails with a `WorkerHungError` naming the role, the ranks and the
+    operation; the run restores the snapshot of step 1 and the replayed step 2 is done
+    within 60 s of the hang."""
+    import sys
+    import time
+
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    overrides = [
+        *RUN,
+        "trainer.total_steps=3",
+        "trainer.collective_timeout_s=10",
+        "trainer.heartbeat_timeout_s=4",
+    ]
+    trainer = RLTrainer(load_config(raw_config(tmp_path / "run", "grpo"), overrides))
+    stuck_at: list[float] = []
+    done_at: dict[int, float] = {}
+    train_step = trainer.train_step
+
+    def step() -> dict[str, float]:
+        if trainer.global_step == 1 and not stuck_at:
+            ray.get(trainer.groups.actor.workers[1].__ray_call__.remote(_stick_in_recv))
+            stuck_at.append(time.monotonic())
+        metrics = train_step()
+        done_at[trainer.global_step] = time.monotonic()
+        return metrics
+
+    trainer.train_step = step
+    try:
+        with caplog.at_level(logging.WARNING, logger="rl_algos.trainer.failover"):
+            trainer.fit()
+    finally:
+        trainer.close()
+    assert trainer.failover.restarts == 1
+    event = trainer.failover.events[0]
+    assert event.role == "actor" and event.rank in (0, 1), event
+    assert "hung in a collective (recv during update_actor(), timed out after 10 s" in event.cause
+    assert "no heartbeat" not in caplog.text  # the stuck rank kept answering it
+    lines = [r.getMessage() for r in caplog.records if "failover 1/2" in r.getMessage()]
+    assert len(lines) == 1 and "resumed from step 1 (the in-memory snapshot of step 1)" in lines[0]
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[1]["failover/restored_step"] == 1 and rows[1]["failover/from_snapshot"] == 1
+    recovered_s = done_at[2] - stuck_at[0]
+    print(f"hung collective: {event.cause}; hang -> replayed step 2 done in {recovered_s:.1f} s")
+    assert recovered_s <= 60, f"the replayed step 2 ended {recovered_s:.1f} s after the hang"

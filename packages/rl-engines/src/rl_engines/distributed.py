@@ -19,6 +19,7 @@ from rl_core.single_controller.host import find_free_port
 __all__ = [
     "all_reduce",
     "broadcast_from_rank0",
+    "cap_group_timeouts",
     "device_and_backend",
     "ensure_process_group",
     "local_device",
@@ -38,14 +39,16 @@ def local_device() -> torch.device:
 
 
 def ensure_process_group(backend: str, timeout_s: float) -> None:
-    """Join the default process group if this process has none yet.
+    """Join the default process group if this process has none yet, with collectives
+    timing out after ``timeout_s`` (`cap_group_timeouts`: groups made later too).
 
     Uses the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: torchrun,
     the worker group) or, without it, a single-process group on a free local port.
     """
+    timeout = timedelta(seconds=timeout_s)
+    cap_group_timeouts(timeout_s)
     if dist.is_initialized():
         return
-    timeout = timedelta(seconds=timeout_s)
     if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:
         missing = [k for k in ("RANK", "MASTER_PORT") if k not in os.environ]
         if missing:
@@ -62,6 +65,25 @@ def ensure_process_group(backend: str, timeout_s: float) -> None:
         world_size=1,
         timeout=timeout,
     )
+
+
+def cap_group_timeouts(timeout_s: float) -> None:
+    """Collectives of every process group of this process time out after ``timeout_s``:
+    those that exist now (`torch.distributed.set_timeout`) and those made later without a
+    time-out of their own (torch's default for new groups, 30 min for gloo and 10 for NCCL
+    otherwise). A rank stuck in a collective whose peer never joins then raises (gloo) or
+    is aborted by NCCL's watchdog instead of waiting for the caller's time-out."""
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = timeout  # new groups: `_get_default_timeout` reads these
+    if getattr(c10d, "default_pg_nccl_timeout", None) is not None:
+        c10d.default_pg_nccl_timeout = timeout
+    if not dist.is_initialized():
+        return
+    for group in list(c10d._world.pg_map):
+        if group is not dist.GroupMember.NON_GROUP_MEMBER:
+            dist.distributed_c10d.set_timeout(timeout, group)
 
 
 def all_reduce(

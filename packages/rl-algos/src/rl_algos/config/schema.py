@@ -598,7 +598,17 @@ class TrainerConfig:
     """Wait before the first rebuild; doubled for each further one."""
     heartbeat_timeout_s: float = 60.0
     """A worker process that does not answer the heartbeat this long while a call runs is
-    taken as hung (then failover), long before `call_timeout_s`."""
+    taken as hung (then failover), long before `call_timeout_s`. The heartbeat runs on a
+    thread of its own: it catches a frozen interpreter, not a rank waiting inside a
+    collective (that one answers: `collective_timeout_s`)."""
+    collective_timeout_s: float | None = None
+    """Every process group of the training engines times out its collectives after this
+    long (null: half of `call_timeout_s`, 300 s by default; gloo raises, NCCL's watchdog
+    aborts), less than `call_timeout_s`: a rank stuck in
+    a collective whose peer never joins (a recv that never comes) fails its call with a
+    `WorkerHungError` naming the role, rank and operation, and the run fails over. Longer
+    than any wait inside a collective: ranks in a barrier while rank 0 writes and hashes a
+    checkpoint wait that long."""
     RENAMED: ClassVar[dict[str, str]] = {
         "placement": "critic.placement",
         "critic_workers": "critic.num_workers",
@@ -618,6 +628,13 @@ class TrainerConfig:
     resources, never from the driver's hardware)."""
     gpus_per_worker: float | None = None
     """Accelerators per worker process (null: 1 on accelerator platforms, 0 on CPU)."""
+
+    @property
+    def group_timeout_s(self) -> float:
+        """The process groups' time-out in force: `collective_timeout_s`, or half of
+        `call_timeout_s` when it is null."""
+        given = self.collective_timeout_s
+        return self.call_timeout_s / 2 if given is None else given
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "nnodes", "num_workers")
@@ -646,6 +663,10 @@ class TrainerConfig:
             self.heartbeat_timeout_s,
             "> 0 seconds",
         )
+        check(0 < self.group_timeout_s < self.call_timeout_s, "collective_timeout_s",
+              self.collective_timeout_s, f"> 0 seconds and < trainer.call_timeout_s="
+              f"{self.call_timeout_s:g} (a collective that hangs must fail before the call "
+              "that runs it)")  # fmt: skip
         check(
             self.cpus_per_worker is None or self.cpus_per_worker > 0,
             "cpus_per_worker",

@@ -1,8 +1,11 @@
 """Failover: what the trainer does when a worker process is lost during a run.
 
 The single controller (rl-core) notices a lost process: Ray reports a dead actor at once
-(`WorkerDiedError`), a hung one fails the heartbeat (`WorkerHungError`) or, at the latest,
-the call's time-out (`WorkerTimeoutError`). The trainer then (`RLTrainer._recover`):
+(`WorkerDiedError`), a frozen one fails the heartbeat (`WorkerHungError`), a rank waiting
+in a collective for a peer that never joins raises when its process group's time-out
+(``trainer.collective_timeout_s``) runs out (`WorkerHungError` with the operation) or, at
+the latest, the call's time-out (`WorkerTimeoutError`). The trainer then
+(`RLTrainer._recover`):
 
 1. stops the async producer (if any) and kills the processes of the lost group, with every
    role that shares them (colocated: actor, rollout, reference, critic, reward model);
@@ -54,6 +57,12 @@ def lost_worker(exc: BaseException) -> WorkerGroupError | None:
 
 def _cause(error: WorkerGroupError) -> str:
     if isinstance(error, WorkerHungError):
+        operation = getattr(error, "operation", None)
+        if operation is not None:
+            return (
+                f"hung in a collective ({operation} during {error.method}(), timed out after "
+                f"{error.timeout_s:g} s: trainer.collective_timeout_s)"
+            )
         return f"hung (no heartbeat within {error.timeout_s:g} s during {error.method}())"
     if isinstance(error, WorkerTimeoutError):
         return f"hung ({error.method}() past its {error.timeout_s:g} s time-out)"

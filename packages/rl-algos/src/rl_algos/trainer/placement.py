@@ -164,7 +164,7 @@ def _engine_config(
         },
         "seed": cfg.trainer.seed,
         "on_nan": role.on_nan,
-        "timeout_s": cfg.trainer.call_timeout_s,
+        "timeout_s": cfg.trainer.group_timeout_s,
         "engine_kwargs": _engine_kwargs(cfg, getattr(role, "engine_kwargs", None)),
         "router_replay": bool(getattr(role, "router_replay", False)),
     }
@@ -315,7 +315,7 @@ def teacher_engine_config(cfg: Any) -> EngineConfig:
             "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch,
         },
         "seed": cfg.trainer.seed,
-        "timeout_s": cfg.trainer.call_timeout_s,
+        "timeout_s": cfg.trainer.group_timeout_s,
         "engine_kwargs": _engine_kwargs(cfg, distill.teacher_engine_kwargs),
         "inference_only": True,
         "optim": {"lr": 0.0},
@@ -419,7 +419,7 @@ def reward_model_worker_config(cfg: Any) -> RewardModelWorkerConfig:
     data = {
         "model": model,
         "seed": cfg.trainer.seed,
-        "timeout_s": cfg.trainer.call_timeout_s,
+        "timeout_s": cfg.trainer.group_timeout_s,
         "engine_kwargs": _engine_kwargs(cfg, None),
         "inference_only": True,
         "optim": {"lr": 0.0},

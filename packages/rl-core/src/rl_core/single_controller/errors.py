@@ -119,19 +119,36 @@ class WorkerTimeoutError(WorkerGroupError, TimeoutError):
 
 
 class WorkerHungError(WorkerTimeoutError):
-    """A worker process is alive but did not answer the group's heartbeat in time (frozen,
-    or stuck holding the interpreter): noticed while a call runs, long before the call's
-    own time-out."""
+    """A worker process is alive but hung, noticed long before the call's own time-out:
+    it did not answer the group's heartbeat in time (frozen, or stuck holding the
+    interpreter), or, with ``operation`` set, it waited inside a collective (e.g. a
+    ``recv`` whose message never comes) until its process group's time-out ran out."""
 
-    def __init__(self, role: str, method: str, ranks: list[int], heartbeat_timeout_s: float):
-        WorkerGroupError.__init__(
-            self,
-            f"{role!r} rank(s) {list(ranks)} did not answer a heartbeat within "
-            f"{heartbeat_timeout_s:g} s during {method}(): the process is alive but hung",
-        )
+    def __init__(
+        self,
+        role: str,
+        method: str,
+        ranks: list[int],
+        heartbeat_timeout_s: float,
+        operation: str | None = None,
+    ):
+        if operation is None:
+            text = (
+                f"{role!r} rank(s) {list(ranks)} did not answer a heartbeat within "
+                f"{heartbeat_timeout_s:g} s during {method}(): the process is alive but hung"
+            )
+        else:
+            text = (
+                f"{role!r} rank(s) {list(ranks)} stuck in a collective ({operation}) during "
+                f"{method}(): it timed out after {heartbeat_timeout_s:g} s waiting for peers "
+                "that never joined (a rank hung or lost)"
+            )
+        WorkerGroupError.__init__(self, text)
         self.role, self.method, self.ranks = role, method, list(ranks)
         self.timeout_s = heartbeat_timeout_s
+        self.operation = operation
         self.rank = self.ranks[0] if self.ranks else None
 
     def __reduce__(self):
-        return (WorkerHungError, (self.role, self.method, self.ranks, self.timeout_s))
+        args = (self.role, self.method, self.ranks, self.timeout_s, self.operation)
+        return (WorkerHungError, args)

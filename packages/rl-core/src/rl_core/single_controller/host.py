@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import socket
 import traceback
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 
 from rl_core.platform import get_platform
 from rl_core.single_controller.dispatch import output_meta
-from rl_core.single_controller.errors import WorkerError
+from rl_core.single_controller.errors import WorkerError, WorkerHungError
 from rl_core.single_controller.spec import ClassWithInitArgs
 from rl_core.single_controller.worker import (
     MeshRank,
@@ -29,7 +30,7 @@ from rl_core.single_controller.worker import (
     done_constructing,
 )
 
-__all__ = ["CallInfo", "WorkerHost", "find_free_port"]
+__all__ = ["CallInfo", "WorkerHost", "collective_timeout", "find_free_port"]
 
 
 def find_free_port() -> int:
@@ -49,6 +50,31 @@ class CallInfo:
     """Time-out for fetching future arguments from other workers."""
     rows: int | None = None
     """Rows of the concrete DataProto arguments of a DP call (checked against futures)."""
+
+
+# gloo: "[.../unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete"
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
+# NCCL (blocking wait) and others: "Watchdog caught collective operation timeout: ...
+# OpType=ALLREDUCE ... Timeout(ms)=600000"
+_NCCL_TIMEOUT = re.compile(r"operation timeout.*?OpType=(\w+).*?Timeout\(ms\)=(\d+)", re.S)
+
+
+def collective_timeout(exc: BaseException) -> tuple[str, float] | None:
+    """(operation, seconds) when `exc`, or an exception it was raised from, is a
+    torch.distributed collective that ran out of its process group's time-out; else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        found = _GLOO_TIMEOUT.search(text)
+        if found:
+            return found.group(2), int(found.group(1)) / 1000
+        found = _NCCL_TIMEOUT.search(text)
+        if found:
+            return found.group(1).lower(), int(found.group(2)) / 1000
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class WorkerHost:
@@ -116,11 +142,20 @@ class WorkerHost:
     def get_dispatch_mesh(self, role: str, name: str) -> MeshRank | None:
         return self._roles[role].get_dispatch_mesh(name)
 
-    def wrap_error(self, exc: BaseException, role: str, method: str) -> WorkerError:
-        """A WorkerError naming this worker, with the traceback of `exc`."""
+    def wrap_error(
+        self, exc: BaseException, role: str, method: str
+    ) -> WorkerError | WorkerHungError:
+        """A WorkerError naming this worker, with the traceback of `exc`; a collective
+        that timed out (`collective_timeout`) is a `WorkerHungError` instead: this rank
+        waited for peers that never joined, which failover handles like a lost worker."""
         if isinstance(exc, WorkerError):
             return exc  # already named (e.g. a failed input of this call)
         info = self._info
+        hung = collective_timeout(exc)
+        if hung is not None:
+            operation, seconds = hung
+            rank = info.rank if info else 0
+            return WorkerHungError(role, method, [rank], seconds, operation)
         exc_type = type(exc).__qualname__
         if type(exc).__module__ not in ("builtins", "__main__"):
             exc_type = f"{type(exc).__module__}.{exc_type}"

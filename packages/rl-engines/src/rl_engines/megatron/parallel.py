@@ -6,7 +6,6 @@ beside the actor) reuses the process groups; a different layout re-initialises t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from rl_engines.megatron.config import MegatronConfig
@@ -49,7 +48,7 @@ class ParallelState:
                 context_parallel_size=want.cp,
                 expert_model_parallel_size=want.ep,
                 expert_tensor_parallel_size=want.etp,
-                distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
+                distributed_timeout_minutes=timeout_s / 60,  # a timedelta of minutes
                 create_gloo_process_groups=False,
             )
             ParallelState._current = want

@@ -202,7 +202,8 @@ class _Waiter:
 
     def _first_failure(self, groups: list[dict[Any, int]], cause: Exception) -> WorkerGroupError:
         """The error of the lowest rank whose ref holds one, a dead process first (its
-        peers' errors, e.g. a broken collective, follow from it); else `cause`, named.
+        peers' errors, e.g. a broken collective, follow from it), the ranks of a collective
+        that timed out together as one `WorkerHungError`; else `cause`, named.
 
         A peer's error often arrives before Ray has noticed the death that caused it (the
         collective breaks at once, the actor's death is reported a moment later), so the
@@ -222,8 +223,18 @@ class _Waiter:
                     continue
                 except Exception as exc:
                     found.append(self.error(exc, refs[ref]))
+        died = next((e for e in found if isinstance(e, WorkerDiedError)), None)
+        if died is not None:
+            return died
+        hung = [e for e in found if isinstance(e, WorkerHungError) and e.operation]
+        if len(hung) > 1:  # the ranks of one collective, each waiting for the others
+            ranks = sorted({rank for e in hung for rank in e.ranks})
+            operations = ", ".join(dict.fromkeys(str(e.operation) for e in hung))
+            return WorkerHungError(
+                hung[0].role, hung[0].method, ranks, hung[0].timeout_s, operations
+            )
         if found:
-            return next((e for e in found if isinstance(e, WorkerDiedError)), found[0])
+            return found[0]
         return WorkerGroupError(
             f"{self.role!r} {self.method}(): fetching the results failed: "
             f"{type(cause).__name__}: {cause}"
