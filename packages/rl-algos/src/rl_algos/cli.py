@@ -38,6 +38,9 @@ from rl_algos.errors import ConfigError
 __all__ = ["main"]
 
 SHUTDOWN_GRACE_S = 20.0  # after a stop signal: longest clean shutdown before a hard exit
+# the stop signals received (a `ray.get` that a signal interrupts raises a KeyboardInterrupt
+# of its own, without the StopSignal's number)
+_RECEIVED: list[int] = []
 
 
 class StopSignal(KeyboardInterrupt):
@@ -65,6 +68,7 @@ def _stop_on_signals(command: str) -> Iterator[None]:
         if stopping:
             hard_exit(signum, "second signal")
         stopping.append(signum)
+        _RECEIVED.append(signum)
         fuse = threading.Timer(
             SHUTDOWN_GRACE_S, hard_exit, (signum, f"shutdown took over {SHUTDOWN_GRACE_S:.0f} s")
         )
@@ -271,8 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"rl {args.command}: {kind}: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as stop:  # a StopSignal, or Ray's own for SIGINT in ray.get
-        signum = getattr(stop, "signum", signal.SIGINT)
+    except KeyboardInterrupt as stop:  # a StopSignal, or Ray's own for a signal in ray.get
+        signum = getattr(stop, "signum", _RECEIVED[-1] if _RECEIVED else signal.SIGINT)
         print(
             f"rl {args.command}: stopped by {signal.Signals(signum).name}; the workers and "
             "Ray were shut down",
