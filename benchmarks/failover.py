@@ -1,23 +1,30 @@
-"""Fault injection: how fast a run notices a lost worker and is training again.
+"""Fault injection: how fast a run notices a lost worker, is training again, and what it lost.
 
-One run of ``examples/grpo_tiny.yaml`` (tiny random Qwen2, 2 training workers on embedded
-Ray, the colocated hf rollout in each, one reward worker process), ``--steps`` steps with a
-checkpoint every ``--save-every``. In turn it kills with SIGKILL:
+**Recovery** (the default): ``examples/grpo_tiny.yaml`` (tiny random Qwen2, 2 training
+workers on embedded Ray, the colocated hf rollout in each), ``--steps`` steps, for each
+engine of ``--engines`` (``fsdp``, ``megatron``: world size 2) and each way to recover:
 
-1. a training worker (rank 1) while it runs ``update_actor`` (step ``--train-at``);
-2. a rollout replica while it runs ``generate_sequences`` (step ``--rollout-at``); in the
-   colocated placement the replica is the training worker's own process (rank 0 here);
-3. the reward worker process as scoring begins (step ``--reward-at``): the pool notices
-   the dead process when it hands out the batch's calls and starts a new one.
+* ``snapshot``: in-memory snapshots every step (``trainer.snapshot_every=1``), no
+  checkpoint on disk;
+* ``disk``: a checkpoint every ``--save-every`` steps, no snapshots.
 
-For each it prints the detection time (death -> the trainer or the reward pool noticed it),
-the recovery time (death -> the end of the first step completed after it) and the steps
-lost (steps trained again because they came after the restored checkpoint). Then, in the
-same run, it times what a restart by hand costs: ``rl train ... trainer.resume=latest`` in
-a new process, until it has loaded the checkpoint (it has nothing left to train). The goal
-on CPU: recovery <= 60 s + that set-up time.
+The training worker of rank 1 is killed with SIGKILL as step ``--train-at``'s
+``update_actor`` is dispatched. Printed per run: the detection time (kill -> the trainer
+noticed), the recovery time (kill -> the end of the first step completed after it), the
+step restored and the steps lost (completed steps trained again), and what snapshots cost
+per step before the kill: the seconds they held the step up (``timing/snapshot_s``: the
+driver's calls, the ranks' capture), the background seconds of the slowest rank (copy +
+send to the holder, ``timing/snapshot_background_s``) and the host bytes of one copy
+(``perf/snapshot_host_bytes``), against the step time (``timing/step_s``).
 
-    uv run python benchmarks/failover.py [--steps 8] [--json FILE]
+**Faults** (``--faults``): the older run of three faults in one run, a training worker
+(step ``--train-at``), a rollout replica during ``generate_sequences`` (``--rollout-at``;
+colocated, so the training worker's own process) and the reward worker process
+(``--reward-at``), then what a restart by hand costs (``rl train ... trainer.resume=latest``
+in a new process, until it has loaded the checkpoint).
+
+    uv run python benchmarks/failover.py [--engines fsdp megatron] [--json FILE]
+    uv run python benchmarks/failover.py --faults
 
 Timings on a shared machine are upper bounds: say how loaded it was.
 """
@@ -68,6 +75,84 @@ def _overrides(out: Path, args: argparse.Namespace) -> list[str]:
         "trainer.loggers=[jsonl]",
         "reward.num_workers=1",
     ]
+
+
+RECOVERY = {
+    "snapshot": ["trainer.snapshot_every=1", "trainer.save_every=0"],
+    "disk": ["trainer.snapshot_every=0"],  # trainer.save_every from --save-every
+}
+ENGINES = {"fsdp": [], "megatron": ["actor.engine=megatron"]}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def recover(args: argparse.Namespace, engine: str, how: str) -> dict[str, Any]:
+    """One run of `engine` recovering by `how` from a training worker killed mid-update."""
+    import ray
+    from omegaconf import OmegaConf
+
+    from rl_algos.config import load_config
+    from rl_algos.trainer.loop import RLTrainer
+    from rl_algos.trainer.tracking import read_jsonl
+
+    out = Path(tempfile.mkdtemp(prefix=f"failover-{engine}-{how}-")) / "run"
+    raw = OmegaConf.to_container(OmegaConf.load(EXAMPLE), resolve=False)
+    overrides = [*_overrides(out, args), *ENGINES[engine], *RECOVERY[how]]
+    trainer = RLTrainer(load_config(raw, overrides))
+    note: dict[str, float] = {}
+    done_at: list[tuple[int, float]] = []
+    train_step = trainer.train_step
+
+    def step() -> dict[str, float]:
+        actor = trainer.groups.actor
+        if trainer.global_step + 1 == args.train_at and not note:
+            pid = ray.get(actor.workers[1].ping.remote())
+            _kill_in(actor, "update_actor", pid, note)
+        metrics = train_step()
+        done_at.append((trainer.global_step, time.monotonic()))
+        return metrics
+
+    trainer.train_step = step
+    start = time.monotonic()
+    try:
+        trainer.fit()
+        events = list(trainer.failover.events)
+    finally:
+        trainer.close()
+    total = time.monotonic() - start
+    rows = read_jsonl(out / "metrics.jsonl")
+    (event,) = events
+    killed = note["killed_at"]
+    first = min(t for _, t in done_at if t > event.rebuilt_at)
+    after = next(r for r in rows if "failover/restored_step" in r)
+    steady = [r for r in rows if 1 < r["step"] < args.train_at]  # before the kill, warm
+    step_s = _mean([r["timing/step_s"] for r in steady])
+    snap_s = _mean([r["timing/snapshot_s"] for r in steady if "timing/snapshot_s" in r])
+    background = [
+        r["timing/snapshot_background_s"] for r in steady if "timing/snapshot_background_s" in r
+    ]
+    host = [r["perf/snapshot_host_bytes"] for r in rows if "perf/snapshot_host_bytes" in r]
+    return {
+        "engine": engine,
+        "recovery": how,
+        "detected_s": event.detected_at - killed,
+        "recovered_s": first - killed,
+        "restored_step": int(after["failover/restored_step"]),
+        "from_snapshot": bool(after["failover/from_snapshot"]),
+        "steps_lost": int(after["failover/steps_lost"]),
+        "step_s": step_s,
+        "snapshot_s": snap_s,
+        "snapshot_share": snap_s / step_s if how == "snapshot" else float("nan"),
+        "snapshot_background_s": _mean(background),
+        "snapshot_host_bytes": host[-1] if host else float("nan"),
+        "run_s": total,
+    }
+
+
+def recovery_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [recover(args, engine, how) for engine in args.engines for how in RECOVERY]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -142,7 +227,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "detected_s": event.detected_at - killed,
                 "recovered_s": first - killed,
                 "steps_lost": failed_at - event.resumed_step,
-                "how": f"group rebuilt, resumed from step {event.resumed_step}",
+                "how": f"group rebuilt, resumed from step {event.resumed_step} "
+                f"({event.restored_from or 'the initial weights'})",
             }
         )
     note = faults["reward worker"]
@@ -189,12 +275,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--save-every", type=int, default=2)
-    parser.add_argument("--train-at", type=int, default=3)
+    parser.add_argument("--train-at", type=int, default=6)
     parser.add_argument("--rollout-at", type=int, default=5)
     parser.add_argument("--reward-at", type=int, default=7)
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--faults", action="store_true", help="the three-fault run instead")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    result = run(args)
+    if args.faults:
+        args.steps = max(args.steps, 8)
+        _print_faults(run(args), args)
+        return
+    rows = recovery_matrix(args)
+    load = os.getloadavg()[0]
+    print(f"\nrecovery from a training worker killed in step {args.train_at}'s update, world "
+          f"size 2, on {os.cpu_count()} CPUs, load average {load:.1f}")  # fmt: skip
+    print("| engine | recovery | detection s | kill -> first recovered step s | restored step | "
+          "steps lost | step s | snapshot s/step (share) | snapshot background s | "
+          "snapshot host bytes |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        snap = (
+            f"{r['snapshot_s'] * 1000:.1f} ms ({r['snapshot_share']:.1%})"
+            if r["recovery"] == "snapshot"
+            else "-"
+        )
+        back = f"{r['snapshot_background_s'] * 1000:.1f} ms" if r["recovery"] == "snapshot" else "-"
+        size = f"{r['snapshot_host_bytes'] / 1e6:.2f} MB" if r["recovery"] == "snapshot" else "-"
+        print(
+            f"| {r['engine']} | {r['recovery']} | {r['detected_s']:.2f} | {r['recovered_s']:.1f} | "
+            f"{r['restored_step']} | {r['steps_lost']} | {r['step_s']:.2f} | {snap} | {back} | "
+            f"{size} |"
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"rows": rows, "load_avg": load, "cpus": os.cpu_count()}, indent=1)
+        )
+
+
+def _print_faults(result: dict[str, Any], args: argparse.Namespace) -> None:
     budget = 60 + result["resume_setup_s"]
     print(f"\nfailover on {result['cpus']} CPUs, load average {result['load_avg'][0]:.1f}")
     print("| fault | detection s | recovery s | steps lost | goal: recovery <= | how |")

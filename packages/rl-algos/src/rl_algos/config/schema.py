@@ -590,8 +590,10 @@ class TrainerConfig:
     complete snapshot, so a lost worker costs the step in flight, replayed exactly. Host
     memory: one copy is each rank's shard of the trained parameters and their optimizer
     state (AdamW with fp32 weights: 12 bytes per trained parameter, e.g. 84 GB for a 7B
-    model, split over its FSDP ranks; megatron ranks hold their TP/PP shard of the weights
-    whole and 1/DP of the optimizer state); the holders keep 2 copies (the newest complete
+    model, split over the FSDP ranks or, with megatron's distributed optimizer, over all
+    TP x PP x DP ranks: each holds 1/DP of its shard's fp32 main weights and moments; the
+    compute-dtype model is not copied, it is all-gathered again on restore); the holders
+    keep 2 copies (the newest complete
     and the next), each rank 1 staging copy (page-locked on accelerators) and a send passes
     through Ray's object store (1 more, freed at once): about 3-4 copies in all. 0: off."""
     restart_backoff_s: float = 2.0

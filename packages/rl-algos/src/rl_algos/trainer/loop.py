@@ -119,6 +119,9 @@ class RLTrainer(ValidationRuns):
         self.snapshots = (
             Snapshots(config.trainer.snapshot_every) if self._snapshots_wanted else None
         )
+        if self.snapshots is not None:
+            with timed(self.setup_timing, "snapshot_holders"):
+                self.snapshots.prepare(self._trained_groups())
         self._failover_metrics: dict[str, float] = {}  # logged with the first step after one
         self._initial_state = {
             "dataloader": self.train_loader.state_dict(),

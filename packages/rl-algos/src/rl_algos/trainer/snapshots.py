@@ -132,6 +132,13 @@ class Snapshots:
         self._driver: dict[int, dict[str, Any]] = {}
         self._calls: list[Any] = []  # the futures of the last snapshot's worker calls
 
+    def prepare(self, groups: Mapping[str, Any]) -> None:
+        """Start the holders for the nodes of ``groups`` and wait for them (a Ray actor
+        takes seconds to start: with the run's set-up, not on the first snapshot's path)."""
+        nodes = [info.node_id for g in groups.values() for info in g.worker_infos]
+        self.store.target(nodes)
+        self.store.wait_started()
+
     def due(self, step: int) -> bool:
         return step % self.every == 0
 

@@ -690,10 +690,14 @@ class MegatronEngine(EngineBase):
 
     # ---- in-memory snapshots ----------------------------------------------------------
     def _snapshot_params(self) -> list[tuple[str, Tensor]]:
-        return [(str(i), p) for i, p in enumerate(self.params)]  # the (fp32) main weights
+        # the fp32 main weights: with the distributed optimizer, this rank's ranges only
+        return [(str(i), p) for i, p in enumerate(self.params)]
 
     def _after_snapshot_restore(self) -> None:
-        self.main_params.copy_main_to_model()
+        if self.main_params is not None:
+            self.main_params.copy_main_to_model()
+        else:  # every rank's main range into the model, all-gathered: as after a step
+            self.optimizer.publish()
 
     # ---- memory -------------------------------------------------------------------
     def _move(self, device: torch.device | str) -> None:

@@ -140,6 +140,10 @@ class SnapshotStore:
                 ).remote()
         return SnapshotTarget(dict(self._holders))
 
+    def wait_started(self, timeout_s: float = 300.0) -> None:
+        """Return once every holder runs (a new Ray actor takes seconds to start)."""
+        ray.get([h.nbytes.remote() for h in self._holders.values()], timeout=timeout_s)
+
     def _live(self) -> dict[str, list[tuple[str, int, int]]]:
         """node id -> inventory of every holder that answers; the others are forgotten."""
         refs = {node: h.inventory.remote() for node, h in self._holders.items()}
