@@ -5,6 +5,7 @@ that is not reusable, is closed and a new one built."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from rl_core.text_env import EnvCrashedError, ModelTurn
 from rl_core.text_env_pool import EnvHost, TextEnvPool, TextEnvPoolConfig
@@ -17,10 +18,8 @@ async def episode(pool, name, reply="1"):
     ep = await pool.open_episode(name)
     try:
         first = await ep.reset({}, 0)
-        try:
+        with contextlib.suppress(EnvCrashedError):  # a crashing environment's episode
             await ep.step(ModelTurn(reply, [1], turn=1))
-        except EnvCrashedError:
-            pass
         return first.info
     finally:
         await ep.close()
