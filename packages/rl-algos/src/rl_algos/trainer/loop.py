@@ -123,6 +123,7 @@ class RLTrainer(ValidationRuns):
             with timed(self.setup_timing, "snapshot_holders"):
                 self.snapshots.prepare(self._trained_groups())
         self._failover_metrics: dict[str, float] = {}  # logged with the first step after one
+        self._done_step = 0  # the last step whose validation, save and snapshot are done
         self._initial_state = {
             "dataloader": self.train_loader.state_dict(),
             "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
@@ -635,6 +636,7 @@ class RLTrainer(ValidationRuns):
         resume_from = self._resume_from  # verified before the workers started
         if resume_from is not None:
             self._load_checkpoint(resume_from)
+            self._done_step = self.global_step
             log.info("resumed from %s at step %d", resume_from, self.global_step)
             _check_resumed_total(read_state(resume_from), self.global_step, cfg.trainer)
         logger = MetricsLogger(
@@ -699,6 +701,7 @@ class RLTrainer(ValidationRuns):
         metrics["trainer/restarts"] = float(self.failover.restarts)
         metrics.update(self._failover_metrics)
         self._failover_metrics = {}
+        self._done_step = step  # validated, saved, snapshotted: a lost worker loses no more
         return metrics
 
     # ------------------------------------------------------------------ snapshots
@@ -801,7 +804,7 @@ class RLTrainer(ValidationRuns):
         event = self.failover.admit(error)
         if event is None:
             return False
-        failed_at = self.global_step  # the last step that completed
+        failed_at = self._done_step  # the last step that completed (its row is logged)
         snapshot = self._newest_snapshot()
         path = find_resume_checkpoint(self.output_dir / "checkpoints", "latest")
         disk_step = None if path is None else int(read_state(path)["global_step"])
@@ -827,6 +830,7 @@ class RLTrainer(ValidationRuns):
                 self._load_initial_state()
         if self.snapshots is not None:
             self.snapshots.forget_after(self.global_step)
+        self._done_step = self.global_step
         self._start_buffer()
         event.resumed_step = self.global_step
         event.restored_from = (
