@@ -172,7 +172,7 @@ def _strict_object_op(name: str, original: Callable) -> Callable:
             raise NoCurrentDevice(
                 f"{name} on rank {_rank()}: no current {DEVICE_TYPE} device was set. Like "
                 "NCCL's, the object collectives of a device group pickle into a tensor on "
-                "the current device (without torch.cuda.set_device every rank would use "
+                "the current device (without a set_device call every rank would use "
                 "GPU 0): call Platform.process_device() (or set_device) first"
             )
         return original(*args, **kwargs)
