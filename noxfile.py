@@ -167,7 +167,9 @@ def tests_faults(session: nox.Session) -> None:
     during a save (a small tmpfs the test mounts: needs root), corrupt checkpoints,
     reward functions that hang, raise or return garbage, failover (a training worker
     killed mid-run, the run finishing as a resume would; `rl train` surviving kill -9),
-    resume edge cases (tests marked `faults`)."""
+    resume edge cases, the exact replay from in-memory snapshots of FSDP2 async and
+    megatron sync/async and a rank stuck in a collective (tests marked `faults`; FSDP2 sync
+    replays in tests-integration)."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     expr = f"faults and {HARDWARE_MARKERS}"
