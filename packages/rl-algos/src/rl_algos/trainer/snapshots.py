@@ -132,11 +132,14 @@ class Snapshots:
         self._driver: dict[int, dict[str, Any]] = {}
         self._calls: list[Any] = []  # the futures of the last snapshot's worker calls
 
+    def _target(self, groups: Mapping[str, Any]) -> Any:
+        """The holders of the nodes `groups` run on (started where missing)."""
+        return self.store.target(info.node_id for g in groups.values() for info in g.worker_infos)
+
     def prepare(self, groups: Mapping[str, Any]) -> None:
         """Start the holders for the nodes of ``groups`` and wait for them (a Ray actor
         takes seconds to start: with the run's set-up, not on the first snapshot's path)."""
-        nodes = [info.node_id for g in groups.values() for info in g.worker_infos]
-        self.store.target(nodes)
+        self._target(groups)
         self.store.wait_started()
 
     def due(self, step: int) -> bool:
@@ -152,9 +155,8 @@ class Snapshots:
         copy and the seconds the slowest rank spent on it (capture, copy and send; off the
         step's critical path but for the capture)."""
         start = time.perf_counter()
-        nodes = [info.node_id for g in groups.values() for info in g.worker_infos]
-        target = self.store.target(nodes)
-        previous, self._calls = self._calls, []
+        target = self._target(groups)
+        previous = self._calls
         self._calls = [g.begin_snapshot(step, target, role) for role, g in groups.items()]
         self._driver[step] = driver_state
         for old in sorted(self._driver)[:-2]:  # the holders keep two per rank: so do we
@@ -198,8 +200,7 @@ class Snapshots:
 
     def restore(self, step: int, groups: Mapping[str, Any]) -> None:
         """Every rank of every trained role loads its part of snapshot `step`."""
-        nodes = [info.node_id for g in groups.values() for info in g.worker_infos]
-        target = self.store.target(nodes)
+        target = self._target(groups)
         for role, group in groups.items():
             group.restore_snapshot(step, target, role)
 
