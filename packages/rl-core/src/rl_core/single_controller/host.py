@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import re
 import socket
 import traceback
@@ -33,8 +34,25 @@ from rl_core.single_controller.worker import (
 __all__ = ["CallInfo", "WorkerHost", "collective_timeout", "find_free_port"]
 
 
+# Rendezvous ports are drawn below the kernel's ephemeral range (32768-60999 on Linux) and
+# above Ray's worker ports (10002-19999): a port the kernel hands out for a bind(0) is the
+# next one it gives an outgoing connection, so between this check and the rank-0 store's
+# bind a busy machine (Ray's many sockets) could take it.
+_RENDEZVOUS_PORTS = (20000, 32767)
+_port_random = random.SystemRandom()  # not the seeded global RNG: ranks would draw alike
+
+
 def find_free_port() -> int:
-    """A TCP port that is free on this machine right now."""
+    """A TCP port that is free on this machine right now, outside the ephemeral range
+    (a kernel-assigned port when none of 64 draws there is free)."""
+    for _ in range(64):
+        port = _port_random.randint(*_RENDEZVOUS_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
