@@ -8,8 +8,10 @@ tests-integration`), never in a package's isolated session.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -130,3 +132,21 @@ def run_rl() -> Callable[..., subprocess.CompletedProcess]:
         )
 
     return run
+
+
+@pytest.fixture
+def kill_once() -> Callable[[Any, str, int], None]:
+    """``kill_once(group, method, pid)``: SIGKILL worker `pid` as the group's next `method`
+    call is dispatched (once), i.e. mid-call from the controller's point of view."""
+
+    def arm(group: Any, method: str, pid: int) -> None:
+        original = getattr(group, method)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            setattr(group, method, original)
+            threading.Timer(0.0, os.kill, (pid, signal.SIGKILL)).start()
+            return original(*args, **kwargs)
+
+        setattr(group, method, call)
+
+    return arm

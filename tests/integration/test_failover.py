@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -72,18 +71,6 @@ def _engine_state(checkpoint: Path, scratch: Path) -> dict[str, Any]:
     return flat
 
 
-def _kill_once(group: Any, method: str, pid: int) -> None:
-    """SIGKILL worker `pid` as the group's next `method` call is dispatched (once)."""
-    original = getattr(group, method)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        setattr(group, method, original)
-        threading.Timer(0.0, os.kill, (pid, signal.SIGKILL)).start()
-        return original(*args, **kwargs)
-
-    setattr(group, method, call)
-
-
 def _comparable(rows: list[dict[str, Any]], first: int) -> dict[int, dict[str, Any]]:
     return {
         r["step"]: {k: v for k, v in r.items() if not k.startswith(WALL_CLOCK)}
@@ -97,7 +84,7 @@ def _comparable(rows: list[dict[str, Any]], first: int) -> dict[int, dict[str, A
     ["sync", "async-keep", "async-regenerate"],
 )
 def test_a_killed_training_worker_is_replaced_and_the_run_equals_a_resume(
-    ray_cluster, raw_config, tmp_path, caplog, mode
+    ray_cluster, raw_config, tmp_path, caplog, kill_once, mode
 ):
     import ray
 
@@ -116,7 +103,7 @@ def test_a_killed_training_worker_is_replaced_and_the_run_equals_a_resume(
             shutil.copytree(run_dir / "checkpoints" / "step_2", tmp_path / "at-2" / "x" / "step_2")
             pid = ray.get(trainer.groups.actor.workers[1].ping.remote())
             killed.append(pid)
-            _kill_once(trainer.groups.actor, "update_actor", pid)
+            kill_once(trainer.groups.actor, "update_actor", pid)
         return train_step()
 
     trainer.train_step = step_with_a_kill
@@ -263,7 +250,9 @@ def test_rl_train_survives_kill_9_of_a_training_worker(tmp_path):
     assert first["failover/steps_lost"] == 0 and rows[-1]["trainer/restarts"] == 1
 
 
-def test_past_max_restarts_the_run_stops_with_the_named_error(ray_cluster, raw_config, tmp_path):
+def test_past_max_restarts_the_run_stops_with_the_named_error(
+    ray_cluster, raw_config, tmp_path, kill_once
+):
     """``trainer.max_restarts=0``: the first lost worker ends `fit` with today's error,
     naming the rank and the call, and `close` leaves no worker process behind."""
     import ray
@@ -273,7 +262,7 @@ def test_past_max_restarts_the_run_stops_with_the_named_error(ray_cluster, raw_c
     config = load_config(raw_config(tmp_path / "run", "grpo"), [*FAST, "trainer.max_restarts=0"])
     trainer = RLTrainer(config)
     pids = [ray.get(w.ping.remote()) for w in trainer.groups.actor.workers]
-    _kill_once(trainer.groups.actor, "update_actor", pids[1])
+    kill_once(trainer.groups.actor, "update_actor", pids[1])
     try:
         with pytest.raises(WorkerDiedError, match=r"rank 1.* died during update_actor\(\)"):
             trainer.fit()

@@ -14,9 +14,7 @@ others in ``nox -s tests-faults``.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,18 +40,6 @@ ENGINES = {"fsdp": [], "megatron": ["actor.engine=megatron"]}
 MODES = {"sync": [], "async": ["async.max_staleness=1"]}
 # not deterministic (clocks) or not logged alike before and after a restore
 UNCOMPARED = ("timing/", "perf/", "reward/seconds", "trainer/restarts", "failover/", "snapshot/")
-
-
-def _kill_once(group: Any, method: str, pid: int) -> None:
-    """SIGKILL worker `pid` as the group's next `method` call is dispatched (once)."""
-    original = getattr(group, method)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        setattr(group, method, original)
-        threading.Timer(0.0, os.kill, (pid, signal.SIGKILL)).start()
-        return original(*args, **kwargs)
-
-    setattr(group, method, call)
 
 
 def _final_state(trainer: RLTrainer) -> dict[tuple[str, int], tuple[Any, bytes, Any]]:
@@ -108,7 +94,10 @@ def _comparable(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     }
 
 
-def _run(config: Any, kill: bool) -> tuple[RLTrainer, list[dict[str, float]], dict, list[int]]:
+def _run(
+    config: Any, kill_once: Callable[..., None] | None
+) -> tuple[RLTrainer, list[dict[str, float]], dict, list[int]]:
+    """Train `config`; with `kill_once`, SIGKILL actor rank 1 as step KILL_AT updates."""
     import ray
 
     trainer = RLTrainer(config)
@@ -116,9 +105,9 @@ def _run(config: Any, kill: bool) -> tuple[RLTrainer, list[dict[str, float]], di
     train_step = trainer.train_step
 
     def step_with_a_kill() -> dict[str, float]:
-        if kill and trainer.global_step == KILL_AT - 1 and not killed:
+        if kill_once and trainer.global_step == KILL_AT - 1 and not killed:
             killed.append(ray.get(trainer.groups.actor.workers[1].ping.remote()))
-            _kill_once(trainer.groups.actor, "update_actor", killed[0])
+            kill_once(trainer.groups.actor, "update_actor", killed[0])
         return train_step()
 
     trainer.train_step = step_with_a_kill
@@ -143,17 +132,17 @@ FAULTS = [pytest.mark.faults]
     ],
 )
 def test_a_kill_9_mid_step_replays_it_bit_identically(
-    ray_cluster, raw_config, tmp_path, caplog, engine, mode
+    ray_cluster, raw_config, tmp_path, caplog, kill_once, engine, mode
 ):
     if engine == "megatron":
         pytest.importorskip("megatron.core")
     overrides = [*RUN, *ENGINES[engine], *MODES[mode]]
     reference = load_config(raw_config(tmp_path / "reference", "grpo"), overrides)
-    _, _, ref_final, _ = _run(reference, kill=False)
+    _, _, ref_final, _ = _run(reference, None)
 
     config = load_config(raw_config(tmp_path / "failover", "grpo"), overrides)
     with caplog.at_level(logging.WARNING, logger="rl_algos.trainer.failover"):
-        trainer, history, final, killed = _run(config, kill=True)
+        trainer, history, final, killed = _run(config, kill_once)
     assert killed, "the kill was not armed"
     assert trainer.failover.restarts == 1
     event = trainer.failover.events[0]
