@@ -51,6 +51,17 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "grpo_tiny.yaml"
 
 
+def _fit(trainer: Any) -> tuple[list[Any], float]:
+    """Run `trainer` to the end and close it: its failover events and the seconds taken."""
+    start = time.monotonic()
+    try:
+        trainer.fit()
+        events = list(trainer.failover.events)
+    finally:
+        trainer.close()
+    return events, time.monotonic() - start
+
+
 def _kill_in(group: Any, method: str, pid: int, note: dict[str, float]) -> None:
     """SIGKILL `pid` as the group's next `method` call is dispatched (once)."""
     original = getattr(group, method)
@@ -115,13 +126,7 @@ def recover(args: argparse.Namespace, engine: str, how: str) -> dict[str, Any]:
         return metrics
 
     trainer.train_step = step
-    start = time.monotonic()
-    try:
-        trainer.fit()
-        events = list(trainer.failover.events)
-    finally:
-        trainer.close()
-    total = time.monotonic() - start
+    events, total = _fit(trainer)
     rows = read_jsonl(out / "metrics.jsonl")
     (event,) = events
     killed = note["killed_at"]
@@ -205,13 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     trainer.train_step = step
     trainer._score = score_with_a_kill
-    start = time.monotonic()
-    try:
-        trainer.fit()
-        events = list(trainer.failover.events)
-    finally:
-        trainer.close()
-    total = time.monotonic() - start
+    events, total = _fit(trainer)
 
     rows = []
     trainer_faults = [faults["training worker"], faults["rollout replica"]]
