@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rl_core.testing.train_engine import VOCAB, save_tiny_model
+from rl_core.testing.train_engine import VOCAB, save_tiny_model, tiny_hf_config
 
 
 def tiny_moe_config(**overrides: Any) -> dict[str, Any]:
@@ -62,3 +62,14 @@ def save_model(directory: str, model_type: str, value_head: bool = False) -> str
     if model_type == "qwen3_moe":
         return save_tiny_moe(directory, value_head)
     return save_tiny_model(directory, model_type, value_head=value_head)
+
+
+def save_llama4(directory: str) -> str:
+    """The suite's tiny Llama with 4 layers (PP=2 with 2 virtual stages: a layer each)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = tiny_hf_config("llama", num_hidden_layers=4)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    return directory

@@ -10,10 +10,8 @@ import bf16_cases
 import megatron_models
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from rl_core.testing.spawn import SpawnRunner
-from rl_core.testing.train_engine import tiny_hf_config
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -30,20 +28,12 @@ LAYOUTS = {
 }
 
 
-def _llama4(path: str) -> str:
-    fields = tiny_hf_config("llama", num_hidden_layers=4)
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("bf16")
     return {
         "llama": megatron_models.save_model(str(root / "llama"), "llama"),
-        "llama4": _llama4(str(root / "llama4")),
+        "llama4": megatron_models.save_llama4(str(root / "llama4")),
         "qwen3_moe": megatron_models.save_model(str(root / "moe"), "qwen3_moe"),
     }
 

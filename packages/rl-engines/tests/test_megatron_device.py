@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import megatron_models
 import pytest
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
-from rl_core.testing.train_engine import TrainEngineDeviceConformance, tiny_hf_config
+from rl_core.testing.train_engine import TrainEngineDeviceConformance
 
 pytestmark = [pytest.mark.megatron, pytest.mark.device]
 
@@ -58,11 +56,7 @@ class TestMegatronPipelineParallelDevice(_Megatron):
     }
 
     def save_model(self, path: str) -> str:
-        fields = tiny_hf_config("llama", num_hidden_layers=4)
-        config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(config).save_pretrained(path)
-        return path
+        return megatron_models.save_llama4(path)
 
 
 class TestMegatronExpertParallelDevice(_Megatron):
