@@ -5,7 +5,7 @@
 
 ``--loop`` measures the episode loop of `rl train examples/grpo_vla_reach.yaml` (32 envs,
 6 policy steps, sampled actions, the tiny VLM policy): env steps/s (policy steps taken per
-second of the loop) and policy steps/s (per second spent in the rollout role's ``act``),
+second of the loop) and policy steps/s (per second spent in the rollout's actions),
 with 1 and 2 env workers (Ray actors; 2: two pipelined halves), and, in the same run, the
 baseline: the single-process runner this replaced (its env worker processes, its
 ``run_episodes``) with ``env.num_workers=2``, taken from git (the parent of the commit that
@@ -151,24 +151,25 @@ def baseline_loop(rounds: int) -> dict[str, float] | str:
 def worker_group_loop(num_workers: int, rounds: int) -> dict[str, float]:
     """The episode loop of `rl train` on Ray: `num_workers` env workers, the actor's rollout."""
     from rl_algos.config import load_config
-    from rl_multimodal.vla.rollout import run_episodes
-    from rl_multimodal.vla.trainer import VLATrainer
+    from rl_algos.trainer.loop import RLTrainer
+    from rl_algos.trainer.vla_episodes import play_episodes
 
     cfg = load_config(
         EXAMPLE,
         [f"env.num_workers={num_workers}", "trainer.output_dir=/tmp/vla_env_throughput",
          "trainer.loggers=[]"],
     )  # fmt: skip
-    trainer = VLATrainer(cfg)
+    trainer = RLTrainer(cfg)
+    envs, rollout = trainer.env_source.envs, trainer.rollout
     try:
-        run_episodes(trainer.actor, trainer.envs, "train", list(range(32)), 6)  # warm-up
+        play_episodes(envs, rollout, "train", np.arange(32), 6, False)  # warm-up
         steps = wall = policy_s = 0.0
         for r in range(rounds):
             t0 = time.perf_counter()
-            seeds = [1000 * (r + 1) + i // 4 for i in range(32)]
-            ep = run_episodes(trainer.actor, trainer.envs, "train", seeds, 6)
+            seeds = np.array([1000 * (r + 1) + i // 4 for i in range(32)])
+            ep = play_episodes(envs, rollout, "train", seeds, 6, False)
             wall += time.perf_counter() - t0
-            steps += ep.env_steps
+            steps += float(ep.mask.sum())
             policy_s += ep.policy_time_s
     finally:
         trainer.close()

@@ -135,16 +135,17 @@ def run_rl() -> Callable[..., subprocess.CompletedProcess]:
 
 
 @pytest.fixture
-def kill_once() -> Callable[[Any, str, int], None]:
-    """``kill_once(group, method, pid)``: SIGKILL worker `pid` as the group's next `method`
-    call is dispatched (once), i.e. mid-call from the controller's point of view."""
+def kill_once() -> Callable[..., None]:
+    """``kill_once(group, method, pid, sig=SIGKILL)``: send `sig` to worker `pid` as the
+    group's next `method` call is dispatched (once), i.e. mid-call from the controller's
+    point of view (SIGSTOP: a worker that hangs)."""
 
-    def arm(group: Any, method: str, pid: int) -> None:
+    def arm(group: Any, method: str, pid: int, sig: int = signal.SIGKILL) -> None:
         original = getattr(group, method)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             setattr(group, method, original)
-            threading.Timer(0.0, os.kill, (pid, signal.SIGKILL)).start()
+            threading.Timer(0.0, os.kill, (pid, sig)).start()
             return original(*args, **kwargs)
 
         setattr(group, method, call)

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from rl_multimodal.vla import VLAPolicy, VLAPolicyConfig, run_episodes
-from rl_multimodal.vla.actor_worker import act_on
+from rl_algos.trainer.vla_episodes import play_episodes
+from rl_multimodal.vla import VLAPolicy, VLAPolicyConfig
 from rl_multimodal.vla.envs import ReachConfig, ReachEnv
+from rl_multimodal.vla.rollout import act_on
 from rl_multimodal.vlm.tiny import resolve_tiny_vlm
 
 
@@ -69,12 +70,12 @@ def test_gaussian_head_log_prob_is_the_normal_density(model_path):
 
 
 class InProcessRollout:
-    """The rollout role's `act` on a policy in this process (no worker group)."""
+    """The ``vla`` generator's actions from a policy in this process (no worker group)."""
 
     def __init__(self, policy: VLAPolicy) -> None:
         self.policy = policy
 
-    def act(self, batch):
+    def generate_sequences(self, batch):
         return act_on(self.policy, batch)
 
 
@@ -108,15 +109,14 @@ def test_pipelined_halves_play_the_episodes_of_a_plain_loop(model_path, num_work
     group = start_env_group(EnvConfig(name="reach", num_workers=num_workers), 1, "local", 30.0)
     try:
         assert len(group.halves) == num_workers
-        got = run_episodes(
-            InProcessRollout(policy), group, "val", seeds, 4, greedy=True, keep_frames=True
-        )
+        got = play_episodes(group, InProcessRollout(policy), "val", np.array(seeds), 4, True)
+        got_frames = got.stacked_frames(group.rows(4))
     finally:
         group.close()
     np.testing.assert_allclose(got.rewards, rewards, atol=1e-6)
     np.testing.assert_array_equal(got.mask, mask)
-    assert len(got.frames) == len(frames)
-    for a, b in zip(got.frames, frames, strict=True):
+    assert len(got_frames) == len(frames) and not any(got.errors)
+    for a, b in zip(got_frames, frames, strict=True):
         np.testing.assert_array_equal(a, b)
     for b in range(4):  # masks: 1 from the first step until the episode ends, then 0
         n = int(got.mask[b].sum())

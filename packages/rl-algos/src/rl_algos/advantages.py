@@ -336,15 +336,37 @@ def compute_grpo_passk_advantage(
     return adv, adv
 
 
+def _episode_advantage(data: Any, fn: Any, params: dict[str, Any]) -> torch.Tensor:
+    """Each episode is one sequence whose tokens are its steps (a step's reward: its row's
+    summed rewards), as its LLM form would be; the estimate at step t goes to every
+    response token of that step's row. Groups: the episodes' ``uid``."""
+    nt, batch = data.non_tensor_batch, data.batch
+    episodes, ep = np.unique(np.asarray(nt["episode_index"], np.int64), return_inverse=True)
+    t = np.asarray(nt["episode_step"], np.int64)
+    shape = (len(episodes), int(t.max()) + 1)
+    rewards, mask = torch.zeros(shape), torch.zeros(shape)
+    rewards[ep, t] = (batch["token_level_rewards"] * batch["response_mask"]).sum(-1).float()
+    mask[ep, t] = 1.0
+    uids = np.empty(len(episodes), dtype=object)
+    uids[ep] = nt["uid"]
+    adv, _ = fn(token_level_rewards=rewards, response_mask=mask, index=uids, **params)
+    return adv[ep, t].unsqueeze(-1) * batch["response_mask"]
+
+
 def compute_advantage(data: Any, estimator: str, **params: Any) -> Any:
     """Run the named estimator on a DataProto and store `advantages` and `returns` in it.
 
     Reads `token_level_rewards`, `response_mask`, optional `values` and
     `reward_baselines` from `data.batch` and `uid` from `data.non_tensor_batch`; `params`
-    are the algorithm's knobs (gamma, lam, norm_adv_by_std_in_grpo, epsilon)."""
+    are the algorithm's knobs (gamma, lam, norm_adv_by_std_in_grpo, epsilon). Rows that
+    are the steps of multi-step episodes (non-tensor ``episode_index``, ``episode_step``:
+    VLA runs) are estimated over whole episodes (`_episode_advantage`)."""
     batch = data.batch
     keys = set(batch.keys())  # older TensorDicts refuse `key in td`
     fn = ADVANTAGE_ESTIMATORS.get(estimator)
+    if "episode_index" in data.non_tensor_batch:
+        batch["advantages"] = batch["returns"] = _episode_advantage(data, fn, params)
+        return data
     advantages, returns = fn(
         token_level_rewards=batch["token_level_rewards"],
         response_mask=batch["response_mask"],

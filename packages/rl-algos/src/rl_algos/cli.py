@@ -93,12 +93,7 @@ def _load(config_path: str, overrides: Sequence[str]):
 
 
 def _trainer_class(config):
-    """The LLM trainer, or the one registered for the config's kind (``rl.trainers``: a VLA
-    environment in ``env`` runs the ``vla`` trainer of rl-multimodal)."""
-    from rl_algos.config import TRAINERS, is_vla_run
-
-    if is_vla_run(config):
-        return TRAINERS.get("vla")
+    """The one trainer (LLM, VLM and VLA runs: `rl_algos.trainer.loop`)."""
     from rl_algos.trainer.loop import RLTrainer
 
     return RLTrainer

@@ -23,15 +23,15 @@ from rl_algos.config.schema import (
     RolloutSectionConfig,
     TrainerConfig,
 )
-from rl_algos.config.vla_section import TRAINERS, VLA_ENVS, VLAConfig, is_vla_run
+from rl_algos.config.vla_section import VLA_ENV_GROUPS, VLA_ENVS, VLAConfig, is_vla_run
 from rl_algos.errors import ConfigError
 
 __all__ = [
     "GROUP_ESTIMATORS",
     "LOGGERS",
     "PRESETS",
-    "TRAINERS",
     "VLA_ENVS",
+    "VLA_ENV_GROUPS",
     "ActorConfig",
     "AlgorithmConfig",
     "ConfigError",

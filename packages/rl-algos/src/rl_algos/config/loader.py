@@ -162,22 +162,26 @@ def _check_text_env_run(cfg: RLConfig) -> None:
               "rl_core.text_env.TextEnv subclass)")  # fmt: skip
 
 
-# Estimators a VLA run takes: outcome/return ones over the episode's steps, or gae.
+# Estimators a VLA run takes: outcome/return ones over the episode's steps.
 VLA_ESTIMATORS = (
-    "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae",
+    "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
 )  # fmt: skip
 
 
 def _check_vla(cfg: RLConfig) -> None:
-    """A VLA run: episodes instead of prompts, the policy's value head instead of a critic."""
+    """A VLA run: episodes instead of prompts, the policy acting through a colocated rollout."""
     if cfg.vla is None:
         cfg.vla = VLAConfig()
     check(not cfg.data.train_files, "data.train_files", cfg.data.train_files,
           "empty in a VLA run (episodes come from env)")  # fmt: skip
     alg = cfg.algorithm.adv_estimator
     check(alg in VLA_ESTIMATORS, "algorithm.adv_estimator", alg,
-          f"one of {list(VLA_ESTIMATORS)} in a VLA run (gae: PPO with the value head)",
-          VLA_ESTIMATORS)  # fmt: skip
+          f"one of {list(VLA_ESTIMATORS)} in a VLA run (gae, PPO with the policy's value "
+          "head, went with the VLA trainer in #40)", VLA_ESTIMATORS)  # fmt: skip
+    check(cfg.rollout.placement == "colocated", "rollout.placement", cfg.rollout.placement,
+          "'colocated' in a VLA run (the policy acts in the actor's processes)")  # fmt: skip
+    if cfg.rollout.generator == "agent_loop":  # the default: the VLA policy's generator
+        cfg.rollout.generator = "vla"
     check(alg not in GROUP_ESTIMATORS or cfg.rollout.n >= 2, "rollout.n", cfg.rollout.n,
           f">= 2: {alg} compares the episodes of one start state")  # fmt: skip
     check(cfg.env is not None and cfg.env.name is not None, "env.mix", "(a mix)",
@@ -289,9 +293,13 @@ def check_plugins(cfg: RLConfig) -> None:
     from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
 
     if is_vla_run(cfg):
-        check(cfg.actor.engine in ENGINES.names(), "actor.engine", cfg.actor.engine,
-              f"an installed training engine ({', '.join(ENGINES.names())})",
-              ENGINES.names())  # fmt: skip
+        for key, name, registry in (
+            ("actor.engine", cfg.actor.engine, ENGINES),
+            ("rollout.backend", cfg.rollout.backend, ROLLOUTS),
+            ("rollout.generator", cfg.rollout.generator, SEQUENCE_GENERATORS),
+        ):
+            check(name in registry.names(), key, name,
+                  f"one installed ({', '.join(registry.names())})", registry.names())  # fmt: skip
         return
     checks = [
         ("data.dataset", cfg.data.dataset, DATASETS, "rl-multimodal"),

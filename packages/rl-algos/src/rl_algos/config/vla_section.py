@@ -2,11 +2,12 @@
 
 A run is a VLA run when its ``env`` names a VLA environment (the ``rl.vla_envs`` entry
 points: ``reach``, ``pusht``, ``metaworld`` from rl-multimodal); `rl train` then runs the
-VLA trainer (``rl.trainers``: ``vla``) on the same sections as an LLM run: ``model.path``
-is the VLM, ``actor`` its engine, optimizer and PPO loop (``mini_batch_size`` in policy
-steps), ``rollout.n`` the episodes per start state, ``algorithm`` the estimator (``grpo``,
-or ``gae`` for PPO with the value head), ``trainer`` the run. This section adds what only
-a VLA policy has::
+one trainer loop with VLA episodes as its episode source (`rl_algos.trainer.vla_episodes`)
+on the same sections as an LLM run: ``model.path`` is the VLM, ``actor`` its engine,
+optimizer and PPO loop (``mini_batch_size`` in policy steps), ``rollout`` the engine the
+policy acts through (``rollout.n``: the episodes per start state), ``algorithm`` the
+estimator over whole episodes, KL and reference included, ``trainer`` the run (failover,
+async, checkpoints). This section adds what only a VLA policy has::
 
     vla:
       head: tokens        # OpenVLA action tokens (or gaussian: an MLP on the last state)
@@ -17,9 +18,8 @@ a VLA policy has::
       max_steps: 6        # policy steps per episode
       val_episodes: 32    # held-out seeds val_seed_start .. + val_episodes - 1
 
-PPO's value head lives on the policy's own trunk (a linear head on the state the action
-head reads), inside the actor's engine; its loss, weighted by ``vf_coef``, is added to the
-actor's (``critic.loss.cliprange_value`` clips it); no separate critic model is started.
+``gae`` (PPO with a value head on the policy's trunk, ``vf_coef``) went with the second
+trainer loop (#40); a VLA run takes the outcome estimators.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from typing import Literal
 from rl_core.config import check
 from rl_core.registry import Registry
 
-__all__ = ["TRAINERS", "VLA_ENVS", "VLAConfig", "is_vla_run"]
+__all__ = ["VLA_ENVS", "VLA_ENV_GROUPS", "VLAConfig", "is_vla_run"]
 
 VLA_ENVS: Registry[object] = Registry("rl.vla_envs", kind="VLA environment")
 """VLA environments by name: ``factory(num_envs, **options) -> rl_core.env.VectorEnv``."""
 
-TRAINERS: Registry[object] = Registry("rl.trainers", kind="trainer")
-"""Trainers other than the LLM one, by kind (``vla``), found by `rl train`."""
+VLA_ENV_GROUPS: Registry[object] = Registry("rl.vla_env_groups", kind="VLA env worker group")
+"""How a VLA run's env workers start: ``vla`` (rl-multimodal's ``start_env_group(env,
+nnodes, backend, timeout_s)``), found by `rl_algos.trainer.vla_episodes`."""
 
 IMAGE_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
 
@@ -52,8 +53,7 @@ class VLAConfig:
     the heads. freeze_vision: the vision tower is not trained. prompt: the text around the
     image (``{instruction}`` is the env's). groups x rollout.n episodes of at most
     max_steps policy steps per training step; validation: greedy, on val_episodes seeds
-    from val_seed_start. vf_coef: weight of the value loss (PPO: algorithm.adv_estimator
-    gae)."""
+    from val_seed_start. vf_coef: removed with ``gae`` (must stay null)."""
 
     head: Literal["tokens", "gaussian"] = "tokens"
     n_bins: int = 3
@@ -67,7 +67,7 @@ class VLAConfig:
     max_steps: int = 6
     val_seed_start: int = 10_000
     val_episodes: int = 32
-    vf_coef: float = 0.5
+    vf_coef: float | None = None
     frames: bool = True
     """Write the validation episodes' frames (PNG strip + GIF) under output_dir/frames."""
 
@@ -78,7 +78,8 @@ class VLAConfig:
         for name in ("groups", "max_steps", "val_episodes"):
             value = getattr(self, name)
             check(value >= 1, name, value, "an integer >= 1")
-        check(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
+        check(self.vf_coef is None, "vf_coef", self.vf_coef, "null: PPO's value head on the "
+              "policy (algorithm.adv_estimator=gae) went with the VLA trainer in #40")  # fmt: skip
         check("{instruction}" in self.prompt and IMAGE_MARKUP in self.prompt, "prompt",
               self.prompt, f"a text with {{instruction}} and the image markup {IMAGE_MARKUP}")  # fmt: skip
 

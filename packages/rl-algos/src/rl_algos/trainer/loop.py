@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import time
 from dataclasses import asdict
@@ -41,7 +42,7 @@ from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
 from rl_algos.distill import TEACHER_LOG_PROB
 from rl_algos.errors import USER_ERRORS, ConfigError, InputError
-from rl_algos.export import HF_FILES_DIR, copy_hf_metadata
+from rl_algos.export import HF_FILES_DIR, RL_MODEL_META, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
 from rl_algos.rollout_correction import apply_rejection
 from rl_algos.trainer.async_rollout import (
@@ -105,6 +106,9 @@ class RLTrainer(ValidationRuns):
         self.groups: RoleGroups = start_role_groups(
             config, self.model_path, timing=self.setup_timing
         )
+        if hasattr(self.env_source, "start"):  # VLA: the env workers, once Ray is up
+            with timed(self.setup_timing, "env_workers"):
+                self.env_source.start()
         with timed(self.setup_timing, "rollout_pool"):  # split/remote: the driver's generator
             self.rollout: RolloutClient = build_rollout_client(
                 config, self.groups.actor, self.tokenizer, self.model_path, None
@@ -183,13 +187,18 @@ class RLTrainer(ValidationRuns):
                 "false with an env section (the curriculum draws prompt rows, not episodes)",
                 value=True,
             )
-        if cfg.env is not None:  # episodes from text environments, rewards from them
+        if cfg.vla is not None:  # VLA episodes from env workers, the policy via the rollout
+            from rl_algos.trainer.vla_episodes import VLAEpisodeSource
+
+            self.env_source = VLAEpisodeSource(cfg, self.tokenizer.pad_token_id)
+        elif cfg.env is not None:  # episodes from text environments, rewards from them
             from rl_algos.trainer.env_episodes import EnvEpisodeSource
 
             with timed(setup, "env_tasks"):
                 self.env_source = EnvEpisodeSource(
                     cfg.env, cfg.data.train_batch_size, cfg.trainer.seed
                 )
+        if cfg.env is not None:
             self.train_loader = self.env_source
             self.train_set = self.val_set = None
             self.reward = self.judge = None
@@ -406,7 +415,9 @@ class RLTrainer(ValidationRuns):
         ds = cfg.algorithm.dynamic_sampling
         metrics: dict[str, float] = {}
         with timed(timing, "gen_and_reward"):
-            if not ds.enabled:
+            if hasattr(self.env_source, "play"):  # VLA: a batch of episodes' steps
+                batch, metrics = self.env_source.play(self.rollout, index)
+            elif not ds.enabled:
                 batch = self._generate_and_score(self._next_prompts(), index, 0)
             else:
                 sampler = DynamicSampler(
@@ -568,6 +579,9 @@ class RLTrainer(ValidationRuns):
             def write_engines(staging: Path) -> None:
                 self.groups.actor.save_checkpoint(str(staging / "actor"))
                 copy_hf_metadata(self.model_path, staging / HF_FILES_DIR)
+                meta = self.groups.actor.export_metadata()  # a builder model's (VLA policy)
+                if meta is not None:
+                    (staging / HF_FILES_DIR / RL_MODEL_META).write_text(json.dumps(meta))
                 if self.groups.critic is not None:
                     self.groups.critic.save_checkpoint(str(staging / "critic"))
                 if keep:

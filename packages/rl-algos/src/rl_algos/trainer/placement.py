@@ -135,6 +135,9 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 
 def _updates_per_step(cfg: Any) -> int:
+    if getattr(cfg, "vla", None) is not None:  # policy steps, every episode vla.max_steps long
+        steps = cfg.vla.groups * cfg.rollout.n * cfg.vla.max_steps
+        return -(-steps // cfg.actor.mini_batch_size) * cfg.actor.epochs
     mini_batches = max(1, cfg.data.train_batch_size // cfg.actor.mini_batch_size)
     return mini_batches * cfg.actor.epochs
 
@@ -223,6 +226,8 @@ def recomputes_old_log_probs(cfg: Any) -> bool:
     if forced is not None:
         return bool(forced)
     one_step = cfg.actor.epochs == 1 and cfg.actor.mini_batch_size >= cfg.data.train_batch_size
+    if getattr(cfg, "vla", None) is not None:
+        one_step = _updates_per_step(cfg) == 1
     correction = cfg.actor.loss.rollout_correction
     rejects = correction is not None and correction.rejects
     return not one_step or cfg.algorithm.use_kl_in_reward or rejects
@@ -272,6 +277,11 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         freeze_vision_tower=cfg.model.freeze_vision_tower,
         lora=None if cfg.model.lora is None else _as_dict(cfg.model.lora),
     )
+    vla = getattr(cfg, "vla", None) is not None
+    if vla:  # the policy built by rl-multimodal's `vla` model builder
+        from rl_algos.trainer.vla_episodes import vla_policy_options
+
+        model.update(builder="vla", builder_options=vla_policy_options(cfg))
     total_updates = _updates_per_step(cfg) * cfg.trainer.total_steps
     engine_config = _engine_config("actor", cfg.actor, model, cfg, total_updates)
     rollout = None
@@ -291,7 +301,8 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
         model_reference=cfg.model.path,
         model_files=pack_model_dir(model_path) if cfg.model.ship_to_workers else None,
         loss=cfg.actor.loss,
-        mini_batch_size=cfg.actor.mini_batch_size * cfg.rollout.n,
+        # prompts x n rows (VLA: mini-batches of policy steps)
+        mini_batch_size=cfg.actor.mini_batch_size * (1 if vla else cfg.rollout.n),
         epochs=cfg.actor.epochs,
         offload_when_generating=cfg.actor.offload_when_generating,
         # async training generates while the update runs: the rollout never sleeps then
@@ -375,7 +386,12 @@ def rollout_generator_config(cfg: Any, model_path: str, pad_token_id: int | None
         "request_timeout_s": cfg.trainer.call_timeout_s,
         "on_replica_loss": rollout.on_replica_loss,
     }
-    if cfg.env is not None:  # text environments (rl_algos.trainer.env_episodes)
+    if getattr(cfg, "vla", None) is not None:  # the VLA policy's generator (rl-multimodal)
+        from rl_algos.trainer.vla_episodes import vla_policy_options
+
+        policy = vla_policy_options(cfg)
+        config = {"rollout": config["rollout"], "placement": "colocated", "policy": policy}
+    elif cfg.env is not None:  # text environments (rl_algos.trainer.env_episodes)
         from rl_algos.trainer.env_episodes import text_env_pool_config
 
         backend = "ray" if cfg.trainer.backend == "ray" else "process"

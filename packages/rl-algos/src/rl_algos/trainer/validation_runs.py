@@ -98,6 +98,9 @@ class ValidationRuns:
         from rl_algos.validation import validation_metrics
 
         cfg = self.config
+        if hasattr(self.env_source, "play"):  # VLA: greedy episodes on held-out seeds
+            with self._producer_paused():
+                return self.env_source.validate(self.rollout, self.global_step)
         prompts = self.env_source.val_batch()
         if prompts is None:
             return {}

@@ -352,6 +352,13 @@ class ActorRolloutWorker(_TrainedRole):
             self.generator.shutdown()
             self.generator = None
 
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def export_metadata(self) -> dict[str, Any] | None:
+        """A builder model's export settings (``rl_model.json``, `rl_core.engine.models`),
+        from the rollout that serves it (the ``vla`` generator); None for HF models."""
+        meta = getattr(self.generator, "export_metadata", None)
+        return None if meta is None else meta()
+
 
 class CriticWorker(_TrainedRole):
     """PPO's critic: a value model trained on the returns.

@@ -3,8 +3,8 @@
 ``ModelConfig(path=<VLM dir>, builder="vla", builder_options={...})`` makes the fsdp engine
 build a `VLAPolicy` (`rl_core.engine.models`): the VLM with its action head and value head,
 sharded per layer like any Hugging Face model. ``builder_options`` are the `vla` section's
-policy fields (head, n_bins, image_grid, freeze_vision, hidden_mlp, init_log_std, prompt)
-plus the environment's action space (``action_low``, ``action_high``, ``max_chunk``).
+policy fields plus the environment's action space (``action_low``, ``action_high``,
+``max_chunk``): `rl_algos.trainer.vla_episodes.vla_policy_options`.
 """
 
 from __future__ import annotations
@@ -16,29 +16,7 @@ import torch
 from rl_core.env import ActionSpec
 from rl_multimodal.vla.policy import VLAPolicy, VLAPolicyConfig
 
-__all__ = ["POLICY_FIELDS", "add_lora_adapters", "build_vla_policy", "policy_options"]
-
-POLICY_FIELDS = (
-    "head",
-    "n_bins",
-    "image_grid",
-    "freeze_vision",
-    "freeze_language_model",
-    "hidden_mlp",
-    "init_log_std",
-    "prompt",
-)
-
-
-def policy_options(vla: Any, action_spec: ActionSpec) -> dict[str, Any]:
-    """``builder_options`` from the config's `vla` section and the env's action space."""
-    options = {name: getattr(vla, name) for name in POLICY_FIELDS}
-    options.update(
-        action_low=[float(x) for x in action_spec.low],
-        action_high=[float(x) for x in action_spec.high],
-        max_chunk=int(action_spec.max_chunk),
-    )
-    return options
+__all__ = ["add_lora_adapters", "build_vla_policy"]
 
 
 def build_vla_policy(config: Any, seed: int) -> VLAPolicy:

@@ -8,8 +8,10 @@ at the first reset with as many environments as seeds.
 
 `EnvGroup` splits a run's environments over its workers: with two or more workers per
 node, in two *halves* (two worker groups), so that one half steps while the policy acts
-for the other (the pipelined halves of `rl_multimodal.vla.rollout`). Calls on a half are
-non-blocking (``reset_async`` / ``step_async``, then ``wait``); every call times out.
+for the other (the pipelined halves of `rl_algos.trainer.vla_episodes`, which finds
+`start_env_group` as ``vla`` in ``rl.vla_env_groups``). Calls on a half are non-blocking
+(``reset_async`` / ``step_async``, then ``wait``); every call times out, and `restart`
+replaces a half whose worker died or hung.
 
 What an environment returns is checked: an observation whose images are not uint8
 ``[num_envs, H, W, 3]``, or change size within a run, fails the call with one line
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rl_algos.errors import InputError
+from rl_algos.trainer.vla_episodes import build_env
 from rl_core.env import ActionSpec, EnvObservation, EnvStep, concat_observations
 from rl_core.single_controller import (
     ClassWithInitArgs,
@@ -35,27 +38,7 @@ from rl_core.single_controller import (
     register,
 )
 
-__all__ = ["EnvGroup", "VLAEnvWorker", "build_env", "start_env_group"]
-
-
-def build_env(name: str, options: dict[str, Any], num_envs: int) -> Any:
-    """`num_envs` environments of the registered VLA environment `name`."""
-    from rl_algos.config import VLA_ENVS
-
-    factory = VLA_ENVS.get(name)
-    try:
-        env = factory(num_envs, **dict(options))
-    except (TypeError, ValueError) as exc:  # options, or an action space that is no bounded Box
-        text = " ".join(str(exc).split())
-        raise InputError(f"env {name!r} (env.options {dict(options)}): {text}") from None
-    spec = getattr(env, "action_spec", None)
-    if not isinstance(spec, ActionSpec):
-        raise InputError(
-            f"env {name!r}: action_spec is {type(spec).__name__}, expected an "
-            "rl_core.env.ActionSpec (finite low < high per dimension: what the action "
-            "tokenizer bins)"
-        )
-    return env
+__all__ = ["EnvGroup", "VLAEnvWorker", "start_env_group"]
 
 
 def check_observation(
@@ -193,6 +176,17 @@ class EnvGroup:
     def wait(self, half: int) -> EnvObservation | EnvStep:
         future, _ = self._pending.pop(half)
         return _merge(future.result(self.timeout_s))
+
+    def restart(self, half: int) -> None:
+        """New worker processes for `half` (one died or hung): its calls in flight are dropped."""
+        self._pending.pop(half, None)
+        self.halves[half].rebuild()
+
+    def save_frames(self, frames: list[np.ndarray], directory: Any, name: str) -> None:
+        """A validation's frames as a PNG strip and a GIF (`rl_multimodal.vla.frames`)."""
+        from rl_multimodal.vla.frames import save_frames
+
+        save_frames(frames, directory, name, max_envs=8)
 
     def close(self) -> None:
         for half in self.halves:

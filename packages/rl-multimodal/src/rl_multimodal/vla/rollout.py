@@ -1,206 +1,161 @@
-"""Multi-step episodes on worker groups: observation -> rollout role (the policy acts) ->
-environment workers step -> ... until every episode ends or `max_steps` policy steps.
+"""The VLA policy served by a rollout engine: the ``vla`` sequence generator.
 
-`run_episodes` plays one episode per seed. The environments are split into the env
-group's halves, which are pipelined: while the policy computes the actions of one half,
-the other half's env workers step their environments (non-blocking calls). With one half
-(one env worker per node) the loop is synchronous.
+`rl train` runs VLA configs through the one trainer loop (`rl_algos.trainer.loop`); its
+episode source (`rl_algos.trainer.vla_episodes`) asks the rollout for one action per
+environment and policy step through the actor group's ``generate_sequences``, as an LLM run
+asks for responses. In every actor worker (colocated placement) the rollout engine of
+``rollout.backend`` (``hf``) holds the VLM in ``rollout.dtype``; `VLAPolicyGenerator` puts
+the policy's heads on that model (`VLAPolicy`) and acts with it. Weights arrive by the LLM
+path: the worker's ``sync_weights`` streams the training engine's export (whole-layer
+buckets, cast to the rollout dtype) into `update_weights` after every update.
 
-The result, `Episodes`, holds per step and environment the rollout's output (the policy
-inputs, the action, its log-probs and value), the step reward and ``mask[b, t]`` (1 while
-the episode runs), each episode's success, return and length, and the frames;
-`Episodes.to_batch` makes the actor's training batch from it.
+Rows in: ``images`` uint8 ``[B, H, W, 3]``, ``proprio`` ``[B, P]``, non-tensor
+``instructions``, ``meta_info["greedy"]``. Rows out: ``env_actions``, ``prompt_ids`` /
+``prompt_mask`` (left-padded), ``log_probs``, ``values`` and ``action_tokens`` (tokens
+head) or ``raw_actions`` (gaussian head); not the frames (the caller keeps them).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
+from torch import Tensor
 
-from rl_core.env import EnvObservation
+from rl_core.config import check
+from rl_core.env import ActionSpec, EnvObservation
 from rl_core.protocol import DataProto
-from rl_multimodal.vla.actor_worker import observations_proto
+from rl_core.rollout import RolloutConfig, RolloutEngine, SequenceGenerator
+from rl_multimodal.vla.policy import VLAPolicy, VLAPolicyConfig, check_policy_fits
 
-__all__ = ["Episodes", "StepRecord", "run_episodes"]
+__all__ = ["VLAGeneratorConfig", "VLAPolicyGenerator", "act_on"]
 
-
-@dataclass
-class StepRecord:
-    """What the policy saw and did for the rows `rows` (env indices) at step `t`."""
-
-    t: int
-    rows: np.ndarray
-    out: DataProto  # `VLAActorWorker.act`'s output for these rows
-    images: np.ndarray  # uint8 [n, H, W, 3]: the frames the actions were taken on
-    instructions: list[str]
+SPEC_KEYS = ("action_low", "action_high", "max_chunk")
 
 
 @dataclass
-class Episodes:
-    num_envs: int
-    max_steps: int
-    records: list[StepRecord] = field(default_factory=list)
-    rewards: np.ndarray = None  # type: ignore[assignment]  # float32 [B, T]
-    mask: np.ndarray = None  # type: ignore[assignment]  # float32 [B, T]
-    success: np.ndarray = None  # type: ignore[assignment]  # bool [B]
-    frames: list[np.ndarray] = field(default_factory=list)  # per t: uint8 [B, H, W, 3]
-    env_time_s: float = 0.0
-    policy_time_s: float = 0.0
-    env_steps: int = 0
+class VLAGeneratorConfig:
+    """The rollout engine's config and the policy's (``policy``: the `vla` section's policy
+    fields plus the env's ``action_low`` / ``action_high`` / ``max_chunk``, the same
+    ``builder_options`` the training engine's ``vla`` builder gets)."""
 
-    def __post_init__(self) -> None:
-        shape = (self.num_envs, self.max_steps)
-        self.rewards = np.zeros(shape, np.float32)
-        self.mask = np.zeros(shape, np.float32)
-        self.success = np.zeros(self.num_envs, bool)
+    rollout: RolloutConfig
+    policy: dict[str, Any] = field(default_factory=dict)
+    placement: str = "colocated"
 
-    @property
-    def returns(self) -> np.ndarray:
-        return (self.rewards * self.mask).sum(1)
+    def check(self) -> None:
+        check(self.placement == "colocated", "placement", self.placement,
+              "'colocated' in a VLA run (the policy acts in the actor's processes)")  # fmt: skip
+        missing = [k for k in SPEC_KEYS[:2] if k not in self.policy]
+        check(not missing, "policy", sorted(self.policy), f"the env's action space {missing}")
 
-    @property
-    def lengths(self) -> np.ndarray:
-        return self.mask.sum(1).astype(np.int64)
+    def split(self) -> tuple[ActionSpec, VLAPolicyConfig]:
+        options = dict(self.policy)
+        spec = ActionSpec(
+            options.pop("action_low"), options.pop("action_high"), options.pop("max_chunk", 1)
+        )
+        return spec, VLAPolicyConfig(**options)
 
-    def step_values(self) -> np.ndarray:
-        """``[B, T]`` values the policy's value head gave at each step (0 where masked)."""
-        out = np.zeros((self.num_envs, self.max_steps), np.float32)
-        for rec in self.records:
-            out[rec.rows, rec.t] = rec.out.batch["values"].numpy()
+
+def act_on(policy: VLAPolicy, batch: DataProto) -> DataProto:
+    """`policy`'s actions for the observation rows of `batch` (module docstring)."""
+    obs = EnvObservation(
+        batch.batch["images"].numpy(),
+        batch.batch["proprio"].numpy(),
+        list(batch.non_tensor_batch["instructions"]),
+    )
+    with torch.no_grad():
+        inputs = policy.process(obs)
+        dtype = policy._pixel_dtype()
+        inputs.pixel_values = [px.to(dtype) for px in inputs.pixel_values]
+        out = policy.act(inputs, greedy=bool(batch.meta_info.get("greedy", False)))
+    tensors = {
+        "env_actions": torch.from_numpy(out.env_actions),
+        "prompt_ids": inputs.input_ids,
+        "prompt_mask": inputs.attention_mask,
+        "log_probs": out.log_probs.float(),
+        "values": out.values.float(),
+    }
+    if out.actions.dtype.is_floating_point:
+        tensors["raw_actions"] = out.actions.float()
+    else:
+        tensors["action_tokens"] = out.actions
+    return DataProto.from_dict(tensors=tensors)
+
+
+class VLAPolicyGenerator(SequenceGenerator):
+    """A VLA policy on an in-process rollout engine's model (see the module docstring)."""
+
+    config_class: ClassVar[type] = VLAGeneratorConfig
+
+    @classmethod
+    def parse_config(cls, data: Any) -> VLAGeneratorConfig:
+        """The typed config; on the driver, before a worker starts: the model's vocabulary
+        holds the action bins and the env's action space can be binned."""
+        if isinstance(data, VLAGeneratorConfig):  # checked on the driver already
+            return data
+        config = super().parse_config(data)
+        spec, policy = config.split()
+        check_policy_fits(config.rollout.model_path, policy, spec)
+        return config
+
+    def __init__(
+        self, config: Any, *, tokenizer: Any = None, engine: RolloutEngine | None = None
+    ) -> None:
+        from rl_multimodal.vlm.processor import load_processor
+
+        config = self.parse_config(config)
+        model = getattr(engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(
+                f"rollout.generator='vla' needs an in-process rollout engine that holds the "
+                f"model (rollout.backend='hf', rollout.placement='colocated'); got "
+                f"{type(engine).__name__}"
+            )
+        spec, policy_config = config.split()
+        self.engine, self.device = engine, getattr(engine, "device", torch.device("cpu"))
+        dtype = next(model.parameters()).dtype
+        processor = load_processor(config.rollout.model_path)
+        self.policy = VLAPolicy(model, processor, spec, policy_config)
+        self.policy.to(self.device, dtype).eval().requires_grad_(False)
+        self.version = 0
+
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        out = act_on(self.policy, batch)
+        out.meta_info["policy_version"] = self.version
         return out
 
-    def to_batch(
-        self, advantages: np.ndarray, returns: np.ndarray | None, pad_id: int
-    ) -> DataProto:
-        """One row per policy step taken, in the batch convention of the engines: the prompt
-        (left-padded) then the action tokens as the response (gaussian head: one `pad_id`
-        placeholder; the raw action in ``raw_actions``); ``old_log_probs`` from the rollout,
-        ``advantages`` (and PPO's ``values``/``returns``) broadcast over the response."""
-        width = max(r.out.batch["prompt_ids"].shape[1] for r in self.records)
-        parts = []
-        for rec in self.records:
-            b = rec.out.batch
-            n = len(rec.rows)
-            pad = width - b["prompt_ids"].shape[1]
-            prompt = torch.nn.functional.pad(b["prompt_ids"], (pad, 0), value=pad_id)
-            pmask = torch.nn.functional.pad(b["prompt_mask"], (pad, 0), value=0)
-            if "action_tokens" in b.keys():  # noqa: SIM118 (a TensorDict)
-                responses = b["action_tokens"]
-            else:
-                responses = torch.full((n, 1), pad_id, dtype=prompt.dtype)
-            r = responses.shape[1]
-            ids = torch.cat([prompt, responses], 1)
-            mask = torch.cat([pmask, torch.ones_like(responses)], 1)
-            adv = torch.as_tensor(advantages[rec.rows, rec.t], dtype=torch.float32)
-            tensors = {
-                "input_ids": ids,
-                "attention_mask": mask,
-                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                "responses": responses,
-                "response_mask": torch.ones(n, r, dtype=torch.float32),
-                "old_log_probs": b["log_probs"],
-                "advantages": adv[:, None].expand(n, r).contiguous(),
-            }
-            if "raw_actions" in b.keys():  # noqa: SIM118
-                tensors["raw_actions"] = b["raw_actions"]
-            if returns is not None:
-                ret = torch.as_tensor(returns[rec.rows, rec.t], dtype=torch.float32)
-                tensors["returns"] = ret[:, None].expand(n, r).contiguous()
-                tensors["values"] = b["values"][:, None].expand(n, r).contiguous()
-            mm = np.empty(n, dtype=object)  # the update processes each row's frame again
-            for i in range(n):  # (a copy each: a row pickles its own frame, not the batch's)
-                mm[i] = {"image": rec.images[i].copy(), "instruction": rec.instructions[i]}
-            parts.append(DataProto.from_dict(tensors, {"multi_modal_inputs": mm}))
-        return DataProto.concat(parts)
+    def update_weights(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
+    ) -> None:
+        """Every tensor of the policy (the VLM's under ``model.``, the heads') by name."""
+        state = self.policy.state_dict()
+        loaded: set[str] = set()
+        with torch.no_grad():
+            for name, tensor in weights:
+                target = state.get(name)
+                if target is None:
+                    raise KeyError(f"update_weights: {name!r} is not a tensor of the VLA policy")
+                target.copy_(tensor.to(target.device, target.dtype))
+                loaded.add(name)
+        missing = sorted(set(state) - loaded)
+        if missing:
+            raise RuntimeError(f"update_weights: no tensor for {missing[:4]} (of {len(missing)})")
+        getattr(self.engine, "_unloaded", set()).clear()  # the engine's model is loaded now
+        self.version = self.version + 1 if version is None else int(version)
 
+    def export_metadata(self) -> dict[str, Any]:
+        """What an export writes beside the weights (`VLAPolicy.export_metadata`)."""
+        return self.policy.export_metadata()
 
-def run_episodes(
-    actor: Any,
-    envs: Any,
-    key: str,
-    seeds: Sequence[int],
-    max_steps: int,
-    greedy: bool = False,
-    keep_frames: bool = False,
-) -> Episodes:
-    """One episode per seed, at most `max_steps` policy steps; `actor` is the rollout role's
-    worker group (``act``), `envs` an `rl_multimodal.vla.env_group.EnvGroup`, `key` which of
-    its workers' env batches (``train``, ``val``)."""
-    n = len(seeds)
-    ep = Episodes(n, max_steps)
-    rows = envs.rows(n)
-    halves = [h for h in range(len(rows)) if len(rows[h])]
-    seeds = np.asarray(seeds, dtype=np.int64)
-    obs: dict[int, EnvObservation] = {}
-    done = np.zeros(n, bool)
-    pending: dict[int, int] = {}  # half -> step t in flight
-    t0 = time.perf_counter()
-    for h in halves:
-        envs.reset_async(h, key, seeds[rows[h]].tolist())
-    for h in halves:
-        obs[h] = envs.wait(h)  # type: ignore[assignment]
-    ep.env_time_s += time.perf_counter() - t0
-    frames: list[dict[int, np.ndarray]] = [dict() for _ in range(max_steps + 1)]
-    for t in range(max_steps):
-        for h in halves:
-            if h in pending:
-                _finish(ep, envs, rows[h], h, pending.pop(h), obs, done, frames)
-            active = ~done[rows[h]]
-            if not active.any():
-                continue
-            frames[t][h] = obs[h].images
-            sel = np.flatnonzero(active)
-            tp = time.perf_counter()
-            seen = obs[h].select(sel)
-            out = actor.act(observations_proto(seen, greedy))
-            ep.policy_time_s += time.perf_counter() - tp
-            ep.records.append(
-                StepRecord(t, rows[h][sel], out, seen.images, list(seen.instructions))
-            )
-            ep.mask[rows[h][sel], t] = 1.0
-            ep.env_steps += len(sel)
-            actions = np.zeros((len(rows[h]), *out.batch["env_actions"].shape[1:]), np.float32)
-            actions[sel] = out.batch["env_actions"].numpy()
-            te = time.perf_counter()
-            envs.step_async(h, key, actions)
-            pending[h] = t
-            ep.env_time_s += time.perf_counter() - te
-        if not pending:
-            break
-    for h in list(pending):
-        _finish(ep, envs, rows[h], h, pending.pop(h), obs, done, frames)
-    if keep_frames:
-        ep.frames = _stack_frames(frames, rows, n)
-    return ep
+    def sleep(self, level: int = 1) -> None:
+        if self.device.type != "cpu":
+            self.policy.to("cpu")
 
+    def wake_up(self) -> None:
+        self.policy.to(self.device)
 
-def _finish(ep: Episodes, envs: Any, rows: np.ndarray, h: int, t: int, obs, done, frames) -> None:
-    te = time.perf_counter()
-    res = envs.wait(h)
-    ep.env_time_s += time.perf_counter() - te
-    live = ep.mask[rows, t] > 0
-    ep.rewards[rows[live], t] = res.reward[live]
-    ep.success[rows] |= res.info["success"]
-    done[rows] |= res.done
-    obs[h] = res.observation
-    frames[t + 1][h] = res.observation.images
-
-
-def _stack_frames(frames: list[dict[int, np.ndarray]], rows: list[np.ndarray], n: int) -> list:
-    out = []
-    last: np.ndarray | None = None
-    for per_half in frames:
-        if not per_half:
-            continue
-        first = next(iter(per_half.values()))
-        cur = np.zeros((n, *first.shape[1:]), np.uint8) if last is None else last.copy()
-        for h, images in per_half.items():
-            cur[rows[h]] = images
-        out.append(cur)
-        last = cur
-    return out
+    def shutdown(self) -> None:
+        self.policy = None  # type: ignore[assignment]

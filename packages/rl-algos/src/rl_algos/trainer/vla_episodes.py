@@ -1,0 +1,369 @@
+"""VLA runs of the trainer: episodes in simulated environments instead of prompts.
+
+With an ``env`` naming a VLA environment (``rl.vla_envs``) the trainer's rollout step plays
+``vla.groups`` start states (seeds) ``rollout.n`` times each. The environments run in an
+env worker group (``rl.vla_env_groups``: rl-multimodal's, `EnvGroup`-like: ``rows``,
+``reset_async`` / ``step_async`` / ``wait``, ``restart``, ``save_frames``); the policy acts
+through the rollout (the actor group's ``generate_sequences`` with the ``vla`` sequence
+generator), one call per policy step. The envs are split into the group's halves, which are
+pipelined: while the policy acts for one half, the other half's workers step.
+
+The batch has one row per policy step: the prompt (left-padded) then the action tokens as
+the response (gaussian head: one placeholder, the action in ``raw_actions``), the frame
+and instruction in ``multi_modal_inputs``, ``rollout_log_probs``, the step's reward on the
+row's last token, ``uid`` (the start state: the GRPO group) and ``episode_index`` /
+``episode_step``, by which `rl_algos.advantages.compute_advantage` estimates over whole
+episodes. Everything after the batch is the shared loop's.
+
+An env worker that dies or does not answer within ``env.step_timeout_s`` fails the
+episodes of its half: they are dropped from the update and counted (``env/failed_episodes``)
+as in the text environment loop, the half's workers are replaced, and a step whose failed
+share passes ``env.max_failure_fraction`` stops the run (`EnvFailureBoundError`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl_algos.errors import InputError
+from rl_algos.trainer.env_episodes import drop_failed_episodes
+from rl_core.env import ActionSpec, EnvObservation
+from rl_core.protocol import DataProto
+from rl_core.single_controller import WorkerDiedError, WorkerTimeoutError
+
+__all__ = [
+    "Episodes",
+    "VLAEpisodeSource",
+    "action_spec_of",
+    "build_env",
+    "observations_proto",
+    "play_episodes",
+    "steps_to_batch",
+    "vla_policy_options",
+]
+
+POLICY_FIELDS = (
+    "head", "n_bins", "image_grid", "freeze_vision", "freeze_language_model", "hidden_mlp",
+    "init_log_std", "prompt",
+)  # fmt: skip
+ENV_FAILURES = (WorkerDiedError, WorkerTimeoutError)
+
+
+def build_env(name: str, options: dict[str, Any], num_envs: int) -> Any:
+    """`num_envs` environments of the registered VLA environment `name`."""
+    from rl_algos.config import VLA_ENVS
+
+    try:
+        env = VLA_ENVS.get(name)(num_envs, **dict(options))
+    except (TypeError, ValueError) as exc:  # options, or an action space that is no bounded Box
+        text = " ".join(str(exc).split())
+        raise InputError(f"env {name!r} (env.options {dict(options)}): {text}") from None
+    spec = getattr(env, "action_spec", None)
+    if not isinstance(spec, ActionSpec):
+        raise InputError(
+            f"env {name!r}: action_spec is {type(spec).__name__}, expected an "
+            "rl_core.env.ActionSpec (finite low < high per dimension: what the action "
+            "tokenizer bins)"
+        )
+    return env
+
+
+@functools.cache
+def _probe(name: str, options: str) -> ActionSpec:
+    env = build_env(name, json.loads(options), 1)
+    spec = env.action_spec
+    env.close()
+    return spec
+
+
+def action_spec_of(env: Any) -> ActionSpec:
+    """The action space of the ``env`` section's environment (one probe env, no worker)."""
+    return _probe(env.name, json.dumps(dict(env.options), sort_keys=True, default=str))
+
+
+def vla_policy_options(cfg: Any) -> dict[str, Any]:
+    """The ``vla`` model builder's options: the policy fields of the `vla` section and the
+    env's action space (the training engine's and the rollout's policy are built alike)."""
+    spec = action_spec_of(cfg.env)
+    options = {name: getattr(cfg.vla, name) for name in POLICY_FIELDS}
+    options.update(
+        action_low=[float(x) for x in spec.low],
+        action_high=[float(x) for x in spec.high],
+        max_chunk=int(spec.max_chunk),
+    )
+    return options
+
+
+def observations_proto(obs: EnvObservation, greedy: bool) -> DataProto:
+    """Observations as the rows the ``vla`` generator acts on."""
+    return DataProto.from_dict(
+        tensors={
+            "images": torch.from_numpy(np.ascontiguousarray(obs.images)),
+            "proprio": torch.from_numpy(np.ascontiguousarray(obs.proprio)),
+        },
+        non_tensors={"instructions": np.array(obs.instructions, dtype=object)},
+        meta_info={"greedy": bool(greedy)},
+    )
+
+
+@dataclass
+class _Step:
+    t: int
+    rows: np.ndarray  # env indices
+    out: DataProto  # the rollout's output for these rows
+    images: np.ndarray  # the frames the actions were taken on
+    instructions: list[str]
+
+
+@dataclass
+class Episodes:
+    """One episode per env: what the policy did per step, rewards, ``mask[b, t]`` (1 while
+    episode b runs), success, the error that failed it (None: it did not fail), frames."""
+
+    num_envs: int
+    max_steps: int
+    steps: list[_Step] = field(default_factory=list)
+    frames: list[dict[int, np.ndarray]] = field(default_factory=list)
+    env_time_s: float = 0.0
+    policy_time_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.rewards = np.zeros((self.num_envs, self.max_steps), np.float32)
+        self.mask = np.zeros((self.num_envs, self.max_steps), np.float32)
+        self.success = np.zeros(self.num_envs, bool)
+        self.errors: list[str | None] = [None] * self.num_envs
+        self.frames = [dict() for _ in range(self.max_steps + 1)]
+
+    def summary(self, keep: np.ndarray, prefix: str) -> dict[str, float]:
+        if not keep.any():
+            return {}
+        returns = (self.rewards * self.mask).sum(1)[keep]
+        return {
+            f"{prefix}/success_rate": float(self.success[keep].mean()),
+            f"{prefix}/mean_return": float(returns.mean()),
+            f"{prefix}/mean_length": float(self.mask.sum(1)[keep].mean()),
+        }
+
+    def stacked_frames(self, rows: list[np.ndarray]) -> list[np.ndarray]:
+        out, last = [], None
+        for per_half in self.frames:
+            if not per_half:
+                continue
+            first = next(iter(per_half.values()))
+            cur = (
+                np.zeros((self.num_envs, *first.shape[1:]), np.uint8)
+                if last is None
+                else last.copy()
+            )
+            for h, images in per_half.items():
+                cur[rows[h]] = images
+            out.append(cur)
+            last = cur
+        return out
+
+
+def steps_to_batch(ep: Episodes, seeds: np.ndarray, pad_id: int) -> DataProto:
+    """One row per policy step taken (module docstring)."""
+    width = max(s.out.batch["prompt_ids"].shape[1] for s in ep.steps)
+    parts = []
+    for s in ep.steps:
+        b, n = s.out.batch, len(s.rows)
+        pad = width - b["prompt_ids"].shape[1]
+        prompt = torch.nn.functional.pad(b["prompt_ids"], (pad, 0), value=pad_id)
+        pmask = torch.nn.functional.pad(b["prompt_mask"], (pad, 0), value=0)
+        keys = set(b.keys())
+        if "action_tokens" in keys:
+            responses = b["action_tokens"]
+        else:
+            responses = torch.full((n, 1), pad_id, dtype=prompt.dtype)
+        mask = torch.cat([pmask, torch.ones_like(responses)], 1)
+        scores = torch.zeros(responses.shape, dtype=torch.float32)
+        scores[:, -1] = torch.as_tensor(ep.rewards[s.rows, s.t])
+        tensors = {
+            "prompts": prompt,
+            "responses": responses,
+            "input_ids": torch.cat([prompt, responses], 1),
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": torch.ones(responses.shape, dtype=torch.float32),
+            "rollout_log_probs": b["log_probs"],
+            "token_level_scores": scores,
+        }
+        if "raw_actions" in keys:
+            tensors["raw_actions"] = b["raw_actions"]
+        mm = np.empty(n, dtype=object)  # the update processes each row's frame again
+        for i in range(n):  # (a copy each: a row pickles its own frame, not the batch's)
+            mm[i] = {"image": s.images[i].copy(), "instruction": s.instructions[i]}
+        parts.append(
+            DataProto.from_dict(
+                tensors,
+                {
+                    "multi_modal_inputs": mm,
+                    "uid": np.array([f"seed-{seeds[r]}" for r in s.rows], dtype=object),
+                    "episode_index": s.rows.astype(object),
+                    "episode_step": np.full(n, s.t, dtype=object),
+                },
+            )
+        )
+    return DataProto.concat(parts)
+
+
+def play_episodes(
+    envs: Any, rollout: Any, key: str, seeds: np.ndarray, max_steps: int, greedy: bool
+) -> Episodes:
+    """One episode per seed in `envs` (the env group; `key`: its ``train`` or ``val`` envs),
+    at most `max_steps` policy steps, the actions from ``rollout.generate_sequences``; the
+    group's halves are pipelined."""
+    n = len(seeds)
+    ep = Episodes(n, max_steps)
+    rows = envs.rows(n)
+    halves = [h for h in range(len(rows)) if len(rows[h])]
+    obs: dict[int, EnvObservation] = {}
+    done = np.zeros(n, bool)
+    pending: dict[int, int] = {}  # half -> policy step in flight (-1: the reset)
+    for h in halves:
+        envs.reset_async(h, key, seeds[rows[h]].tolist())
+        pending[h] = -1
+    for t in range(max_steps):
+        for h in halves:
+            if h in pending:
+                _finish(envs, ep, rows[h], h, pending.pop(h), obs, done)
+            active = ~done[rows[h]]
+            if not active.any():
+                continue
+            ep.frames[t][h] = obs[h].images
+            sel = np.flatnonzero(active)
+            seen = obs[h].select(sel)
+            tp = time.perf_counter()
+            out = rollout.generate_sequences(observations_proto(seen, greedy))
+            ep.policy_time_s += time.perf_counter() - tp
+            ep.steps.append(_Step(t, rows[h][sel], out, seen.images, list(seen.instructions)))
+            ep.mask[rows[h][sel], t] = 1.0
+            actions = np.zeros((len(rows[h]), *out.batch["env_actions"].shape[1:]), np.float32)
+            actions[sel] = out.batch["env_actions"].numpy()
+            envs.step_async(h, key, actions)
+            pending[h] = t
+        if not pending:
+            break
+    for h in list(pending):
+        _finish(envs, ep, rows[h], h, pending.pop(h), obs, done)
+    return ep
+
+
+def _finish(envs: Any, ep: Episodes, rows: np.ndarray, h: int, t: int, obs, done) -> None:
+    """Wait for half `h`'s reset (t = -1) or step `t`; a lost or hung half fails its
+    running episodes, and its workers are replaced."""
+    te = time.perf_counter()
+    try:
+        res = envs.wait(h)
+    except ENV_FAILURES as exc:
+        for r in rows[~done[rows]]:
+            ep.errors[r] = f"{type(exc).__name__}: {exc}"
+        done[rows] = True
+        envs.restart(h)
+        return
+    finally:
+        ep.env_time_s += time.perf_counter() - te
+    if t < 0:
+        obs[h] = res
+        return
+    live = ep.mask[rows, t] > 0
+    ep.rewards[rows[live], t] = res.reward[live]
+    ep.success[rows] |= res.info["success"]
+    done[rows] |= res.done
+    obs[h] = res.observation
+    ep.frames[t + 1][h] = res.observation.images
+
+
+class VLAEpisodeSource:
+    """The VLA episode source of `RLTrainer` (module docstring): ``play`` a training
+    step's episodes, ``validate`` on held-out seeds; ``state_dict`` for exact resume."""
+
+    def __init__(self, cfg: Any, pad_token_id: int | None) -> None:
+        env = cfg.env
+        self.cfg, self.vla = cfg, cfg.vla
+        self.action_spec = action_spec_of(env)  # a config the env refuses fails here
+        self.pad_id = int(pad_token_id or 0)
+        self.val_episodes = self.vla.val_episodes
+        self.index = self.epoch = 0
+        self.envs: Any = None
+        self.frames_dir = Path(cfg.trainer.output_dir) / "frames"
+
+    def start(self) -> None:
+        """The env workers (after Ray started, beside the role groups)."""
+        from rl_algos.config import VLA_ENV_GROUPS
+
+        cfg = self.cfg
+        start = VLA_ENV_GROUPS.get("vla")
+        self.envs = start(cfg.env, cfg.trainer.nnodes, cfg.trainer.backend, cfg.env.step_timeout_s)
+
+    def seeds(self, index: int) -> np.ndarray:
+        """The start states of batch `index`: fixed by it, so a resumed run replays them."""
+        groups, n = self.vla.groups, self.cfg.rollout.n
+        first = self.cfg.trainer.seed * 1_000_000 + index * groups
+        return np.repeat(np.arange(first, first + groups), n)
+
+    def play(self, rollout: Any, index: int) -> tuple[DataProto, dict[str, float]]:
+        """The episodes of training batch `index` as a batch, and their metrics."""
+        seeds = self.seeds(index)
+        start = time.perf_counter()
+        version = rollout.version
+        ep = play_episodes(self.envs, rollout, "train", seeds, self.vla.max_steps, False)
+        elapsed = time.perf_counter() - start
+        self.index = index + 1
+        failed = np.array([e is not None for e in ep.errors])
+        episodes = DataProto.from_dict(
+            non_tensors={
+                "env_error": np.array(ep.errors, dtype=object),
+                "env_name": np.full(len(seeds), self.cfg.env.name, dtype=object),
+            }
+        )
+        _, metrics = drop_failed_episodes(episodes, self.cfg.env.max_failure_fraction)
+        batch = steps_to_batch(ep, seeds, self.pad_id)
+        keep = ~failed[np.asarray(batch.non_tensor_batch["episode_index"], np.int64)]
+        if not keep.all():
+            batch = batch[np.flatnonzero(keep)]
+        batch.meta_info["rollout_version"] = version
+        metrics.update(ep.summary(~failed, "train"))
+        metrics.update(
+            {
+                "timing/env_s": ep.env_time_s,
+                "timing/policy_s": ep.policy_time_s,
+                "perf/env_steps_per_s": float(ep.mask.sum()) / max(elapsed, 1e-9),
+            }
+        )
+        return batch, metrics
+
+    def validate(self, rollout: Any, step: int) -> dict[str, float]:
+        """Greedy episodes on the held-out seeds; the frames to ``<output_dir>/frames``."""
+        vla = self.vla
+        start = time.perf_counter()
+        seeds = np.arange(vla.val_seed_start, vla.val_seed_start + vla.val_episodes)
+        ep = play_episodes(self.envs, rollout, "val", seeds, vla.max_steps, True)
+        failed = np.array([e is not None for e in ep.errors])
+        metrics = ep.summary(~failed, "val")
+        metrics["val/env/failed_episodes"] = float(failed.sum())
+        if vla.frames:
+            frames = ep.stacked_frames(self.envs.rows(len(seeds)))
+            self.envs.save_frames(frames, self.frames_dir, f"val_step{step:04d}")
+        metrics["timing/validate_s"] = time.perf_counter() - start
+        return metrics
+
+    def state_dict(self) -> dict[str, int]:
+        return {"index": self.index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.index = int(state.get("index", 0))
+
+    def close(self) -> None:
+        if self.envs is not None:
+            self.envs.close()
+            self.envs = None
