@@ -75,6 +75,30 @@ def test_import_rule_script_exit_status(tmp_path):
     assert good.returncode == 0, good.stdout
 
 
+def test_import_cycle_fails_the_check_and_is_printed(tmp_path):
+    """A planted cycle fails, whichever way its imports are written: at module level, inside
+    a function, under TYPE_CHECKING, relative; the parent package is an edge only when named."""
+    rollout = "packages/rl-rollout/src/rl_rollout"
+    _write(tmp_path, f"{rollout}/__init__.py", "")
+    _write(tmp_path, f"{rollout}/a.py", "import rl_rollout\nfrom rl_rollout.b import B\n")
+    _write(tmp_path, f"{rollout}/b.py", "def f():\n    from . import c\n")
+    _write(tmp_path, f"{rollout}/c.py", "if TYPE_CHECKING:\n    from rl_rollout.a import A\n")
+    _write(tmp_path, "packages/rl-core/src/rl_core/leaf.py", "import os\n")
+    cycles = check_imports.import_cycles(check_imports.module_graph(tmp_path))
+    assert cycles == [["rl_rollout.a", "rl_rollout.b", "rl_rollout.c", "rl_rollout.a"]]
+    script = ROOT / "tools" / "check_imports.py"
+    bad = subprocess.run([sys.executable, script, tmp_path], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "a.py:2: import of 'rl_rollout.b': import cycle: " in bad.stdout
+    assert "rl_rollout.a -> rl_rollout.b -> rl_rollout.c -> rl_rollout.a" in bad.stdout
+    _write(tmp_path, f"{rollout}/c.py", "import rl_core.leaf\n")  # the cycle broken
+    assert check_imports.check_cycles(tmp_path) == []
+
+
+def test_no_import_cycle_in_the_repository():
+    assert check_imports.import_cycles(check_imports.module_graph(ROOT)) == []
+
+
 @pytest.mark.parametrize(
     ("old", "new", "added", "removed", "ok"),
     [

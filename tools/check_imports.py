@@ -6,6 +6,11 @@ Rules (the README's "Packages" section states them for users):
     function) in rl_core.testing, whose suites drive engines that bring them.
   * a package imports no sibling except rl_core, and never rl_core's private modules
     (a dotted component starting with "_"); rl_multimodal may also use rl_algos' public API.
+  * no import cycle among the packages' modules. Every import statement counts: at module
+    level, inside a function, under ``if TYPE_CHECKING:``, absolute or relative; so moving an
+    import into a function does not break a cycle. ``from a.b import c`` is an edge to the
+    module ``a.b.c`` when it is one, else to ``a.b``; the parent packages Python imports on
+    the way are not edges. A cycle is printed as ``a -> b -> a``.
 
 Usage: python tools/check_imports.py [ROOT]; exit status 1 and one line per violation.
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,15 +97,123 @@ def check_tree(root: Path) -> list[Violation]:
     return violations
 
 
+def _module_names(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the packages under `root`."""
+    names = {}
+    for directory in PACKAGE_DIRS.values():
+        src = root / directory
+        for path in sorted(src.rglob("*.py")):
+            parts = path.relative_to(src.parent).with_suffix("").parts
+            names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _imported_names(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[str, int]]:
+    """(absolute dotted name, line) of everything any import statement in `tree` names."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")[: None if is_package else -1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                yield f"{base}.{alias.name}", node.lineno
+
+
+def module_graph(root: Path) -> dict[str, dict[str, int]]:
+    """Module -> {module it imports: line of the first such import}, our modules only."""
+    names = _module_names(root)
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in names.items():
+        edges = graph.setdefault(module, {})
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for name, line in _imported_names(tree, module, path.name == "__init__.py"):
+            while name and name not in names:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                edges.setdefault(name, line)
+    return graph
+
+
+def import_cycles(graph: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) per strongly connected group of modules, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            node, targets = work[-1]
+            target = next((t for t in targets if t not in index or t in stack), None)
+            if target is not None and target not in index:
+                index[target] = low[target] = len(index)
+                stack.append(target)
+                work.append((target, iter(sorted(graph.get(target, {})))))
+            elif target is not None:
+                low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group, member = set(), ""
+                    while member != node:
+                        member = stack.pop()
+                        group.add(member)
+                    if len(group) > 1:
+                        groups.append(group)
+    return sorted(_shortest_cycle(graph, group) for group in groups)
+
+
+def _shortest_cycle(graph: Mapping[str, Mapping[str, int]], group: set[str]) -> list[str]:
+    """The shortest way from the group's first module back to itself, inside the group."""
+    first = min(group)
+    paths = {first: [first]}
+    frontier = [first]
+    while frontier:
+        following = []
+        for node in frontier:
+            for target in sorted(graph[node]):
+                if target == first:
+                    return paths[node] + [first]
+                if target in group and target not in paths:
+                    paths[target] = paths[node] + [target]
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"no cycle through {first}")  # a strongly connected group has one
+
+
+def check_cycles(root: Path) -> list[Violation]:
+    """One violation per import cycle, at the import that leaves the cycle's first module."""
+    graph = module_graph(root)
+    names = _module_names(root)
+    found = []
+    for cycle in import_cycles(graph):
+        line = graph[cycle[0]][cycle[1]]
+        found.append(
+            Violation(names[cycle[0]], line, cycle[1], "import cycle: " + " -> ".join(cycle))
+        )
+    return found
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
-    violations = check_tree(root)
+    violations = check_tree(root) + check_cycles(root)
     for violation in violations:
         print(violation)
     if violations:
-        print(f"{len(violations)} forbidden import(s)")
+        print(f"{len(violations)} forbidden import(s) or import cycle(s)")
         return 1
-    print("import rule: ok")
+    print("import rule: ok, no import cycle")
     return 0
 
 

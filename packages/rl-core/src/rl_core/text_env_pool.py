@@ -36,11 +36,9 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Listener
-from typing import Any, Literal
+from typing import Any
 
-from rl_core.config import check
 from rl_core.text_env import (
     EnvCrashedError,
     EnvOutputError,
@@ -51,41 +49,10 @@ from rl_core.text_env import (
     TextEnvStep,
     resolve_text_env,
 )
+from rl_core.text_env_config import EnvWorker, TextEnvPoolConfig
 from rl_core.text_env_host import EnvHost
 
 __all__ = ["EnvEpisode", "EnvHost", "TextEnvPool", "TextEnvPoolConfig"]
-
-
-@dataclass
-class TextEnvPoolConfig:
-    """Which environments (name -> options) and how they run.
-
-    backend: "process" (subprocesses of this process) or "ray" (actors with
-    ``num_cpus_per_worker`` CPUs). max_concurrency: calls a worker runs at once (threads).
-    A worker that holds ``max_hung_calls`` calls past their time-out is replaced."""
-
-    envs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    backend: Literal["process", "ray"] = "process"
-    num_workers: int = 1
-    max_concurrency: int = 32
-    step_timeout_s: float = 60.0
-    episode_timeout_s: float = 600.0
-    start_timeout_s: float = 120.0
-    num_cpus_per_worker: float = 1.0
-    max_hung_calls: int = 4
-
-    def check(self) -> None:
-        check(self.num_workers >= 1, "num_workers", self.num_workers, "an integer >= 1")
-        check(self.max_concurrency >= 1, "max_concurrency", self.max_concurrency, ">= 1")
-        check(self.step_timeout_s > 0, "step_timeout_s", self.step_timeout_s, "> 0 seconds")
-        check(
-            self.episode_timeout_s >= self.step_timeout_s,
-            "episode_timeout_s",
-            self.episode_timeout_s,
-            f">= step_timeout_s ({self.step_timeout_s})",
-        )
-        check(self.max_hung_calls >= 1, "max_hung_calls", self.max_hung_calls, ">= 1")
-        check(self.backend in ("process", "ray"), "backend", self.backend, "'process' or 'ray'")
 
 
 # ---------------------------------------------------------------------- worker process
@@ -137,21 +104,7 @@ def _child_main() -> None:
 # ---------------------------------------------------------------------- client side
 
 
-class _Worker:
-    """One worker as the client sees it: ``await call(method, args, timeout)``."""
-
-    generation: int
-    hung: int = 0
-    dead: str | None = None
-
-    async def call(self, method: str, args: tuple, timeout: float) -> Any:
-        raise NotImplementedError
-
-    def kill(self) -> None:
-        raise NotImplementedError
-
-
-class _ProcessWorker(_Worker):
+class _ProcessWorker(EnvWorker):
     """A fresh interpreter (``python -c``: it imports rl_core and the environments' modules,
     never the caller's main script) connected over an authenticated local socket."""
 
@@ -292,14 +245,14 @@ class TextEnvPool:
         for name in config.envs:
             resolve_text_env(name)  # an unknown name fails here, in the caller's process
         self.config = config
-        self._workers: list[_Worker | None] = [None] * config.num_workers
+        self._workers: list[EnvWorker | None] = [None] * config.num_workers
         self._load = [0] * config.num_workers
         self._generation = itertools.count()
         self._episode_ids = itertools.count()
         self._lock = threading.Lock()
         self.failures: dict[str, int] = {}
 
-    def _worker(self, index: int) -> _Worker:
+    def _worker(self, index: int) -> EnvWorker:
         with self._lock:
             worker = self._workers[index]
             if worker is not None and (worker.dead or worker.hung >= self.config.max_hung_calls):
@@ -324,7 +277,13 @@ class TextEnvPool:
             self._load[index] -= 1
 
     async def call(
-        self, worker: _Worker, name: str, turn: int | None, method: str, args: tuple, timeout: float
+        self,
+        worker: EnvWorker,
+        name: str,
+        turn: int | None,
+        method: str,
+        args: tuple,
+        timeout: float,
     ) -> Any:
         """One call with a time limit; every failure as a `TextEnvError` of `name`/`turn`."""
         try:
@@ -388,7 +347,7 @@ class EnvEpisode:
 
     def __init__(self, pool: TextEnvPool, index: int, name: str, episode_id: str) -> None:
         self.pool, self.index, self.name, self.episode_id = pool, index, name, episode_id
-        self.worker: _Worker | None = None
+        self.worker: EnvWorker | None = None
         self.kind = "env"  # "agent": the environment runs an agent (`run_agent`)
         self.turn = 0
         self.deadline = time.monotonic() + pool.config.episode_timeout_s

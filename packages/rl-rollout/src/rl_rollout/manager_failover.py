@@ -21,44 +21,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rl_rollout.manager_replicas import RayReplica, RolloutReplicaError
+from rl_rollout.replica_loss import replica_lost
 
-if TYPE_CHECKING:
-    from rl_rollout.manager import RolloutManager
-
-__all__ = ["ReplicaFailover", "replica_lost"]
+__all__ = ["ReplicaFailover", "ReplicaPool", "replica_lost"]
 
 log = logging.getLogger(__name__)
-# a dead Ray actor, or a server that closed / refused the connection
-LOST = {
-    "RayActorError",
-    "ActorDiedError",
-    "ActorUnavailableError",
-    "ConnectError",
-    "RemoteProtocolError",
-    "ReadError",
-    "WriteError",
-}
 
 
-def replica_lost(exc: BaseException) -> bool:
-    """Whether `exc` (or an error in its cause chain) says the replica itself is gone."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if any(cls.__name__ in LOST for cls in type(current).__mro__):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
+class ReplicaPool(Protocol):
+    """What failover uses of its `rl_rollout.manager.RolloutManager` (a protocol: the
+    manager imports this module, never the other way round)."""
+
+    config: Any
+    balancer: Any
+    replicas: list[Any]
+    dropped: set[int]
+    engine_factory: Any
+    policy_version: int
 
 
 class ReplicaFailover:
     """The manager's record of lost replicas and what was done (module docstring)."""
 
-    def __init__(self, manager: RolloutManager) -> None:
+    def __init__(self, manager: ReplicaPool) -> None:
         self.manager = manager
         self.mode = manager.config.on_replica_loss
         self.lost = 0

@@ -39,6 +39,7 @@ from rl_core.rollout import (
     SamplingParams,
     build_rollout_engine,
 )
+from rl_rollout.weight_sync import BucketStream
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,6 @@ class _EngineHost:
     async def begin_weight_update(self, version: int | None, timeout_s: float = 600.0) -> None:
         """Open one update session: the engine's single ``update_weights`` call, fed by a
         bounded stream of buckets (`receive_weight_bucket`) until `finish_weight_update`."""
-        from rl_rollout.weight_sync import BucketStream
-
         assert self.engine is not None, "replica not started"
         if self._update is not None:
             raise RuntimeError("begin_weight_update: a weight update session is already open")

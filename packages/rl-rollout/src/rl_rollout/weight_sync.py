@@ -39,6 +39,7 @@ from torch import Tensor
 
 from rl_core.engine import tensor_nbytes
 from rl_core.rollout import RolloutEngine
+from rl_rollout.replica_loss import replica_lost
 
 __all__ = [
     "BucketStream",
@@ -239,8 +240,6 @@ def _wait_all(
     lost) within `timeout_s`, else `WeightSyncError` naming the receiver. With `lost` (a
     set), a receiver whose process died is added to it instead; losing all of them raises."""
     import ray
-
-    from rl_rollout.manager_failover import replica_lost
 
     sent = [ref for ref in refs if ref is not None]
     _ready, not_ready = ray.wait(sent, num_returns=len(sent), timeout=timeout_s)

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from rl_core.single_controller.dispatch import Collector
+from typing import Any, Protocol
 
 __all__ = ["GroupFuture"]
+
+
+class Collector(Protocol):
+    """What a future needs of `rl_core.single_controller.dispatch.Collector` (a protocol
+    here, so that this module does not import the dispatch module that imports it)."""
+
+    kind: str
+    ranks: tuple[int, ...]
+    role: str
+    method: str
+
+    def combine(self, outputs: list[Any], metas: list[dict[str, Any]]) -> Any: ...
+
 
 _UNSET = object()
 

@@ -51,7 +51,7 @@ from rl_core.testing import standin_collectives
 
 __all__ = ["DEVICE_TYPE", "StandInPlatform", "StandInTensor", "allocated_bytes", "install"]
 
-DEVICE_TYPE = "standin"
+DEVICE_TYPE = standin_collectives.DEVICE_TYPE
 _CPU = torch.device("cpu")
 _DEVICE: torch.device | None = None
 _LIVE: dict[int, weakref.ref] = {}  # id(host tensor) -> weak reference, for allocated_bytes

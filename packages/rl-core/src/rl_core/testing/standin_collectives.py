@@ -45,6 +45,7 @@ __all__ = [
 ]
 
 BACKEND = "standin"
+DEVICE_TYPE = "standin"  # the device type; `standin` re-exports it
 
 # the covered calls: name -> how the group is found when it is not a keyword
 TENSOR_OPS = (
@@ -120,8 +121,6 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 
 def _check_tensors(op: str, tensors: Iterator[torch.Tensor]) -> None:
-    from rl_core.testing.standin import DEVICE_TYPE
-
     for tensor in tensors:
         if tensor.device.type != DEVICE_TYPE:
             raise HostTensorInCollective(
@@ -167,8 +166,6 @@ def _strict_object_op(name: str, original: Callable) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind_partial(*args, **kwargs)
         if _is_device_group(bound.arguments.get("group")) and not _STATE["device_set"]:
-            from rl_core.testing.standin import DEVICE_TYPE
-
             raise NoCurrentDevice(
                 f"{name} on rank {_rank()}: no current {DEVICE_TYPE} device was set. Like "
                 "NCCL's, the object collectives of a device group pickle into a tensor on "
@@ -186,8 +183,6 @@ def _object_device(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def device_type(group: Any = None) -> str:
-        from rl_core.testing.standin import DEVICE_TYPE
-
         return DEVICE_TYPE if _is_device_group(group) else original(group)
 
     return device_type
@@ -203,8 +198,6 @@ def install() -> None:
     """Register the ``standin`` backend and wrap the collectives (idempotent)."""
     if _STATE["installed"]:
         return
-    from rl_core.testing.standin import DEVICE_TYPE
-
     dist.Backend.register_backend(BACKEND, _create_group, devices=["cpu", DEVICE_TYPE])
     wrapped: dict[str, Callable] = {}
     for name in TENSOR_OPS:

@@ -53,7 +53,7 @@ def check_failed_save(spec: dict[str, Any]) -> None:
     that rank, the checkpoint saved before at the same path stays complete and loads."""
     import torch.distributed as dist
 
-    from rl_core.testing.train_engine import (
+    from rl_core.testing.train_engine_checks import (
         _shard,
         _weights,
         engine_config,
@@ -88,7 +88,7 @@ def check_failed_save(spec: dict[str, Any]) -> None:
 def run_standin_collective_checks(spec: dict[str, Any]) -> dict[str, Any]:
     """Rank side: install the stand-in (NCCL-strict groups), then run the multi-rank checks
     named in ``spec["checks"]`` (default: all) with the engine on the stand-in device."""
-    from rl_core.testing import train_engine
+    from rl_core.testing import train_engine_checks as train_engine
     from rl_core.testing.standin import DEVICE_TYPE, install
 
     install()

@@ -9,12 +9,13 @@ from typing import Any
 import ray
 
 from rl_core.single_controller.ray.lifecycle import ensure_ray
-from rl_core.text_env_pool import EnvHost, TextEnvPoolConfig, _Worker
+from rl_core.text_env_config import EnvWorker, TextEnvPoolConfig
+from rl_core.text_env_host import EnvHost
 
 __all__ = ["RayEnvWorker"]
 
 
-class RayEnvWorker(_Worker):
+class RayEnvWorker(EnvWorker):
     """An environment worker as a Ray actor holding ``num_cpus_per_worker`` CPUs."""
 
     def __init__(self, config: TextEnvPoolConfig, generation: int) -> None:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from rl_core.config import check
 from rl_rollout.tools.base import Tool, ToolResult, ToolSchema
 from rl_rollout.tools.sandbox.config import SandboxConfig
+from rl_rollout.tools.sandbox.run import run_python, select_backend
 
 PYTHON_TOOL_SCHEMA = ToolSchema(
     name="python",
@@ -57,8 +58,6 @@ class PythonSandboxTool(Tool):
         max_concurrency: int = 4,
         schema: ToolSchema | dict[str, Any] | None = None,
     ) -> None:
-        from rl_rollout.tools.sandbox import select_backend
-
         options: PythonToolOptions = self.parse_options(
             {"config": config or {}, "max_concurrency": max_concurrency, "schema": None}
         )
@@ -76,8 +75,6 @@ class PythonSandboxTool(Tool):
         return self._semaphores[loop_id]
 
     async def execute(self, arguments: dict[str, Any]) -> ToolResult:
-        from rl_rollout.tools.sandbox import run_python
-
         async with self._semaphore():
             result = await asyncio.to_thread(run_python, arguments["code"], self.config)
         metrics = {
