@@ -6,9 +6,10 @@
   its chat template, its answers stop at ``<|im_end|>`` and are parsed; its agreement with
   20 hand labels is printed (a model this small is near chance: no threshold).
 
-The engines are observed through `_Observed`, which forwards every call to the real
-engine and records how many requests were in flight (or, for the time-out test, never
-forwards: a judge that hangs).
+The judge's rollout manager runs in process here (the trainer's local backend); its engine
+is observed through `_observe`, which forwards every request to the real engine and
+records how many were in flight (or, for the time-out test, never forwards: a judge that
+hangs). The judge on a replica of its own (Ray) is tests/integration/test_roles.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from typing import Any
 import pytest
 
 from rl_algos.config.judge_section import JudgeConfig
-from rl_algos.rewards.judge import GenerativeJudge, JudgeParseError, JudgeTimeoutError
+from rl_algos.rewards.judge import (
+    GenerativeJudge,
+    JudgeParseError,
+    JudgeTimeoutError,
+    judge_generator_config,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # (question, answer, 1 if the answer is correct)
@@ -42,38 +48,50 @@ VERDICT_TEMPLATE = (
 )
 
 
-class _Observed:
-    """A real rollout engine seen from the judge: records the most requests in flight and
-    the aborted ids; ``hang``: never answers (a stuck judge)."""
+class _Seen:
+    """What `_observe` recorded: the most requests in flight and the aborted ids."""
 
-    def __init__(self, engine: Any, hang: bool = False) -> None:
-        self.engine, self.hang = engine, hang
-        self.in_flight = self.max_in_flight = 0
+    in_flight = max_in_flight = 0
+
+    def __init__(self) -> None:
         self.aborted: list[str] = []
 
-    async def generate(self, prompt_ids, params, request_id, multi_modal_data=None):
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+def _observe(engine: Any, hang: bool) -> _Seen:
+    """Wrap a real engine's `generate` and `abort` (``hang``: never answers)."""
+    seen, generate, abort = _Seen(), engine.generate, engine.abort
+
+    async def observed_generate(prompt_ids, params, request_id, multi_modal_data=None):
+        seen.in_flight += 1
+        seen.max_in_flight = max(seen.max_in_flight, seen.in_flight)
         try:
-            if self.hang:
+            if hang:
                 await asyncio.sleep(3600)
-            return await self.engine.generate(prompt_ids, params, request_id)
+            return await generate(prompt_ids, params, request_id)
         finally:
-            self.in_flight -= 1
+            seen.in_flight -= 1
 
-    async def abort(self, request_ids):
-        self.aborted += list(request_ids)
-        await self.engine.abort(request_ids)
+    async def observed_abort(request_ids):
+        seen.aborted += list(request_ids)
+        await abort(request_ids)
 
-    async def shutdown(self):
-        await self.engine.shutdown()
+    engine.generate, engine.abort = observed_generate, observed_abort
+    return seen
 
 
-def _judge(path: str, hang: bool = False, **options: Any) -> tuple[GenerativeJudge, _Observed]:
-    from rl_core.rollout import RolloutConfig, build_rollout_engine
+def _judge(path: str, hang: bool = False, **options: Any) -> tuple[GenerativeJudge, _Seen]:
+    from transformers import AutoTokenizer
 
-    engine = _Observed(build_rollout_engine(RolloutConfig(model_path=path, backend="hf")), hang)
-    return GenerativeJudge(JudgeConfig(model_path=path, **options), path, engine=engine), engine
+    from rl_core.rollout import RolloutConfig, build_rollout_engine, build_sequence_generator
+
+    config = JudgeConfig(model_path=path, **options)
+    engine = build_rollout_engine(RolloutConfig(model_path=path, backend="hf"))
+    seen = _observe(engine, hang)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    generator = build_sequence_generator(
+        "agent_loop", judge_generator_config(config, 0, True), tokenizer=tokenizer, engine=engine
+    )
+    return GenerativeJudge(config, generator, tokenizer), seen
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +118,6 @@ def test_one_batch_of_requests_and_garbage_answers_counted(tiny_path):
         assert all(scores[i] == o.score for i, o in enumerate(outcomes) if o.status == "ok")
         assert metrics["judge/timeouts"] == metrics["judge/errors"] == 0
 
-        judge.config.max_concurrency = 3
-        judge.score_texts(prompts, responses)
-        assert engine.max_in_flight == 8  # the first batch's record; this one stays below 3
-        engine.max_in_flight = 0
-        judge.score_texts(prompts, responses)
-        assert engine.max_in_flight == 3
-
         # a verdict the random model never writes: on_failure=raise names the sample
         judge.config = JudgeConfig(model_path=tiny_path, parser="verdict",
                                    verdicts={"zyzzyva": 1.0}, max_new_tokens=4)  # fmt: skip
@@ -126,7 +137,11 @@ def test_a_hanging_judge_times_out_and_its_requests_are_aborted(tiny_path):
         scores, outcomes, metrics = judge.score_texts(["q"] * 4, ["a"] * 4)
         assert time.monotonic() - start < 10
         assert [o.status for o in outcomes] == ["timeout"] * 4 and scores == [0.0] * 4
-        assert metrics["judge/timeouts"] == 4 and len(engine.aborted) == 4
+        assert metrics["judge/timeouts"] == 4
+        deadline = time.monotonic() + 5  # each request's time-out aborts it
+        while len(engine.aborted) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(engine.aborted) == 4
         judge.config.on_failure = "raise"
         with pytest.raises(JudgeTimeoutError, match=r"no answer within 0\.5 s"):
             judge.score_texts(["q"], ["a"])
@@ -148,7 +163,6 @@ def test_smollm2_as_the_judge_against_hand_labels():
         text = judge.tokenizer.decode(ids)
         assert text.endswith("<|im_start|>assistant\n")  # the judge's own chat template
         assert "Question: What is 2 + 3?\nAnswer: 5\nIs the answer correct?" in text
-        assert 2 in judge.stop_token_ids  # <|im_end|>, from its generation config
         start = time.monotonic()
         _, outcomes, metrics = judge.score_texts(
             [q for q, _, _ in HAND_LABELS], [a for _, a, _ in HAND_LABELS]
@@ -172,13 +186,14 @@ def test_smollm2_as_the_judge_against_hand_labels():
 @pytest.mark.timeout(900)
 def test_rl_train_genrm_tiny_example(tmp_path, run_rl):
     """`rl train examples/genrm_tiny.yaml`: the policy trains on the rule-based reward plus
-    SmolLM2's weighted verdicts (in-process backend: Ray's start-up is tested elsewhere)."""
+    SmolLM2's weighted verdicts, the judge on an hf rollout replica of its own (Ray)."""
     from rl_algos.trainer.tracking import read_jsonl
 
     out = tmp_path / "run"
     result = run_rl("train", str(EXAMPLES / "genrm_tiny.yaml"), f"trainer.output_dir={out}",
-                    "trainer.backend=local", cwd=tmp_path)  # fmt: skip
+                    cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "role judge: pool judge (split), rollout replica 0" in result.stderr
     history = read_jsonl(out / "metrics.jsonl")
     assert [h["step"] for h in history] == [1, 2]
     for h in history:

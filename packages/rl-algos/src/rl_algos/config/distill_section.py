@@ -2,7 +2,10 @@
 
 The student (the policy) samples; the teacher, an inference-only model like the
 reference policy (any architecture and size the engine loads, with the student's exact
-vocabulary), gives the log-prob of every sampled token. The per-token reverse KL
+vocabulary), gives the log-prob of every sampled token. The teacher is a worker group of
+its own (`placement: split`, the default: `num_workers` processes on a pool of their own,
+with its own `dtype` and `parallel` layout) or shares the actor's processes by choice
+(`placement: colocated`). The per-token reverse KL
 KL(student || teacher) is estimated on the student's own tokens,
 ``log pi_student(y_t) - log pi_teacher(y_t)``, and trained one of two ways:
 
@@ -40,6 +43,7 @@ from typing import Any, Literal
 
 from rl_algos.kl import KL_TYPES
 from rl_core.config import check
+from rl_core.engine.config import ParallelConfig
 
 __all__ = ["DistillConfig"]
 
@@ -53,8 +57,16 @@ class DistillConfig:
     """The teacher model (any reference `model.path` takes; a different architecture and
     size are fine, the vocabulary must be the policy's); null: no distillation."""
     teacher_engine: str = "fsdp"
-    """The inference-only engine that runs the teacher on the actor's workers, with the
-    actor's micro-batching and parallelism."""
+    """The inference-only engine that runs the teacher (with the actor's micro-batching)."""
+    placement: Literal["split", "colocated"] = "split"
+    """`split`: a worker group of `num_workers` processes on a pool of its own;
+    `colocated`: a role in the actor's processes (`num_workers` is the actor's)."""
+    num_workers: int = 1
+    """The teacher's processes (placement split; CPUs/devices per process: the trainer's)."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The teacher's weights and compute dtype (null: `model.dtype` / `model.compute_dtype`)."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """The teacher's parallel layout over its processes (the engine's `parallel`)."""
     teacher_engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """The teacher engine's own options (checked by the engine it names)."""
     coef: float = 1.0
@@ -77,6 +89,7 @@ class DistillConfig:
             self.teacher_prompt_key,
             "null or a column name of the training rows",
         )
+        check(self.num_workers >= 1, "num_workers", self.num_workers, "an integer >= 1")
         check(self.coef > 0, "coef", self.coef, "> 0 (the weight of the reverse KL)")
         check(
             self.kl_type in KL_TYPES, "kl_type", self.kl_type, f"one of {list(KL_TYPES)}", KL_TYPES

@@ -1,7 +1,8 @@
 """The ``reward.judge`` section: a generative reward model (an LLM judge).
 
 A judge model, served by any rollout backend (``hf``, ``vllm``, ``sglang`` or a third
-party's, by name), reads each response through a prompt template and answers; a parser
+party's, by name) on a rollout pool of its own, or by OpenAI-compatible servers (never in
+the driver), reads each response through a prompt template and answers; a parser
 turns the answer into a score (`rl_algos.rewards.judge`). Its score, times `weight`, is
 added to the rule-based score and the scalar reward model's (verl's reward loop combines
 its reward sources the same way), or scores alone (``reward.rule_based: false``).
@@ -45,7 +46,21 @@ class JudgeConfig:
     """The judge (any reference `model.path` takes; its tokenizer may differ from the
     policy's: it reads text); null: no judge."""
     backend: str = "hf"
-    """The rollout engine that serves the judge (`rl.rollouts`), run by the driver."""
+    """The rollout engine that serves the judge (`rl.rollouts`) on the judge's pool."""
+    placement: Literal["split", "remote"] = "split"
+    """`split`: `num_replicas` rollout replicas of its own (Ray actors; a lost one is
+    replaced; the trainer's local backend runs it in its one process); `remote`: the
+    OpenAI-compatible servers at `remote_urls` (serving `remote_model`)."""
+    num_replicas: int = 1
+    """The judge's rollout replicas (placement split)."""
+    cpus_per_replica: float = 1.0
+    """CPUs of each replica (on top of `trainer.ray_num_cpus`, like the rollout pool's)."""
+    gpus_per_replica: float = 0.0
+    """Devices of each replica."""
+    remote_urls: list[str] = field(default_factory=list)
+    """The servers of placement remote (the judge's tokenizer is `model_path`'s)."""
+    remote_model: str | None = None
+    """The model name the servers serve (null: `model_path`)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The judge's dtype (auto: bfloat16 on accelerators, float32 on CPU)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -76,7 +91,7 @@ class JudgeConfig:
     max_response_chars: int = 4000
     """Responses are cut to this many characters in the template."""
     max_concurrency: int = 64
-    """The most judgments in flight at once (the engine batches them)."""
+    """The most judgments in flight at once per replica (the engine batches them)."""
     timeout_s: float = 60.0
     """The longest one judgment may take (then it is aborted)."""
     batch_timeout_s: float = 600.0
@@ -113,7 +128,10 @@ class JudgeConfig:
         )
         check(bool(self.verdicts) and all(w.strip() for w in self.verdicts), "verdicts",
               self.verdicts, "a non-empty mapping of verdict words to scores")  # fmt: skip
-        for name in ("max_new_tokens", "max_response_chars", "max_concurrency"):
+        check(self.placement != "remote" or bool(self.remote_urls), "remote_urls",
+              self.remote_urls, "a non-empty list of server URLs with placement remote")  # fmt: skip
+        check(self.cpus_per_replica > 0, "cpus_per_replica", self.cpus_per_replica, "> 0")
+        for name in ("max_new_tokens", "max_response_chars", "max_concurrency", "num_replicas"):
             value = getattr(self, name)
             check(value >= 1, name, value, "an integer >= 1")
         check(self.temperature >= 0, "temperature", self.temperature, ">= 0 (0: greedy)")

@@ -1,37 +1,32 @@
-"""A generative reward model: an LLM judge served by a rollout engine.
+"""A generative reward model: an LLM judge served by a rollout role of its own.
 
 `GenerativeJudge` fills the `reward.judge` template (`rl_algos.config.judge_section`) with
-each sample's prompt, decoded response and ground truth, generates the judge's answers
-for the whole batch at once (every request in flight together, up to `max_concurrency`:
-the engine batches them; each request limited to `timeout_s`, the batch to
-`batch_timeout_s`), and parses each answer into a score (`parse_judgment`).
+each sample's prompt, decoded response and ground truth, sends the whole batch to the
+judge's rollout manager at once (a `SequenceGenerator` by name: `reward.judge.placement`
+split, its own pool of rollout replicas, a lost one replaced; or remote, OpenAI-compatible
+servers; each request limited to `timeout_s`, the batch to `batch_timeout_s`), and parses
+each answer into a score (`parse_judgment`). The driver holds the judge's tokenizer only.
 
 The judge's answers are untrusted model output: an answer without a score raises
 `JudgeParseError`, a judgment past its time `JudgeTimeoutError` (``on_failure: raise``),
 or it scores ``failure_score`` (``on_failure: score``); either way it is counted
-(``judge/unparseable``, ``judge/timeouts``, ``judge/errors``), never silently 0.
-
-The engine is built by name (`rl_core.rollout.build_rollout_engine`) in the driver process
-and driven from a private event-loop thread.
+(``judge/unparseable``, ``judge/timeouts``, ``judge/errors``), never silently 0. A request
+past `timeout_s` ends the batch's judging: every judgment of that batch counts as a time-out.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import os
 import re
-import threading
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 
 from rl_algos.config.judge_section import JudgeConfig
+from rl_core.protocol import DataProto
 
 __all__ = [
     "GenerativeJudge",
@@ -39,12 +34,12 @@ __all__ = [
     "JudgeOutcome",
     "JudgeParseError",
     "JudgeTimeoutError",
+    "judge_generator_config",
     "parse_judgment",
     "render_template",
 ]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 
 
@@ -121,24 +116,6 @@ class JudgeOutcome:
     error: str = ""
 
 
-def _stop_token_ids(tokenizer: Any, model_path: str) -> list[int]:
-    """Every end-of-sequence id the judge declares: its tokenizer's and its generation
-    config's (SmolLM2's chat turns end at ``<|im_end|>``)."""
-    ids: list[int] = []
-
-    def add(value: Any) -> None:
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, int) and v not in ids:
-                ids.append(v)
-
-    add(getattr(tokenizer, "eos_token_id", None))
-    path = os.path.join(model_path, "generation_config.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            add(json.load(f).get("eos_token_id"))
-    return ids
-
-
 def _prompt_text(raw: Any) -> str:
     """The last user message of a chat prompt (or the prompt string itself)."""
     if isinstance(raw, np.ndarray):
@@ -160,52 +137,53 @@ def _ground_truth_text(non_tensor: dict[str, np.ndarray], i: int) -> str:
     return ""
 
 
-class _LoopThread:
-    """A private asyncio event loop in a daemon thread (the engine's coroutines run here)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="judge-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+def judge_generator_config(config: JudgeConfig, seed: int, in_process: bool) -> dict[str, Any]:
+    """The judge's rollout manager (the ``agent_loop`` generator's config): its replicas
+    or servers, one answer of at most `max_new_tokens` per request, a lost replica replaced.
+    ``in_process``: the trainer's local backend (everything in one process, for debugging)."""
+    local = in_process and config.placement == "split"
+    return {
+        "rollout": {"model_path": config.model_path, "backend": config.backend, "seed": seed,
+                    "dtype": config.dtype, "max_num_seqs": config.max_concurrency,
+                    "engine_kwargs": dict(config.engine_kwargs)},
+        "placement": "colocated" if local else config.placement,
+        "num_replicas": config.num_replicas,
+        "num_cpus_per_replica": config.cpus_per_replica,
+        "num_gpus_per_replica": config.gpus_per_replica,
+        "max_concurrency_per_replica": config.max_concurrency,
+        "remote_urls": list(config.remote_urls),
+        "remote_model": config.remote_model,
+        "loop": {"response_length": config.max_new_tokens},
+        "sampling": {"temperature": config.temperature, "max_tokens": config.max_new_tokens},
+        "request_timeout_s": config.timeout_s,
+        "batch_timeout_s": config.batch_timeout_s,
+        "on_replica_loss": "replace",
+    }  # fmt: skip
 
 
 class GenerativeJudge:
-    """Scores responses with a judge model (`config`: the `reward.judge` section;
-    `model_path`: the resolved judge directory). ``engine``: a started rollout engine to
-    use instead of building one from the config (tests). Call `close()` at the end."""
+    """Scores responses with a judge model (`config`: the `reward.judge` section) served by
+    `generator` (a `SequenceGenerator` over the judge's replicas; `start` builds it);
+    `tokenizer`: the judge's. Call `close()` at the end."""
 
-    def __init__(
-        self, config: JudgeConfig, model_path: str, seed: int = 0, engine: Any = None
-    ) -> None:
+    def __init__(self, config: JudgeConfig, generator: Any, tokenizer: Any, seed: int = 0):
+        self.config = config
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.failover: dict[str, float] = {}
+
+    @classmethod
+    def start(cls, config: JudgeConfig, seed: int = 0, in_process: bool = False) -> Any:
+        """The judge of `config` on its own replicas (Ray actors) or servers."""
         from transformers import AutoTokenizer
 
-        from rl_core.rollout import RolloutConfig, build_rollout_engine
+        from rl_core.rollout import build_sequence_generator
 
-        self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.stop_token_ids = _stop_token_ids(self.tokenizer, model_path)
-        self.seed = seed
-        self._thread = _LoopThread()
-        self._requests = 0
-        if engine is None:
-            rollout_config = RolloutConfig(
-                model_path=model_path,
-                backend=config.backend,
-                dtype=config.dtype,
-                seed=seed,
-                max_num_seqs=config.max_concurrency,
-                engine_kwargs=dict(config.engine_kwargs),
-            )
-            # built on the loop thread: engines may start background tasks on the running loop
-            engine = self._thread.run(_build(build_rollout_engine, rollout_config), 3600.0)
-        self.engine = engine
+        tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        generator_config = judge_generator_config(config, seed, in_process)
+        generator = build_sequence_generator("agent_loop", generator_config, tokenizer=tokenizer)
+        return cls(config, generator, tokenizer, seed)
 
     # ------------------------------------------------------------------ prompts
 
@@ -227,57 +205,34 @@ class GenerativeJudge:
 
     # ------------------------------------------------------------------ judging
 
-    async def _one(self, index: int, ids: list[int], gate: asyncio.Semaphore) -> JudgeOutcome:
-        from rl_core.rollout import SamplingParams
-
-        cfg = self.config
-        request_id = f"judge-{self._requests}-{index}"
-        params = SamplingParams(
-            n=1,
-            temperature=cfg.temperature,
-            max_tokens=cfg.max_new_tokens,
-            stop_token_ids=tuple(self.stop_token_ids),
-            seed=self.seed + index,
-        )
-        async with gate:
-            try:
-                outputs = await asyncio.wait_for(
-                    self.engine.generate(ids, params, request_id), cfg.timeout_s
-                )
-            except TimeoutError:
-                await self.engine.abort([request_id])
-                return JudgeOutcome("timeout", error=f"no answer within {cfg.timeout_s} s")
-            except asyncio.CancelledError:
-                await asyncio.shield(self.engine.abort([request_id]))
-                raise
-            except Exception as exc:  # a prompt the engine refuses (e.g. too long)
-                return JudgeOutcome("error", error=f"{type(exc).__name__}: {exc}")
-        tokens = [t for t in outputs[0].token_ids if t not in self.stop_token_ids]
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if outputs[0].finish_reason == "abort":
-            return JudgeOutcome("timeout", text=text, error="aborted by the engine")
-        try:
-            return JudgeOutcome("ok", text=text, score=parse_judgment(text, cfg))
-        except JudgeParseError as exc:
-            return JudgeOutcome("unparseable", text=text, error=str(exc))
-
-    async def _all(self, prompts: list[list[int]]) -> list[JudgeOutcome]:
-        gate = asyncio.Semaphore(self.config.max_concurrency)
-        tasks = [asyncio.ensure_future(self._one(i, ids, gate)) for i, ids in enumerate(prompts)]
-        done, pending = await asyncio.wait(tasks, timeout=self.config.batch_timeout_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        late = JudgeOutcome(
-            "timeout", error=f"batch deadline {self.config.batch_timeout_s} s passed"
-        )
-        return [t.result() if t in done else late for t in tasks]
-
     def judge(self, prompts: list[list[int]]) -> list[JudgeOutcome]:
         """Judge every prompt (judge token ids) at once; one outcome each, in order."""
-        self._requests += 1
-        return self._thread.run(self._all(prompts), self.config.batch_timeout_s + 60.0)
+        rows = {"raw_prompt_ids": [list(p) for p in prompts],
+                "seed": [self.seed + i for i in range(len(prompts))]}  # fmt: skip
+        try:
+            out = self.generator.generate_sequences(DataProto.from_dict(non_tensors=rows))
+        except Exception as exc:  # past timeout_s / batch_timeout_s, a refused prompt, ...
+            status = "timeout" if isinstance(exc, TimeoutError) else "error"
+            why = f"no answer within {self.config.timeout_s} s: " if status == "timeout" else ""
+            return [JudgeOutcome(status, error=f"{why}{type(exc).__name__}: {exc}")] * len(prompts)
+        lost = {k: v for k, v in out.meta_info.get("rollout_metrics", {}).items() if "replica" in k}
+        self.failover = {k.replace("rollout/", "judge/"): v for k, v in lost.items()}
+        width = out.batch["prompts"].shape[-1]
+        lengths = out.batch["attention_mask"][:, width:].sum(-1).tolist()
+        outcomes = []
+        for i, n in enumerate(lengths):
+            tokens = out.batch["responses"][i, : int(n)].tolist()
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            if out.non_tensor_batch["finish_reason"][i] == "abort":
+                outcomes.append(JudgeOutcome("timeout", text=text, error="aborted by the engine"))
+                continue
+            try:
+                outcomes.append(
+                    JudgeOutcome("ok", text=text, score=parse_judgment(text, self.config))
+                )
+            except JudgeParseError as exc:
+                outcomes.append(JudgeOutcome("unparseable", text=text, error=str(exc)))
+        return outcomes
 
     def score_texts(
         self, prompts: list[str], responses: list[str], ground_truths: list[str] | None = None
@@ -311,6 +266,7 @@ class GenerativeJudge:
             "judge/errors": float(sum(o.status == "error" for o in outcomes)),
             "judge/score_mean": float(sum(scores) / count),
             "judge/seconds": seconds,
+            **self.failover,
         }
         return scores, outcomes, metrics
 
@@ -337,13 +293,5 @@ class GenerativeJudge:
         return token_level, metrics
 
     def close(self) -> None:
-        """Stop the engine and the loop thread."""
-        try:
-            self._thread.run(self.engine.shutdown(), 60.0)
-        except Exception as exc:  # already gone
-            log.warning("judge engine shutdown failed: %s", exc)
-        self._thread.close()
-
-
-async def _build(factory: Any, config: Any) -> Any:
-    return factory(config)
+        """Stop the judge's replicas."""
+        self.generator.shutdown()

@@ -2,8 +2,9 @@
 
 Every process the run places on Ray reserves CPUs: the training workers
 (``trainer.nnodes * trainer.num_workers``, ``trainer.cpus_per_worker`` each), a split
-critic (``critic.num_workers``), a split rollout pool (``rollout.num_replicas *
-rollout.cpus_per_replica``) and the text environments' worker processes
+critic (``critic.num_workers``) or teacher (``distill.num_workers``), a split rollout pool
+(``rollout.num_replicas * rollout.cpus_per_replica``), the judge's pool
+(``reward.judge.num_replicas * reward.judge.cpus_per_replica``) and the text environments' worker processes
 (``env.num_workers`` per rollout manager, ``env.cpus_per_worker`` each: one manager per
 training worker when the rollout is colocated, one in the driver otherwise).
 
@@ -23,7 +24,7 @@ from typing import Any
 
 from rl_core.config import ConfigError
 
-__all__ = ["CpuPlan", "expected_cluster_cpus", "plan_cpus"]
+__all__ = ["CpuPlan", "expected_cluster_cpus", "plan_cpus", "rollout_pool_cpus"]
 
 _EPS = 1e-9
 
@@ -42,16 +43,27 @@ class CpuPlan:
         return (self.env_cpus_per_worker or 0.0) * self.env_workers
 
 
+def _pool_cpus(cfg: Any) -> float:
+    """The CPUs of the split rollout pool and of the judge's pool."""
+    rollout, judge = cfg.rollout, cfg.reward.judge
+    cpus = rollout.num_replicas * rollout.cpus_per_replica if rollout.placement == "split" else 0
+    if judge.enabled and judge.placement == "split" and cfg.trainer.backend == "ray":
+        cpus += judge.num_replicas * judge.cpus_per_replica
+    return float(cpus)
+
+
+def rollout_pool_cpus(cfg: Any) -> int:
+    """The CPUs added to ``trainer.ray_num_cpus`` for the rollout and judge pools."""
+    return math.ceil(_pool_cpus(cfg))
+
+
 def expected_cluster_cpus(cfg: Any) -> float | None:
-    """The CPUs of the Ray cluster the run will start: ``trainer.ray_num_cpus`` (plus a split
-    rollout pool's, which come on top), else this machine's usable CPUs; None when joining
-    an existing cluster (``RAY_ADDRESS``), whose size is known only once connected."""
+    """The CPUs of the Ray cluster the run will start: ``trainer.ray_num_cpus`` (plus the
+    rollout and judge pools', which come on top), else this machine's usable CPUs; None when
+    joining an existing cluster (``RAY_ADDRESS``), whose size is known only once connected."""
     trainer = cfg.trainer
     if trainer.ray_num_cpus is not None:
-        cpus = float(trainer.ray_num_cpus)
-        if cfg.rollout.placement == "split":
-            cpus += math.ceil(cfg.rollout.num_replicas * cfg.rollout.cpus_per_replica)
-        return cpus
+        return float(trainer.ray_num_cpus + rollout_pool_cpus(cfg))
     if os.environ.get("RAY_ADDRESS"):
         return None
     try:
@@ -85,7 +97,10 @@ def plan_cpus(cfg: Any, cluster_cpus: float | None) -> CpuPlan:
     critic_split = bool(cfg.uses_critic) and cfg.critic.placement == "split"
     if critic_split:
         training += cfg.critic.num_workers
-    pool = rollout.num_replicas * rollout.cpus_per_replica if rollout.placement == "split" else 0.0
+    teacher_split = cfg.distill.enabled and cfg.distill.placement == "split"
+    if teacher_split:
+        training += cfg.distill.num_workers
+    pool = _pool_cpus(cfg)
     per_trainer = trainer.cpus_per_worker if trainer.cpus_per_worker is not None else 1.0
     others = training * per_trainer + pool  # what must run beside the environments
     if env_workers and env_cpus is None:
@@ -102,7 +117,7 @@ def plan_cpus(cfg: Any, cluster_cpus: float | None) -> CpuPlan:
         # the training workers take what the environments leave (whole CPUs, at least 1)
         spare = cluster_cpus - pool - (env_cpus or 0.0) * env_workers
         trainer_cpus = float(max(1, int((spare + _EPS) // training)))
-        if critic_split or rollout.placement == "split":
+        if critic_split or teacher_split or rollout.placement == "split":
             trainer_cpus = 1.0  # others share the cluster: as without environments
     return CpuPlan(float(cluster_cpus), trainer_cpus, env_cpus, env_workers)
 
@@ -122,6 +137,8 @@ def _refuse(
     ]
     if cfg.uses_critic and cfg.critic.placement == "split":
         parts.append(f"critic.num_workers={cfg.critic.num_workers}")
+    if cfg.distill.enabled and cfg.distill.placement == "split":
+        parts.append(f"distill.num_workers={cfg.distill.num_workers}")
     if rollout.placement == "split":
         parts.append(
             f"rollout.num_replicas={rollout.num_replicas} x "

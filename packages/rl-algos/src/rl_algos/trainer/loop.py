@@ -64,7 +64,12 @@ from rl_algos.trainer.batch_ops import (
 )
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
 from rl_algos.trainer.failover import FailoverPolicy, lost_worker
-from rl_algos.trainer.placement import RoleGroups, recomputes_old_log_probs, start_role_groups
+from rl_algos.trainer.placement import (
+    RoleGroups,
+    log_roles,
+    recomputes_old_log_probs,
+    start_role_groups,
+)
 from rl_algos.trainer.rollout_client import RolloutClient, build_rollout_client
 from rl_algos.trainer.run_setup import (
     materialize_generated_task,
@@ -113,6 +118,14 @@ class RLTrainer(ValidationRuns):
             self.rollout: RolloutClient = build_rollout_client(
                 config, self.groups.actor, self.tokenizer, self.model_path, None
             )
+        self.judge = None  # a rollout role of its own (prompt runs)
+        if config.reward.judge.enabled and self.env_source is None:
+            from rl_algos.rewards.judge import GenerativeJudge
+
+            with timed(self.setup_timing, "judge"):
+                local = config.trainer.backend == "local"
+                self.judge = GenerativeJudge.start(config.reward.judge, config.trainer.seed, local)
+        log_roles(self.groups, self.rollout, self.judge)
         self.global_step = 0
         self._train_iter = None
         self.buffer: AsyncRolloutBuffer | None = None
@@ -201,7 +214,7 @@ class RLTrainer(ValidationRuns):
         if cfg.env is not None:
             self.train_loader = self.env_source
             self.train_set = self.val_set = None
-            self.reward = self.judge = None
+            self.reward = None
         else:
             self._prepare_prompts(cfg, setup)
         self.kl_ctrl = None
@@ -294,12 +307,6 @@ class RLTrainer(ValidationRuns):
                     batch_timeout_s=rc.batch_timeout_s,
                 ),
             )
-        self.judge = None
-        if rc.judge.enabled:
-            from rl_algos.rewards.judge import GenerativeJudge
-
-            with timed(setup, "judge"):
-                self.judge = GenerativeJudge(rc.judge, rc.judge.model_path, seed=cfg.trainer.seed)
 
     # ------------------------------------------------------------------ dataflow
 
@@ -470,9 +477,9 @@ class RLTrainer(ValidationRuns):
         after the row's own teacher prompt (``distill.teacher_prompt_key``)."""
         key = self.config.distill.teacher_prompt_key
         if key is None:
-            return self.groups.actor.compute_teacher_log_prob(batch)
+            return self.groups.teacher.compute_teacher_log_prob(batch)
         view = with_prompts(batch, f"{key}_ids", self.train_set.pad_token_id)
-        out = self.groups.actor.compute_teacher_log_prob(view)
+        out = self.groups.teacher.compute_teacher_log_prob(view)
         return DataProto.from_dict(tensors={TEACHER_LOG_PROB: out.batch[TEACHER_LOG_PROB]})
 
     def train_step(self) -> dict[str, float]:

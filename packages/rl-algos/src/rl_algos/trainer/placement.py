@@ -6,6 +6,9 @@
   (one Ray actor per process hosts all roles; the hybrid engine);
 * ``split``: the critic gets its own pool of ``critic.num_workers`` processes.
 
+``distill.placement``: the distillation teacher's pool (``split``, the default:
+``distill.num_workers`` processes of its own) or the actor's processes (``colocated``).
+
 ``rollout.placement`` (see `rl_algos.trainer.rollout_client`): ``colocated`` puts a rollout
 engine into every actor worker; ``split`` and ``remote`` leave the actor workers without one.
 
@@ -18,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -26,14 +28,19 @@ from typing import Any
 
 from rl_algos.errors import ConfigError
 from rl_algos.trainer.batch_ops import timed
-from rl_algos.trainer.cpu_plan import expected_cluster_cpus, plan_cpus
+from rl_algos.trainer.cpu_plan import expected_cluster_cpus, plan_cpus, rollout_pool_cpus
 from rl_algos.trainer.model_source import pack_model_dir
 from rl_algos.trainer.worker_config import (
     ActorWorkerConfig,
     CriticWorkerConfig,
-    RewardModelWorkerConfig,
+    InferenceWorkerConfig,
 )
-from rl_algos.trainer.workers import ActorRolloutWorker, CriticWorker, RewardModelWorker
+from rl_algos.trainer.workers import (
+    ActorRolloutWorker,
+    CriticWorker,
+    RewardModelWorker,
+    TeacherWorker,
+)
 from rl_core.config import build, check
 from rl_core.engine import ENGINES, EngineConfig, OptimizerConfig
 from rl_core.platform import platform_for_cluster
@@ -51,10 +58,11 @@ __all__ = [
     "actor_worker_config",
     "critic_worker_config",
     "default_cpus_per_worker",
+    "log_roles",
     "recomputes_old_log_probs",
     "rollout_generator_config",
     "start_role_groups",
-    "teacher_engine_config",
+    "teacher_worker_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,10 +78,12 @@ class RoleGroups:
     uses_reference: bool
     dp_size: int
     owned_ray: bool = False
+    teacher: WorkerGroup | None = None
 
     def views(self) -> dict[str, WorkerGroup]:
         """Every role's group (colocated roles are views of the same processes)."""
         found = {"actor": self.actor, "critic": self.critic, "reward_model": self.reward_model}
+        found["teacher"] = self.teacher
         return {role: group for role, group in found.items() if group is not None}
 
     def lost_processes(self, role: str | None) -> list[str]:
@@ -119,13 +129,36 @@ class RoleGroups:
             self.actor.shutdown_rollout()  # colocated engines (a no-op elsewhere)
         except Exception as exc:  # the group may already be gone
             log.warning("rollout shutdown failed: %s", exc)
-        for group in (self.actor, self.critic, self.reward_model):
-            if group is not None:
-                group.shutdown()
+        for group in self.views().values():
+            group.shutdown()
         if self.owned_ray:
             import ray
 
             ray.shutdown()
+
+
+def log_roles(groups: RoleGroups, rollout: Any = None, judge: Any = None) -> list[str]:
+    """Log (and return) one line per role: its pool, its processes (rank, pid, node) and
+    their devices; the rollout and the judge by their replicas or servers."""
+    lines, pools = [], {}
+    for role, group in groups.views().items():
+        pool = next((p for p, g in pools.items() if group.shares_processes(g)), role)
+        pools.setdefault(pool, group)
+        pids = [int(m["pid"]) for m in group.peak_memory()]
+        ranks = [f"rank {i.rank} pid {pid} node {i.node_id[:8]} {i.platform} "
+                 f"{i.resources.num_cpus:g} CPU devices {list(i.resources.accelerator_ids)}"
+                 for i, pid in zip(group.worker_infos, pids, strict=True)]  # fmt: skip
+        lines.append(f"{role}: pool {pool}, {group.world_size} process(es): {'; '.join(ranks)}")
+    for role, client in (("rollout", getattr(rollout, "generator", None)), ("judge", judge)):
+        manager = getattr(getattr(client, "generator", client), "manager", None)
+        if manager is not None:
+            replicas = [f"{r.where()} {getattr(r, 'resources', '')}" for r in manager.replicas]
+            lines.append(f"{role}: pool {role} ({manager.config.placement}), {'; '.join(replicas)}")
+        elif role == "rollout" and rollout is not None:
+            lines.append("rollout: in the actor's processes (colocated)")
+    for line in lines:
+        log.info("role %s", line)
+    return lines
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -178,10 +211,18 @@ def _engine_config(
 
 
 def _world_size(key: str, cfg: Any) -> int:
-    """The processes of a role's worker group: the critic's own pool when split."""
-    if key == "critic" and cfg.critic.placement == "split":
-        return cfg.critic.num_workers
-    return cfg.trainer.nnodes * cfg.trainer.num_workers
+    """The processes of a role's worker group: the critic's or teacher's own pool."""
+    return _own_pools(cfg).get(key) or cfg.trainer.nnodes * cfg.trainer.num_workers
+
+
+def _own_pools(cfg: Any) -> dict[str, int]:
+    """The roles on a pool of their own (split placement) and their processes."""
+    pools = {}
+    if cfg.uses_critic and cfg.critic.placement == "split":
+        pools["critic"] = cfg.critic.num_workers
+    if cfg.distill.enabled and cfg.distill.placement == "split":
+        pools["teacher"] = cfg.distill.num_workers
+    return pools
 
 
 def _engine_kwargs(cfg: Any, role_kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -287,14 +328,11 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     rollout = None
     if cfg.rollout.placement == "colocated":
         rollout = rollout_generator_config(cfg, model_path, pad_token_id)
-    distill = cfg.distill
     return ActorWorkerConfig(
         engine=cfg.actor.engine,
         engine_config=engine_config,
         ref=_inference_only(engine_config) if cfg.uses_reference else None,
-        teacher=teacher_engine_config(cfg) if distill.enabled else None,
-        teacher_engine=distill.teacher_engine,
-        distill=distill if distill.enabled else None,
+        distill=cfg.distill if cfg.distill.enabled else None,
         generator=cfg.rollout.generator,
         rollout=rollout,
         # a worker on another node resolves these when it cannot see model_path
@@ -313,28 +351,36 @@ def actor_worker_config(cfg: Any, model_path: str, pad_token_id: int | None) -> 
     )
 
 
-def teacher_engine_config(cfg: Any) -> EngineConfig:
-    """The distillation teacher's engine config: inference-only, its own model (any size;
-    `distill.teacher_path`, resolved by the trainer), the actor's micro-batching and
-    parallelism, `distill.teacher_engine_kwargs` (checked by the engine it names)."""
+def teacher_worker_config(cfg: Any) -> InferenceWorkerConfig:
+    """The distillation teacher's worker config: inference-only, its own model (any size;
+    `distill.teacher_path`, resolved by the trainer), dtype and parallel layout over its
+    processes, the actor's micro-batching, `distill.teacher_engine_kwargs` (checked by the
+    engine it names)."""
     distill, actor = cfg.distill, cfg.actor
-    data = {
-        "model": _model_fields(cfg, distill.teacher_path),
-        "parallel": _as_dict(actor.parallel),
-        "micro_batch": {
-            "micro_batch_size": actor.micro_batch_size,
-            "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch,
-        },
-        "seed": cfg.trainer.seed,
-        "timeout_s": cfg.trainer.group_timeout_s,
-        "engine_kwargs": _engine_kwargs(cfg, distill.teacher_engine_kwargs),
-        "inference_only": True,
-        "optim": {"lr": 0.0},
+    model = _model_fields(cfg, distill.teacher_path)
+    if distill.dtype is not None:
+        model.update(dtype=distill.dtype, compute_dtype=distill.dtype)
+    micro_batch = {
+        "micro_batch_size": actor.micro_batch_size,
+        "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch,
     }
-    engine_config = build(EngineConfig, data, "distill")
-    _checked("distill", ENGINES.get(distill.teacher_engine).parse_options, engine_config)
-    _checked("distill", engine_config.parallel.dp_layout, _world_size("actor", cfg))
-    return engine_config
+    parallel = _as_dict(distill.parallel)
+    kwargs = _engine_kwargs(cfg, distill.teacher_engine_kwargs)
+    worker = _inference_worker("distill", distill.teacher_engine, cfg, model, parallel=parallel,
+                               micro_batch=micro_batch, engine_kwargs=kwargs)  # fmt: skip
+    _checked("distill", worker.engine_config.parallel.dp_layout, _world_size("teacher", cfg))
+    return worker
+
+
+def _inference_worker(
+    key: str, engine: str, cfg: Any, model: dict[str, Any], **fields: Any
+) -> InferenceWorkerConfig:
+    """A never-trained model's worker config; the engine's options are checked here."""
+    data = {"model": model, "seed": cfg.trainer.seed, "timeout_s": cfg.trainer.group_timeout_s,
+            "inference_only": True, "optim": {"lr": 0.0}, **fields}  # fmt: skip
+    engine_config = build(EngineConfig, data, key)
+    _checked(key, ENGINES.get(engine).parse_options, engine_config)
+    return InferenceWorkerConfig(engine=engine, engine_config=engine_config)
 
 
 def _rollout_kwargs(rollout: Any) -> dict[str, Any]:
@@ -429,20 +475,11 @@ def critic_worker_config(cfg: Any, model_path: str) -> CriticWorkerConfig:
     )
 
 
-def reward_model_worker_config(cfg: Any) -> RewardModelWorkerConfig:
+def reward_model_worker_config(cfg: Any) -> InferenceWorkerConfig:
     """The typed config a `RewardModelWorker` is built from (never trained)."""
     model = _model_fields(cfg, cfg.reward.model_path, value_head=True)
-    data = {
-        "model": model,
-        "seed": cfg.trainer.seed,
-        "timeout_s": cfg.trainer.group_timeout_s,
-        "engine_kwargs": _engine_kwargs(cfg, None),
-        "inference_only": True,
-        "optim": {"lr": 0.0},
-    }
-    engine_config = build(EngineConfig, data, "reward")
-    _checked("reward", ENGINES.get(cfg.reward.model_engine).parse_options, engine_config)
-    return RewardModelWorkerConfig(engine=cfg.reward.model_engine, engine_config=engine_config)
+    kwargs = _engine_kwargs(cfg, None)
+    return _inference_worker("reward", cfg.reward.model_engine, cfg, model, engine_kwargs=kwargs)
 
 
 def start_role_groups(
@@ -466,6 +503,8 @@ def start_role_groups(
         roles["reward_model"] = ClassWithInitArgs(
             RewardModelWorker, reward_model_worker_config(cfg)
         )
+    if cfg.distill.enabled:
+        roles["teacher"] = ClassWithInitArgs(TeacherWorker, teacher_worker_config(cfg))
     uses_reference = actor.args[0].ref is not None
     trainer = cfg.trainer
     owned_ray = False
@@ -487,9 +526,8 @@ def start_role_groups(
         from rl_core.single_controller.ray import ensure_ray
 
         num_cpus = trainer.ray_num_cpus
-        if num_cpus is not None and cfg.rollout.placement == "split":
-            # the rollout pool's actors come on top of the training workers
-            num_cpus += math.ceil(cfg.rollout.num_replicas * cfg.rollout.cpus_per_replica)
+        if num_cpus is not None:  # the rollout and judge pools come on top of the workers
+            num_cpus += rollout_pool_cpus(cfg)
         with timed(timing, "ray_init"):
             owned_ray = ensure_ray(num_cpus)
         try:
@@ -497,15 +535,10 @@ def start_role_groups(
             if expected_cpus is None or abs(cluster_cpus - expected_cpus) > 1e-6:
                 plan = plan_cpus(cfg, cluster_cpus)  # the cluster joined: checked on its size
             workers_start = time.perf_counter()
-            critic_split = needs_critic and cfg.critic.placement == "split"
-            shares_cluster = critic_split or cfg.rollout.placement != "colocated"
+            own_pools = _own_pools(cfg)
+            shares_cluster = bool(own_pools) or cfg.rollout.placement != "colocated"
             groups = _ray_groups(
-                trainer,
-                roles,
-                cfg.critic,
-                critic_split,
-                shares_cluster,
-                plan.trainer_cpus_per_worker,
+                trainer, roles, own_pools, shares_cluster, plan.trainer_cpus_per_worker
             )
             timing["workers_start"] = time.perf_counter() - workers_start
             _init_models(groups, timing)
@@ -520,6 +553,7 @@ def start_role_groups(
         uses_reference=uses_reference,
         dp_size=groups["actor"].world_size,
         owned_ray=owned_ray,
+        teacher=groups.get("teacher"),
     )
 
 
@@ -543,14 +577,14 @@ def default_cpus_per_worker(
 def _ray_groups(
     trainer: Any,
     roles: dict[str, ClassWithInitArgs],
-    critic: Any,
-    critic_split: bool,
+    own_pools: dict[str, int],
     shares_cluster: bool,
     planned_cpus: float | None = None,
 ) -> dict[str, WorkerGroup]:
-    """The Ray worker groups of `roles` (colocated, or the critic apart when split).
-    `shares_cluster`: other actors (a critic or rollout pool of their own) need CPUs too,
-    so ``cpus_per_worker: null`` stays at 1."""
+    """The Ray worker groups of `roles`: those in `own_pools` (role -> processes) on a
+    pool of their own, the others colocated in the actor's processes.
+    `shares_cluster`: other actors (a pool of their own) need CPUs too, so
+    ``cpus_per_worker: null`` stays at 1."""
     import ray
 
     from rl_core.single_controller.ray import RayWorkerGroup
@@ -582,20 +616,14 @@ def _ray_groups(
         "call_timeout_s": trainer.call_timeout_s,
         "heartbeat_timeout_s": trainer.heartbeat_timeout_s,
     }
-    if critic_split:
-        # The critic gets its own pool; the reward model stays with the actor.
-        colocated = {k: v for k, v in roles.items() if k != "critic"}
-    else:
-        colocated = roles
+    colocated = {k: v for k, v in roles.items() if k not in own_pools}
     pool = pool_of([trainer.num_workers] * trainer.nnodes)
     if len(colocated) > 1:
         groups = RayWorkerGroup(pool, create_colocated_worker_cls(colocated), **kwargs).spawn()
     else:
         groups = {"actor": RayWorkerGroup(pool, roles["actor"], name_prefix="actor", **kwargs)}
-    if critic_split:
-        groups["critic"] = RayWorkerGroup(
-            pool_of([critic.num_workers]), roles["critic"], name_prefix="critic", **kwargs
-        )
+    for role, processes in own_pools.items():  # the reward model stays with the actor
+        groups[role] = RayWorkerGroup(pool_of([processes]), roles[role], name_prefix=role, **kwargs)
     return groups
 
 

@@ -65,12 +65,11 @@ def check_same_vocabulary(policy: Any, other: Any, key: str, role: str) -> None:
     distillation is not supported). One `ConfigError` naming ``key`` otherwise."""
     problem = _tokenizer_difference(policy, other, special_tokens=True)
     if problem is not None:
-        raise ConfigError(
-            key,
-            f"a {role} with the policy's tokenizer: the same get_vocab() and special tokens "
-            f"(it has {problem}; cross-tokenizer distillation is not supported)",
-            value=getattr(other, "name_or_path", None),
-        )
+        theirs, mine = (f"{type(t).__name__} {t.name_or_path!r}" for t in (other, policy))
+        raise ConfigError(key, f"a {role} with model.path's tokenizer ({mine}): the same "
+                          f"get_vocab() and special tokens; its tokenizer {theirs} has {problem} "
+                          "(no token mapping: cross-tokenizer distillation is not supported)",
+                          value=getattr(other, "name_or_path", None))  # fmt: skip
 
 
 def check_same_tokenizer(policy: Any, reward_model: Any) -> None:

@@ -14,19 +14,20 @@ from rl_algos.config.distill_section import DistillConfig
 from rl_algos.losses import PolicyLossConfig, ValueLossConfig
 from rl_core.engine import EngineConfig
 
-__all__ = ["ActorWorkerConfig", "CriticWorkerConfig", "RewardModelWorkerConfig"]
+__all__ = ["ActorWorkerConfig", "CriticWorkerConfig", "InferenceWorkerConfig"]
 
 
 @dataclass(kw_only=True)
-class RewardModelWorkerConfig:
-    """A never-trained scalar-head model: the engine's name and its config."""
+class InferenceWorkerConfig:
+    """A never-trained model (reward model, distillation teacher): the engine's name and
+    its config."""
 
     engine: str
     engine_config: EngineConfig
 
 
 @dataclass(kw_only=True)
-class _TrainedRoleConfig(RewardModelWorkerConfig):
+class _TrainedRoleConfig(InferenceWorkerConfig):
     """A trained role: PPO-style updates of ``mini_batch_size`` rows, ``epochs`` passes;
     the shuffle of each update is seeded with ``seed`` and the step."""
 
@@ -51,15 +52,13 @@ class ActorWorkerConfig(_TrainedRoleConfig):
     generator's name and ``rollout`` its typed config (the class it names declares it),
     or None when the rollout runs outside the training workers (split, remote).
     ``model_reference`` / ``model_files``: how a worker on another node finds the model.
-    ``teacher`` / ``teacher_engine``: the distillation teacher's engine config and engine
-    name (None: no distillation), ``distill`` its loss settings.
+    ``distill``: the distillation loss settings (None: no distillation; the teacher is a
+    role of its own, `rl_algos.trainer.workers.TeacherWorker`).
     ``sleep_while_training``: None means on accelerators only.
     """
 
     loss: PolicyLossConfig
     ref: EngineConfig | None = None
-    teacher: EngineConfig | None = None
-    teacher_engine: str = "fsdp"
     distill: DistillConfig | None = None
     generator: str = "agent_loop"
     rollout: Any = None

@@ -2,12 +2,14 @@
 
 * `ActorRolloutWorker`: the hybrid engine: a training engine (the actor), a rollout engine
   with its sequence generator (colocated placement only), and optionally the reference
-  model and the distillation teacher (inference-only engines), in one process. Weights
+  model (an inference-only engine), in one process. Weights
   move trainer -> rollout in process (`sync_weights`) or, with a rollout pool of its own
   (split placement), to that pool's actors (`push_weights`); either way one update
   session per sync, in whole-layer buckets.
 * `CriticWorker`: a value model (PPO's critic).
 * `RewardModelWorker`: a scalar-head model that scores whole responses (RLHF-style).
+* `TeacherWorker`: the distillation teacher, inference-only, on a pool of its own
+  (``distill.placement``) with its own model, dtype and parallel layout.
 
 Every engine, rollout backend and generator is found by name through rl-core's registries,
 so this module never imports a sibling package. Configs arrive typed
@@ -28,17 +30,19 @@ import torch
 from rl_algos.distill import TEACHER_LOG_PROB, make_distill_loss_fn
 from rl_algos.losses import make_actor_loss_fn, make_critic_loss_fn
 from rl_algos.trainer.snapshots import RankSnapshots
-from rl_algos.trainer.worker_config import (
-    ActorWorkerConfig,
-    CriticWorkerConfig,
-    RewardModelWorkerConfig,
-)
+from rl_algos.trainer.worker_config import ActorWorkerConfig, CriticWorkerConfig
 from rl_core.engine import EngineConfig, TrainEngine, build_engine
 from rl_core.protocol import DataProto
 from rl_core.rollout import build_rollout_engine, build_sequence_generator
 from rl_core.single_controller import Dispatch, Worker, register
 
-__all__ = ["ActorRolloutWorker", "CriticWorker", "RewardModelWorker", "score_on_last_token"]
+__all__ = [
+    "ActorRolloutWorker",
+    "CriticWorker",
+    "RewardModelWorker",
+    "TeacherWorker",
+    "score_on_last_token",
+]
 
 
 DP_MESH = "dp"
@@ -106,7 +110,39 @@ def _localize_model_path(cfg: ActorWorkerConfig) -> ActorWorkerConfig:
     return dataclasses.replace(cfg, engine_config=engine_config, ref=ref, rollout=rollout)
 
 
-class _TrainedRole(Worker):
+class _EngineRole(Worker):
+    """A role with one engine built from ``config.engine`` / ``config.engine_config``."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.engine: TrainEngine | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self.engine = build_engine(self.config.engine, self.config.engine_config)
+        self._declare_dp_mesh()
+
+    def _declare_dp_mesh(self) -> None:
+        """Tell the dispatch which data-parallel shard this rank takes and whether its
+        outputs are kept (engines with TP/PP: only TP rank 0 of the last stage)."""
+        self.set_dispatch_mesh(
+            DP_MESH,
+            dp_rank=self.engine.dp_rank,
+            dp_size=self.engine.dp_size,
+            is_collect=self.engine.is_collect_rank,
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def peak_memory(self) -> dict[str, float]:
+        """This process's peak device memory (host RSS on CPU) in bytes, and its pid."""
+        return {
+            "pid": float(os.getpid()),
+            "peak_bytes": float(self.platform.max_memory_allocated()),
+        }
+
+
+class _TrainedRole(_EngineRole):
     """A role that trains one engine: PPO-style updates and checkpoints.
 
     The shuffle of each update is seeded with ``config.seed`` and the trainer's step
@@ -117,9 +153,7 @@ class _TrainedRole(Worker):
     prefix = "engine"
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.config = config
-        self.engine: TrainEngine | None = None
+        super().__init__(config)
         self._snapshots = RankSnapshots()
 
     def _update(
@@ -139,24 +173,6 @@ class _TrainedRole(Worker):
             outputs=outputs,
         )
         return _metrics_proto(metrics, self.engine)
-
-    def _declare_dp_mesh(self) -> None:
-        """Tell the dispatch which data-parallel shard this rank takes and whether its
-        outputs are kept (engines with TP/PP: only TP rank 0 of the last stage)."""
-        self.set_dispatch_mesh(
-            DP_MESH,
-            dp_rank=self.engine.dp_rank,
-            dp_size=self.engine.dp_size,
-            is_collect=self.engine.is_collect_rank,
-        )
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def peak_memory(self) -> dict[str, float]:
-        """This process's peak device memory (host RSS on CPU) in bytes, and its pid."""
-        return {
-            "pid": float(os.getpid()),
-            "peak_bytes": float(self.platform.max_memory_allocated()),
-        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -202,7 +218,6 @@ class ActorRolloutWorker(_TrainedRole):
         super().__init__(config)
         self.config: ActorWorkerConfig
         self.ref: TrainEngine | None = None
-        self.teacher: TrainEngine | None = None
         self.generator: Any = None
         self._rollout_asleep = False
 
@@ -217,8 +232,6 @@ class ActorRolloutWorker(_TrainedRole):
                 self.ref_is_base = True
             else:
                 self.ref = build_engine(cfg.engine, cfg.ref)
-        if cfg.teacher is not None:
-            self.teacher = build_engine(cfg.teacher_engine, cfg.teacher)
         self._declare_dp_mesh()
         self.loss_fn = make_actor_loss_fn(cfg.loss)
         if cfg.distill is not None:
@@ -288,15 +301,6 @@ class ActorRolloutWorker(_TrainedRole):
             raise RuntimeError(f"rank {self.rank}: no reference model (config.ref is None)")
         out = self.ref.infer_batch(batch, outputs=("log_probs",))
         return DataProto.from_dict({"ref_log_prob": out.batch["log_probs"]})
-
-    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
-    def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
-        """The distillation teacher's log-prob of every response token (at the batch's
-        ``meta_info["temperature"]``, as the student's)."""
-        if self.teacher is None:
-            raise RuntimeError(f"rank {self.rank}: no teacher model (config.teacher is None)")
-        out = self.teacher.infer_batch(batch, outputs=("log_probs",))
-        return DataProto.from_dict({TEACHER_LOG_PROB: out.batch["log_probs"]})
 
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def update_actor(self, batch: DataProto) -> DataProto:
@@ -371,10 +375,8 @@ class CriticWorker(_TrainedRole):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        cfg = self.config
-        self.engine = build_engine(cfg.engine, cfg.engine_config)
-        self.loss_fn = make_critic_loss_fn(cfg.loss)
-        self._declare_dp_mesh()
+        super().init_model()
+        self.loss_fn = make_critic_loss_fn(self.config.loss)
 
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_values(self, batch: DataProto) -> DataProto:
@@ -386,26 +388,11 @@ class CriticWorker(_TrainedRole):
         return self._update(batch, self.loss_fn)
 
 
-class RewardModelWorker(Worker):
+class RewardModelWorker(_EngineRole):
     """Scores responses with a scalar-head model: the value at the last response token.
 
-    ``config``: a `RewardModelWorkerConfig` (``model.value_head`` true; never stepped).
+    ``config``: an `InferenceWorkerConfig` (``model.value_head`` true; never stepped).
     """
-
-    def __init__(self, config: RewardModelWorkerConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.engine: TrainEngine | None = None
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        self.engine = build_engine(self.config.engine, self.config.engine_config)
-        self.set_dispatch_mesh(
-            DP_MESH,
-            dp_rank=self.engine.dp_rank,
-            dp_size=self.engine.dp_size,
-            is_collect=self.engine.is_collect_rank,
-        )
 
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_rm_score(self, batch: DataProto) -> DataProto:
@@ -413,6 +400,17 @@ class RewardModelWorker(Worker):
             "values"
         ]
         return DataProto.from_dict({"rm_scores": score_on_last_token(values, batch)})
+
+
+class TeacherWorker(_EngineRole):
+    """The distillation teacher (``config``: an `InferenceWorkerConfig`, never stepped)."""
+
+    @register(dispatch_mode=Dispatch.mesh(DP_MESH))
+    def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
+        """The teacher's log-prob of every response token (at the batch's
+        ``meta_info["temperature"]``, as the student's)."""
+        out = self.engine.infer_batch(batch, outputs=("log_probs",))
+        return DataProto.from_dict({TEACHER_LOG_PROB: out.batch["log_probs"]})
 
 
 def score_on_last_token(values: torch.Tensor, batch: DataProto) -> torch.Tensor:
