@@ -1,24 +1,15 @@
 """VLA runs of the trainer: episodes in simulated environments instead of prompts.
 
-With an ``env`` naming a VLA environment (``rl.vla_envs``) the trainer's rollout step plays
-``vla.groups`` start states (seeds) ``rollout.n`` times each. The environments run in an
-env worker group (``rl.vla_env_groups``: rl-multimodal's, `EnvGroup`-like: ``rows``,
-``reset_async`` / ``step_async`` / ``wait``, ``restart``, ``save_frames``); the policy acts
-through the rollout (the actor group's ``generate_sequences`` with the ``vla`` sequence
-generator), one call per policy step. The envs are split into the group's halves, which are
-pipelined: while the policy acts for one half, the other half's workers step.
-
-The batch has one row per policy step: the prompt (left-padded) then the action tokens as
-the response (gaussian head: one placeholder, the action in ``raw_actions``), the frame
-and instruction in ``multi_modal_inputs``, ``rollout_log_probs``, the step's reward on the
-row's last token, ``uid`` (the start state: the GRPO group) and ``episode_index`` /
-``episode_step``, by which `rl_algos.advantages.compute_advantage` estimates over whole
-episodes. Everything after the batch is the shared loop's.
-
-An env worker that dies or does not answer within ``env.step_timeout_s`` fails the
-episodes of its half: they are dropped from the update and counted (``env/failed_episodes``)
-as in the text environment loop, the half's workers are replaced, and a step whose failed
-share passes ``env.max_failure_fraction`` stops the run (`EnvFailureBoundError`).
+Each batch plays ``vla.groups`` start states (seeds) ``rollout.n`` times. The envs run in
+the env worker group of ``rl.vla_env_groups`` (rl-multimodal's: ``rows``, ``reset_async``
+/ ``step_async`` / ``wait``, ``restart``, ``save_frames``), in halves that are pipelined
+with the policy, which acts through the rollout (``generate_sequences`` of the ``vla``
+generator), one call per policy step. One row per policy step: the prompt then the action
+tokens (gaussian head: a placeholder, the action in ``raw_actions``), the frame in
+``multi_modal_inputs``, the step's reward on the last token, ``uid`` (the start state) and
+``episode_index`` / ``episode_step`` (`compute_advantage` estimates over whole episodes).
+A half whose worker dies or hangs past ``env.step_timeout_s`` fails its episodes: dropped
+and counted as in the text env loop (`drop_failed_episodes`); its workers are replaced.
 """
 
 from __future__ import annotations
@@ -39,16 +30,7 @@ from rl_core.env import ActionSpec, EnvObservation
 from rl_core.protocol import DataProto
 from rl_core.single_controller import WorkerDiedError, WorkerTimeoutError
 
-__all__ = [
-    "Episodes",
-    "VLAEpisodeSource",
-    "action_spec_of",
-    "build_env",
-    "observations_proto",
-    "play_episodes",
-    "steps_to_batch",
-    "vla_policy_options",
-]
+__all__ = ["Episodes", "VLAEpisodeSource", "build_env", "play_episodes", "vla_policy_options"]
 
 POLICY_FIELDS = (
     "head", "n_bins", "image_grid", "freeze_vision", "freeze_language_model", "hidden_mlp",
@@ -77,29 +59,19 @@ def build_env(name: str, options: dict[str, Any], num_envs: int) -> Any:
 
 
 @functools.cache
-def _probe(name: str, options: str) -> ActionSpec:
-    env = build_env(name, json.loads(options), 1)
-    spec = env.action_spec
+def _action_spec(name: str, options: str) -> ActionSpec:
+    env = build_env(name, json.loads(options), 1)  # one probe env in the driver, no worker
     env.close()
-    return spec
-
-
-def action_spec_of(env: Any) -> ActionSpec:
-    """The action space of the ``env`` section's environment (one probe env, no worker)."""
-    return _probe(env.name, json.dumps(dict(env.options), sort_keys=True, default=str))
+    return env.action_spec
 
 
 def vla_policy_options(cfg: Any) -> dict[str, Any]:
-    """The ``vla`` model builder's options: the policy fields of the `vla` section and the
-    env's action space (the training engine's and the rollout's policy are built alike)."""
-    spec = action_spec_of(cfg.env)
+    """The ``vla`` model builder's options (the training engine's and the rollout's policy
+    alike): the `vla` section's policy fields and the env's action space."""
+    spec = _action_spec(cfg.env.name, json.dumps(dict(cfg.env.options), sort_keys=True))
+    low, high = [float(x) for x in spec.low], [float(x) for x in spec.high]
     options = {name: getattr(cfg.vla, name) for name in POLICY_FIELDS}
-    options.update(
-        action_low=[float(x) for x in spec.low],
-        action_high=[float(x) for x in spec.high],
-        max_chunk=int(spec.max_chunk),
-    )
-    return options
+    return {**options, "action_low": low, "action_high": high, "max_chunk": int(spec.max_chunk)}
 
 
 def observations_proto(obs: EnvObservation, greedy: bool) -> DataProto:
@@ -125,8 +97,8 @@ class _Step:
 
 @dataclass
 class Episodes:
-    """One episode per env: what the policy did per step, rewards, ``mask[b, t]`` (1 while
-    episode b runs), success, the error that failed it (None: it did not fail), frames."""
+    """Per env: the steps the policy took, rewards and ``mask`` ``[B, T]``, success, the
+    error that failed the episode (None: none), the frames per step and half."""
 
     num_envs: int
     max_steps: int
@@ -153,20 +125,14 @@ class Episodes:
         }
 
     def stacked_frames(self, rows: list[np.ndarray]) -> list[np.ndarray]:
-        out, last = [], None
-        for per_half in self.frames:
-            if not per_half:
-                continue
-            first = next(iter(per_half.values()))
-            cur = (
-                np.zeros((self.num_envs, *first.shape[1:]), np.uint8)
-                if last is None
-                else last.copy()
-            )
+        """Per step, every env's frame ``[B, H, W, 3]`` (an ended episode keeps its last)."""
+        out: list[np.ndarray] = []
+        for per_half in filter(None, self.frames):
+            shape = next(iter(per_half.values())).shape[1:]
+            cur = out[-1].copy() if out else np.zeros((self.num_envs, *shape), np.uint8)
             for h, images in per_half.items():
                 cur[rows[h]] = images
             out.append(cur)
-            last = cur
         return out
 
 
@@ -180,10 +146,8 @@ def steps_to_batch(ep: Episodes, seeds: np.ndarray, pad_id: int) -> DataProto:
         prompt = torch.nn.functional.pad(b["prompt_ids"], (pad, 0), value=pad_id)
         pmask = torch.nn.functional.pad(b["prompt_mask"], (pad, 0), value=0)
         keys = set(b.keys())
-        if "action_tokens" in keys:
-            responses = b["action_tokens"]
-        else:
-            responses = torch.full((n, 1), pad_id, dtype=prompt.dtype)
+        placeholder = torch.full((n, 1), pad_id, dtype=prompt.dtype)
+        responses = b["action_tokens"] if "action_tokens" in keys else placeholder
         mask = torch.cat([pmask, torch.ones_like(responses)], 1)
         scores = torch.zeros(responses.shape, dtype=torch.float32)
         scores[:, -1] = torch.as_tensor(ep.rewards[s.rows, s.t])
@@ -202,17 +166,10 @@ def steps_to_batch(ep: Episodes, seeds: np.ndarray, pad_id: int) -> DataProto:
         mm = np.empty(n, dtype=object)  # the update processes each row's frame again
         for i in range(n):  # (a copy each: a row pickles its own frame, not the batch's)
             mm[i] = {"image": s.images[i].copy(), "instruction": s.instructions[i]}
-        parts.append(
-            DataProto.from_dict(
-                tensors,
-                {
-                    "multi_modal_inputs": mm,
-                    "uid": np.array([f"seed-{seeds[r]}" for r in s.rows], dtype=object),
-                    "episode_index": s.rows.astype(object),
-                    "episode_step": np.full(n, s.t, dtype=object),
-                },
-            )
-        )
+        uid = np.array([f"seed-{seeds[r]}" for r in s.rows], dtype=object)
+        fields = {"multi_modal_inputs": mm, "uid": uid, "episode_index": s.rows.astype(object),
+                  "episode_step": np.full(n, s.t, dtype=object)}  # fmt: skip
+        parts.append(DataProto.from_dict(tensors, fields))
     return DataProto.concat(parts)
 
 
@@ -288,22 +245,17 @@ class VLAEpisodeSource:
     step's episodes, ``validate`` on held-out seeds; ``state_dict`` for exact resume."""
 
     def __init__(self, cfg: Any, pad_token_id: int | None) -> None:
-        env = cfg.env
-        self.cfg, self.vla = cfg, cfg.vla
-        self.action_spec = action_spec_of(env)  # a config the env refuses fails here
-        self.pad_id = int(pad_token_id or 0)
-        self.val_episodes = self.vla.val_episodes
-        self.index = self.epoch = 0
-        self.envs: Any = None
-        self.frames_dir = Path(cfg.trainer.output_dir) / "frames"
+        vla_policy_options(cfg)  # env options the env refuses fail here, before any worker
+        self.cfg, self.vla, self.pad_id = cfg, cfg.vla, int(pad_token_id or 0)
+        self.val_episodes, self.index, self.epoch, self.envs = cfg.vla.val_episodes, 0, 0, None
 
     def start(self) -> None:
         """The env workers (after Ray started, beside the role groups)."""
         from rl_algos.config import VLA_ENV_GROUPS
 
-        cfg = self.cfg
+        env, trainer = self.cfg.env, self.cfg.trainer
         start = VLA_ENV_GROUPS.get("vla")
-        self.envs = start(cfg.env, cfg.trainer.nnodes, cfg.trainer.backend, cfg.env.step_timeout_s)
+        self.envs = start(env, trainer.nnodes, trainer.backend, env.step_timeout_s)
 
     def seeds(self, index: int) -> np.ndarray:
         """The start states of batch `index`: fixed by it, so a resumed run replays them."""
@@ -313,49 +265,36 @@ class VLAEpisodeSource:
 
     def play(self, rollout: Any, index: int) -> tuple[DataProto, dict[str, float]]:
         """The episodes of training batch `index` as a batch, and their metrics."""
-        seeds = self.seeds(index)
-        start = time.perf_counter()
-        version = rollout.version
+        seeds, start, version = self.seeds(index), time.perf_counter(), rollout.version
         ep = play_episodes(self.envs, rollout, "train", seeds, self.vla.max_steps, False)
-        elapsed = time.perf_counter() - start
         self.index = index + 1
-        failed = np.array([e is not None for e in ep.errors])
-        episodes = DataProto.from_dict(
-            non_tensors={
-                "env_error": np.array(ep.errors, dtype=object),
-                "env_name": np.full(len(seeds), self.cfg.env.name, dtype=object),
-            }
-        )
+        errors = np.array(ep.errors, dtype=object)
+        names = np.full(len(seeds), self.cfg.env.name, dtype=object)
+        episodes = DataProto.from_dict(non_tensors={"env_error": errors, "env_name": names})
         _, metrics = drop_failed_episodes(episodes, self.cfg.env.max_failure_fraction)
+        failed = np.array([e is not None for e in ep.errors])
         batch = steps_to_batch(ep, seeds, self.pad_id)
         keep = ~failed[np.asarray(batch.non_tensor_batch["episode_index"], np.int64)]
-        if not keep.all():
-            batch = batch[np.flatnonzero(keep)]
+        batch = batch if keep.all() else batch[np.flatnonzero(keep)]
         batch.meta_info["rollout_version"] = version
         metrics.update(ep.summary(~failed, "train"))
-        metrics.update(
-            {
-                "timing/env_s": ep.env_time_s,
-                "timing/policy_s": ep.policy_time_s,
-                "perf/env_steps_per_s": float(ep.mask.sum()) / max(elapsed, 1e-9),
-            }
-        )
+        rate = float(ep.mask.sum()) / max(time.perf_counter() - start, 1e-9)
+        metrics.update({"timing/env_s": ep.env_time_s, "timing/policy_s": ep.policy_time_s,
+                        "perf/env_steps_per_s": rate})  # fmt: skip
         return batch, metrics
 
     def validate(self, rollout: Any, step: int) -> dict[str, float]:
         """Greedy episodes on the held-out seeds; the frames to ``<output_dir>/frames``."""
-        vla = self.vla
-        start = time.perf_counter()
+        vla, start = self.vla, time.perf_counter()
         seeds = np.arange(vla.val_seed_start, vla.val_seed_start + vla.val_episodes)
         ep = play_episodes(self.envs, rollout, "val", seeds, vla.max_steps, True)
         failed = np.array([e is not None for e in ep.errors])
-        metrics = ep.summary(~failed, "val")
-        metrics["val/env/failed_episodes"] = float(failed.sum())
+        metrics = {**ep.summary(~failed, "val"), "val/env/failed_episodes": float(failed.sum())}
         if vla.frames:
             frames = ep.stacked_frames(self.envs.rows(len(seeds)))
-            self.envs.save_frames(frames, self.frames_dir, f"val_step{step:04d}")
-        metrics["timing/validate_s"] = time.perf_counter() - start
-        return metrics
+            out = Path(self.cfg.trainer.output_dir) / "frames"
+            self.envs.save_frames(frames, out, f"val_step{step:04d}")
+        return {**metrics, "timing/validate_s": time.perf_counter() - start}
 
     def state_dict(self) -> dict[str, int]:
         return {"index": self.index}

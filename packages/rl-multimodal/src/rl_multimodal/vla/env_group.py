@@ -20,6 +20,7 @@ naming the environment, the worker, the shape and what was expected.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -49,16 +50,8 @@ def check_observation(
     images = getattr(obs, "images", None)
     shape = None if images is None else tuple(np.shape(images))
     dtype = None if images is None else np.asarray(images).dtype
-    ok = (
-        isinstance(obs, EnvObservation)
-        and dtype == np.uint8
-        and shape is not None
-        and len(shape) == 4
-        and shape[0] == num_envs
-        and shape[-1] == 3
-        and (image_hw is None or shape[1:3] == tuple(image_hw))
-    )
-    if not ok:
+    want = (num_envs, *(image_hw or (shape or (0, 0, 0))[1:3]), 3)
+    if not isinstance(obs, EnvObservation) or dtype != np.uint8 or shape != want:
         hw = "H, W" if image_hw is None else f"{image_hw[0]}, {image_hw[1]}"
         raise InputError(
             f"{where}: observation images have shape {shape} dtype {dtype}, expected uint8 "
@@ -144,7 +137,7 @@ class EnvGroup:
     def __init__(self, halves: list[Any], timeout_s: float) -> None:
         self.halves = halves
         self.timeout_s = float(timeout_s)
-        self._pending: dict[int, tuple[Any, str]] = {}
+        self._pending: dict[int, Any] = {}
         self.action_spec: ActionSpec = halves[0].action_spec()[0]
 
     @property
@@ -157,25 +150,21 @@ class EnvGroup:
         starts = np.cumsum([0, *sizes])
         return [np.arange(starts[i], starts[i + 1]) for i in range(len(self.halves))]
 
-    def reset_async(self, half: int, key: str, seeds: Sequence[int]) -> None:
+    def _call(self, half: int, method: str, key: str, rows: Any) -> None:
+        """`method` of every worker of `half` on its share of `rows` (non-blocking)."""
         group = self.halves[half]
-        per_rank, at = [], 0
-        for n in _split(len(seeds), group.world_size):
-            per_rank.append([int(s) for s in seeds[at : at + n]])
-            at += n
-        self._pending[half] = (group.reset([key] * group.world_size, per_rank), "reset")
+        ends = np.cumsum([0, *_split(len(rows), group.world_size)])
+        shares = [rows[a:b] for a, b in itertools.pairwise(ends)]
+        self._pending[half] = getattr(group, method)([key] * group.world_size, shares)
+
+    def reset_async(self, half: int, key: str, seeds: Sequence[int]) -> None:
+        self._call(half, "reset", key, [int(s) for s in seeds])
 
     def step_async(self, half: int, key: str, actions: np.ndarray) -> None:
-        group = self.halves[half]
-        per_rank, at = [], 0
-        for n in _split(len(actions), group.world_size):
-            per_rank.append(np.asarray(actions[at : at + n]))
-            at += n
-        self._pending[half] = (group.step([key] * group.world_size, per_rank), "step")
+        self._call(half, "step", key, np.asarray(actions))
 
     def wait(self, half: int) -> EnvObservation | EnvStep:
-        future, _ = self._pending.pop(half)
-        return _merge(future.result(self.timeout_s))
+        return _merge(self._pending.pop(half).result(self.timeout_s))
 
     def restart(self, half: int) -> None:
         """New worker processes for `half` (one died or hung): its calls in flight are dropped."""

@@ -1,46 +1,14 @@
 """A VLA policy: a Hugging Face VLM reads the image and the instruction and emits an action.
 
-Two action heads:
-
-* ``tokens`` (OpenVLA): the action is ``action_dim`` tokens appended to the prompt, one per
-  dimension, each drawn from the ``n_bins`` action tokens of an `ActionTokenizer` (the last
-  non-special ids of the vocabulary). The log-prob of an action is one value per dimension
-  (``[B, action_dim]``), from a single teacher-forced forward pass.
-* ``gaussian``: a small MLP over the VLM's last hidden state at the prompt's last token gives
-  the mean of a diagonal Gaussian (a learned state-independent log-std); the log-prob is that
-  of the sampled (unclipped) action, summed over dimensions (``[B, 1]``). The env receives
-  the action clipped to its bounds.
-
-A value head (linear, on the same hidden state) serves PPO. Prompts are left-padded, so the
-prompt's last token is at position -1 of every row.
-
-``image_grid > 0`` adds an image adapter: the vision tower's image tokens (layer-normed) are
-average-pooled to an ``image_grid x image_grid`` grid (so *where* things are is kept),
-centred (each channel minus its mean over the grid), flattened and projected
-(zero-initialised: the policy starts as without it) onto the hidden states the heads read. With the ``tokens`` head it gives one term per action dimension
-(``[B, action_dim, H]``): the hidden state at the position that predicts dimension ``d``
-gets term ``d``, and the value head reads term 0 (the prompt's last position). One term
-shared by every position cannot work: the bins of every dimension are read through the same
-``lm_head``, so a shared image term moves all dimensions' logits the same way and the policy
-cannot map "the target is up-left" to independent bins per dimension (with one term the
-reach example's val/success_rate ended where it started; the package README has the runs).
-The ``gaussian`` head keeps one term (its state is one vector, and the mean MLP maps it to
-every dimension). A small random VLM's last token carries almost no information about
-where things are in the image (its hidden state varies by ~2% across images, and the LM's
-first updates wash the tiny random tower's features out of the image tokens' hidden
-states), so without this path a policy that must find a position does
-not learn it from RL in minutes; a pretrained VLM should not need it.
-
-Why centred: of the uncentred grid's energy, 97.6% is the same for every reach frame (the
-background; 64 frames, the tiny random tower). The adapter's gradient was then nearly the
-same for every image, so GRPO moved every image toward the one action that paid most often,
-the policy became deterministic on a constant move, and with every group all-success or
-all-failure the learning signal stopped (the one-step learning test: seeds 2-3 stuck at
-0.19-0.62). Centred, the shared part is 59.7% and all four seeds reach 1.0 by step 20.
-
-``freeze_vision`` keeps the vision tower fixed. With a random tower it is needed: its
-output is tiny (mean |x| ~0.02), and Adam's first updates (each weight moves by ~lr
-whatever its gradient) erase the differences between image tokens within a few steps.
+Heads: ``tokens`` (OpenVLA: ``action_dim`` tokens appended to the prompt, each one of the
+``n_bins`` action tokens of an `ActionTokenizer`; log-probs ``[B, action_dim]``) or
+``gaussian`` (an MLP on the prompt's last hidden state gives a diagonal Gaussian's mean, a
+learned log-std; log-prob of the unclipped sample, ``[B, 1]``; the env gets it clipped). A
+value head reads the same state. Prompts are left-padded (the last token is at -1).
+``image_grid > 0``: an image adapter adds the vision tower's tokens, pooled to a grid and
+centred, to the states the heads read (one term per action dimension for ``tokens``).
+``freeze_vision`` keeps the tower fixed. Why each is there: the package README ("Design
+notes of the policy").
 """
 
 from __future__ import annotations
@@ -109,20 +77,6 @@ class PolicyInputs:
             self.attention_mask[idx],
             [self.pixel_values[i] for i in idx],
             self.image_grid_thw[idx],
-        )
-
-    @staticmethod
-    def cat(parts: Sequence[PolicyInputs], pad_id: int) -> PolicyInputs:
-        width = max(p.input_ids.shape[1] for p in parts)
-
-        def left(x: torch.Tensor, value: int) -> torch.Tensor:
-            return nn.functional.pad(x, (width - x.shape[1], 0), value=value)
-
-        return PolicyInputs(
-            torch.cat([left(p.input_ids, pad_id) for p in parts]),
-            torch.cat([left(p.attention_mask, 0) for p in parts]),
-            [px for p in parts for px in p.pixel_values],
-            torch.cat([p.image_grid_thw for p in parts]),
         )
 
 

@@ -1,18 +1,12 @@
-"""The VLA policy served by a rollout engine: the ``vla`` sequence generator.
+"""The VLA policy on a rollout engine: the ``vla`` sequence generator (``rl.sequence_generators``).
 
-`rl train` runs VLA configs through the one trainer loop (`rl_algos.trainer.loop`); its
-episode source (`rl_algos.trainer.vla_episodes`) asks the rollout for one action per
-environment and policy step through the actor group's ``generate_sequences``, as an LLM run
-asks for responses. In every actor worker (colocated placement) the rollout engine of
-``rollout.backend`` (``hf``) holds the VLM in ``rollout.dtype``; `VLAPolicyGenerator` puts
-the policy's heads on that model (`VLAPolicy`) and acts with it. Weights arrive by the LLM
-path: the worker's ``sync_weights`` streams the training engine's export (whole-layer
-buckets, cast to the rollout dtype) into `update_weights` after every update.
-
-Rows in: ``images`` uint8 ``[B, H, W, 3]``, ``proprio`` ``[B, P]``, non-tensor
-``instructions``, ``meta_info["greedy"]``. Rows out: ``env_actions``, ``prompt_ids`` /
-``prompt_mask`` (left-padded), ``log_probs``, ``values`` and ``action_tokens`` (tokens
-head) or ``raw_actions`` (gaussian head); not the frames (the caller keeps them).
+In each actor worker (colocated) the engine of ``rollout.backend`` (``hf``) holds the VLM in
+``rollout.dtype``; `VLAPolicyGenerator` puts the policy's heads on that model and acts: one
+call of ``generate_sequences`` per policy step (`rl_algos.trainer.vla_episodes`). Weights
+come by the LLM path (the worker's ``sync_weights`` -> `update_weights`). Rows in:
+``images``, ``proprio``, non-tensor ``instructions``, ``meta_info["greedy"]``; rows out:
+``env_actions``, ``prompt_ids`` / ``prompt_mask`` (left-padded), ``log_probs``, ``values``,
+``action_tokens`` (tokens head) or ``raw_actions`` (gaussian); never the frames.
 """
 
 from __future__ import annotations
@@ -32,14 +26,10 @@ from rl_multimodal.vla.policy import VLAPolicy, VLAPolicyConfig, check_policy_fi
 
 __all__ = ["VLAGeneratorConfig", "VLAPolicyGenerator", "act_on"]
 
-SPEC_KEYS = ("action_low", "action_high", "max_chunk")
-
 
 @dataclass
 class VLAGeneratorConfig:
-    """The rollout engine's config and the policy's (``policy``: the `vla` section's policy
-    fields plus the env's ``action_low`` / ``action_high`` / ``max_chunk``, the same
-    ``builder_options`` the training engine's ``vla`` builder gets)."""
+    """The engine's config and the policy's (the ``vla`` builder's options)."""
 
     rollout: RolloutConfig
     policy: dict[str, Any] = field(default_factory=dict)
@@ -48,8 +38,8 @@ class VLAGeneratorConfig:
     def check(self) -> None:
         check(self.placement == "colocated", "placement", self.placement,
               "'colocated' in a VLA run (the policy acts in the actor's processes)")  # fmt: skip
-        missing = [k for k in SPEC_KEYS[:2] if k not in self.policy]
-        check(not missing, "policy", sorted(self.policy), f"the env's action space {missing}")
+        check({"action_low", "action_high"} <= set(self.policy), "policy", sorted(self.policy),
+              "the env's action space (action_low, action_high)")  # fmt: skip
 
     def split(self) -> tuple[ActionSpec, VLAPolicyConfig]:
         options = dict(self.policy)
