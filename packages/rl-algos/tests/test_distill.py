@@ -177,4 +177,4 @@ def test_a_teacher_with_another_vocabulary_is_refused_in_one_line():
         assert "\n" not in message
         # both tokenizers named: model.path's (the policy's) and the teacher's
         assert f"model.path's tokenizer ({type(policy).__name__} " in message
-        assert f"its tokenizer {type(teacher).__name__} " in message
+        assert f"its tokenizer differs ({type(teacher).__name__} " in message

@@ -37,6 +37,7 @@ __all__ = [
     "judge_generator_config",
     "parse_judgment",
     "render_template",
+    "start_judge",
 ]
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,12 @@ def _ground_truth_text(non_tensor: dict[str, np.ndarray], i: int) -> str:
     return ""
 
 
+def _response_ids(data: Any) -> list[list[int]]:
+    """Each row's response token ids (as long as its attention mask says)."""
+    lengths = data.batch["attention_mask"][:, data.batch["prompts"].shape[-1] :].sum(-1)
+    return [data.batch["responses"][i, : int(n)].tolist() for i, n in enumerate(lengths)]
+
+
 def judge_generator_config(config: JudgeConfig, seed: int, in_process: bool) -> dict[str, Any]:
     """The judge's rollout manager (the ``agent_loop`` generator's config): its replicas
     or servers, one answer of at most `max_new_tokens` per request, a lost replica replaced.
@@ -161,6 +168,13 @@ def judge_generator_config(config: JudgeConfig, seed: int, in_process: bool) -> 
     }  # fmt: skip
 
 
+def start_judge(cfg: Any) -> GenerativeJudge | None:
+    """The run's judge (`cfg`: the `RLConfig`), None without `reward.judge.model_path`."""
+    judge = cfg.reward.judge
+    local = cfg.trainer.backend == "local"
+    return GenerativeJudge.start(judge, cfg.trainer.seed, local) if judge.enabled else None
+
+
 class GenerativeJudge:
     """Scores responses with a judge model (`config`: the `reward.judge` section) served by
     `generator` (a `SequenceGenerator` over the judge's replicas; `start` builds it);
@@ -181,9 +195,9 @@ class GenerativeJudge:
         from rl_core.rollout import build_sequence_generator
 
         tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-        generator_config = judge_generator_config(config, seed, in_process)
-        generator = build_sequence_generator("agent_loop", generator_config, tokenizer=tokenizer)
-        return cls(config, generator, tokenizer, seed)
+        generator = judge_generator_config(config, seed, in_process)
+        return cls(config, build_sequence_generator("agent_loop", generator, tokenizer=tokenizer),
+                   tokenizer, seed)  # fmt: skip
 
     # ------------------------------------------------------------------ prompts
 
@@ -217,22 +231,16 @@ class GenerativeJudge:
             return [JudgeOutcome(status, error=f"{why}{type(exc).__name__}: {exc}")] * len(prompts)
         lost = {k: v for k, v in out.meta_info.get("rollout_metrics", {}).items() if "replica" in k}
         self.failover = {k.replace("rollout/", "judge/"): v for k, v in lost.items()}
-        width = out.batch["prompts"].shape[-1]
-        lengths = out.batch["attention_mask"][:, width:].sum(-1).tolist()
-        outcomes = []
-        for i, n in enumerate(lengths):
-            tokens = out.batch["responses"][i, : int(n)].tolist()
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            if out.non_tensor_batch["finish_reason"][i] == "abort":
-                outcomes.append(JudgeOutcome("timeout", text=text, error="aborted by the engine"))
-                continue
-            try:
-                outcomes.append(
-                    JudgeOutcome("ok", text=text, score=parse_judgment(text, self.config))
-                )
-            except JudgeParseError as exc:
-                outcomes.append(JudgeOutcome("unparseable", text=text, error=str(exc)))
-        return outcomes
+        texts = self.tokenizer.batch_decode(_response_ids(out), skip_special_tokens=True)
+        return [self._outcome(*pair) for pair in zip(texts, out.non_tensor_batch["finish_reason"])]
+
+    def _outcome(self, text: str, finish_reason: str) -> JudgeOutcome:
+        if finish_reason == "abort":
+            return JudgeOutcome("timeout", text=text, error="aborted by the engine")
+        try:
+            return JudgeOutcome("ok", text=text, score=parse_judgment(text, self.config))
+        except JudgeParseError as exc:
+            return JudgeOutcome("unparseable", text=text, error=str(exc))
 
     def score_texts(
         self, prompts: list[str], responses: list[str], ground_truths: list[str] | None = None
@@ -273,13 +281,8 @@ class GenerativeJudge:
     def __call__(self, data: Any, policy_tokenizer: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """Token-level judge scores [B, R] (each on the last response token) of a
         DataProto of generated samples, and the metrics."""
-        prompt_len = data.batch["prompts"].shape[-1]
-        responses = data.batch["responses"]
-        lengths = data.batch["attention_mask"][:, prompt_len:].sum(dim=-1).long()
-        texts = policy_tokenizer.batch_decode(
-            [responses[i, : int(n)].tolist() for i, n in enumerate(lengths)],
-            skip_special_tokens=True,
-        )
+        ids = _response_ids(data)
+        texts = policy_tokenizer.batch_decode(ids, skip_special_tokens=True)
         non_tensor = data.non_tensor_batch
         if "raw_prompt" in non_tensor:
             prompts = [_prompt_text(p) for p in non_tensor["raw_prompt"]]
@@ -287,9 +290,9 @@ class GenerativeJudge:
             prompts = policy_tokenizer.batch_decode(data.batch["prompts"], skip_special_tokens=True)
         truths = [_ground_truth_text(non_tensor, i) for i in range(len(texts))]
         scores, _, metrics = self.score_texts(prompts, texts, truths)
-        token_level = torch.zeros(responses.shape, dtype=torch.float32)
-        rows = torch.arange(len(texts))
-        token_level[rows, (lengths - 1).clamp(min=0)] = torch.tensor(scores, dtype=torch.float32)
+        token_level = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
+        last = torch.tensor([max(len(r) - 1, 0) for r in ids], dtype=torch.long)
+        token_level[torch.arange(len(ids)), last] = torch.tensor(scores, dtype=torch.float32)
         return token_level, metrics
 
     def close(self) -> None:

@@ -43,18 +43,14 @@ class CpuPlan:
         return (self.env_cpus_per_worker or 0.0) * self.env_workers
 
 
-def _pool_cpus(cfg: Any) -> float:
-    """The CPUs of the split rollout pool and of the judge's pool."""
+def rollout_pool_cpus(cfg: Any) -> float:
+    """The CPUs of the split rollout pool and of the judge's pool (rounded up, they are
+    added to ``trainer.ray_num_cpus``)."""
     rollout, judge = cfg.rollout, cfg.reward.judge
     cpus = rollout.num_replicas * rollout.cpus_per_replica if rollout.placement == "split" else 0
     if judge.enabled and judge.placement == "split" and cfg.trainer.backend == "ray":
         cpus += judge.num_replicas * judge.cpus_per_replica
     return float(cpus)
-
-
-def rollout_pool_cpus(cfg: Any) -> int:
-    """The CPUs added to ``trainer.ray_num_cpus`` for the rollout and judge pools."""
-    return math.ceil(_pool_cpus(cfg))
 
 
 def expected_cluster_cpus(cfg: Any) -> float | None:
@@ -63,7 +59,7 @@ def expected_cluster_cpus(cfg: Any) -> float | None:
     joining an existing cluster (``RAY_ADDRESS``), whose size is known only once connected."""
     trainer = cfg.trainer
     if trainer.ray_num_cpus is not None:
-        return float(trainer.ray_num_cpus + rollout_pool_cpus(cfg))
+        return float(trainer.ray_num_cpus + math.ceil(rollout_pool_cpus(cfg)))
     if os.environ.get("RAY_ADDRESS"):
         return None
     try:
@@ -100,7 +96,7 @@ def plan_cpus(cfg: Any, cluster_cpus: float | None) -> CpuPlan:
     teacher_split = cfg.distill.enabled and cfg.distill.placement == "split"
     if teacher_split:
         training += cfg.distill.num_workers
-    pool = _pool_cpus(cfg)
+    pool = rollout_pool_cpus(cfg)
     per_trainer = trainer.cpus_per_worker if trainer.cpus_per_worker is not None else 1.0
     others = training * per_trainer + pool  # what must run beside the environments
     if env_workers and env_cpus is None:

@@ -40,10 +40,10 @@ import torch
 
 from rl_algos.advantages import compute_advantage
 from rl_algos.dapo import DynamicSampler
-from rl_algos.distill import TEACHER_LOG_PROB
 from rl_algos.errors import USER_ERRORS, ConfigError, InputError
 from rl_algos.export import HF_FILES_DIR, RL_MODEL_META, copy_hf_metadata
 from rl_algos.kl import apply_kl_penalty, make_kl_controller
+from rl_algos.rewards.judge import start_judge
 from rl_algos.rollout_correction import apply_rejection
 from rl_algos.trainer.async_rollout import (
     AsyncRolloutBuffer,
@@ -118,13 +118,8 @@ class RLTrainer(ValidationRuns):
             self.rollout: RolloutClient = build_rollout_client(
                 config, self.groups.actor, self.tokenizer, self.model_path, None
             )
-        self.judge = None  # a rollout role of its own (prompt runs)
-        if config.reward.judge.enabled and self.env_source is None:
-            from rl_algos.rewards.judge import GenerativeJudge
-
-            with timed(self.setup_timing, "judge"):
-                local = config.trainer.backend == "local"
-                self.judge = GenerativeJudge.start(config.reward.judge, config.trainer.seed, local)
+        with timed(self.setup_timing, "judge"):  # a rollout role of its own (prompt runs)
+            self.judge = start_judge(config) if self.env_source is None else None
         log_roles(self.groups, self.rollout, self.judge)
         self.global_step = 0
         self._train_iter = None
@@ -186,12 +181,8 @@ class RLTrainer(ValidationRuns):
                     self.tokenizer, AutoTokenizer.from_pretrained(cfg.reward.model_path)
                 )
             if cfg.distill.enabled:
-                check_same_vocabulary(
-                    self.tokenizer,
-                    AutoTokenizer.from_pretrained(cfg.distill.teacher_path),
-                    "distill.teacher_path",
-                    "distillation teacher",
-                )
+                teacher = AutoTokenizer.from_pretrained(cfg.distill.teacher_path)
+                check_same_vocabulary(self.tokenizer, teacher, "distill.teacher_path", "teacher")
 
         self.env_source = None
         if cfg.env is not None and cfg.data.curriculum.enabled:
@@ -476,11 +467,9 @@ class RLTrainer(ValidationRuns):
         """The teacher's log-prob of every response token: after the student's prompt, or
         after the row's own teacher prompt (``distill.teacher_prompt_key``)."""
         key = self.config.distill.teacher_prompt_key
-        if key is None:
-            return self.groups.teacher.compute_teacher_log_prob(batch)
-        view = with_prompts(batch, f"{key}_ids", self.train_set.pad_token_id)
-        out = self.groups.teacher.compute_teacher_log_prob(view)
-        return DataProto.from_dict(tensors={TEACHER_LOG_PROB: out.batch[TEACHER_LOG_PROB]})
+        if key is not None:
+            batch = with_prompts(batch, f"{key}_ids", self.train_set.pad_token_id)
+        return self.groups.teacher.compute_teacher_log_prob(batch)
 
     def train_step(self) -> dict[str, float]:
         """One RL step; returns its metrics."""

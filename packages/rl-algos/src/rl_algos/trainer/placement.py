@@ -21,9 +21,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from rl_algos.errors import ConfigError
@@ -184,10 +186,12 @@ def _checked(key: str, parse: Any, config: Any) -> Any:
 
 
 def _engine_config(
-    key: str, role: Any, model: dict[str, Any], cfg: Any, total_updates: int
-) -> EngineConfig:
-    """The role's `EngineConfig`; the engine's own options are checked here (errors name
-    ``<key>.engine_kwargs.<option>``)."""
+    key: str, role: Any, model: dict[str, Any], cfg: Any, total_updates: int = 0,
+    pool: str | None = None, **fields: Any,
+) -> EngineConfig:  # fmt: skip
+    """The role's `EngineConfig` (``fields`` replace the role's), its layout checked on
+    the processes of `pool` (default `key`); the engine's own options are checked here
+    (errors name ``<key>.engine_kwargs.<option>``)."""
     optim = _as_dict(role.optim)
     optim["total_steps"] = optim.get("total_steps") or total_updates
     data = {
@@ -203,10 +207,11 @@ def _engine_config(
         "timeout_s": cfg.trainer.group_timeout_s,
         "engine_kwargs": _engine_kwargs(cfg, getattr(role, "engine_kwargs", None)),
         "router_replay": bool(getattr(role, "router_replay", False)),
+        **fields,
     }
     engine_config = build(EngineConfig, data, key)
     _checked(key, ENGINES.get(role.engine).parse_options, engine_config)
-    _checked(key, engine_config.parallel.dp_layout, _world_size(key, cfg))  # the layout fits
+    _checked(key, engine_config.parallel.dp_layout, _world_size(pool or key, cfg))  # it fits
     return engine_config
 
 
@@ -356,31 +361,17 @@ def teacher_worker_config(cfg: Any) -> InferenceWorkerConfig:
     `distill.teacher_path`, resolved by the trainer), dtype and parallel layout over its
     processes, the actor's micro-batching, `distill.teacher_engine_kwargs` (checked by the
     engine it names)."""
-    distill, actor = cfg.distill, cfg.actor
+    distill = cfg.distill
     model = _model_fields(cfg, distill.teacher_path)
     if distill.dtype is not None:
         model.update(dtype=distill.dtype, compute_dtype=distill.dtype)
-    micro_batch = {
-        "micro_batch_size": actor.micro_batch_size,
-        "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch,
-    }
-    parallel = _as_dict(distill.parallel)
-    kwargs = _engine_kwargs(cfg, distill.teacher_engine_kwargs)
-    worker = _inference_worker("distill", distill.teacher_engine, cfg, model, parallel=parallel,
-                               micro_batch=micro_batch, engine_kwargs=kwargs)  # fmt: skip
-    _checked("distill", worker.engine_config.parallel.dp_layout, _world_size("teacher", cfg))
-    return worker
+    role = dataclasses.replace(cfg.actor, engine=distill.teacher_engine, parallel=distill.parallel,
+                               engine_kwargs=distill.teacher_engine_kwargs, router_replay=False)  # fmt: skip
+    engine_config = _engine_config("distill", role, model, cfg, pool="teacher", **_NEVER_TRAINED)
+    return InferenceWorkerConfig(engine=role.engine, engine_config=engine_config)
 
 
-def _inference_worker(
-    key: str, engine: str, cfg: Any, model: dict[str, Any], **fields: Any
-) -> InferenceWorkerConfig:
-    """A never-trained model's worker config; the engine's options are checked here."""
-    data = {"model": model, "seed": cfg.trainer.seed, "timeout_s": cfg.trainer.group_timeout_s,
-            "inference_only": True, "optim": {"lr": 0.0}, **fields}  # fmt: skip
-    engine_config = build(EngineConfig, data, key)
-    _checked(key, ENGINES.get(engine).parse_options, engine_config)
-    return InferenceWorkerConfig(engine=engine, engine_config=engine_config)
+_NEVER_TRAINED = {"inference_only": True, "optim": {"lr": 0.0}}
 
 
 def _rollout_kwargs(rollout: Any) -> dict[str, Any]:
@@ -478,8 +469,10 @@ def critic_worker_config(cfg: Any, model_path: str) -> CriticWorkerConfig:
 def reward_model_worker_config(cfg: Any) -> InferenceWorkerConfig:
     """The typed config a `RewardModelWorker` is built from (never trained)."""
     model = _model_fields(cfg, cfg.reward.model_path, value_head=True)
-    kwargs = _engine_kwargs(cfg, None)
-    return _inference_worker("reward", cfg.reward.model_engine, cfg, model, engine_kwargs=kwargs)
+    role = SimpleNamespace(engine=cfg.reward.model_engine, optim={}, parallel={}, on_nan="raise",
+                           micro_batch_size=None, max_tokens_per_micro_batch=None)  # fmt: skip
+    engine_config = _engine_config("reward", role, model, cfg, pool="actor", **_NEVER_TRAINED)
+    return InferenceWorkerConfig(engine=role.engine, engine_config=engine_config)
 
 
 def start_role_groups(
@@ -527,7 +520,7 @@ def start_role_groups(
 
         num_cpus = trainer.ray_num_cpus
         if num_cpus is not None:  # the rollout and judge pools come on top of the workers
-            num_cpus += rollout_pool_cpus(cfg)
+            num_cpus += math.ceil(rollout_pool_cpus(cfg))
         with timed(timing, "ray_init"):
             owned_ray = ensure_ray(num_cpus)
         try:

@@ -59,27 +59,23 @@ def _tokenizer_difference(policy: Any, other: Any, special_tokens: bool) -> str 
     return None
 
 
-def check_same_vocabulary(policy: Any, other: Any, key: str, role: str) -> None:
+def check_same_vocabulary(
+    policy: Any, other: Any, key: str, role: str, special_tokens: bool = True
+) -> None:
     """``other`` (e.g. a distillation teacher) scores the policy's token ids: its
-    `get_vocab()` and its special tokens must be the policy's (cross-tokenizer
-    distillation is not supported). One `ConfigError` naming ``key`` otherwise."""
-    problem = _tokenizer_difference(policy, other, special_tokens=True)
+    `get_vocab()` (and its special tokens) must be the policy's (no token mapping:
+    cross-tokenizer distillation is not supported). One `ConfigError` naming ``key``,
+    ``model.path`` and both tokenizers otherwise."""
+    problem = _tokenizer_difference(policy, other, special_tokens)
     if problem is not None:
         theirs, mine = (f"{type(t).__name__} {t.name_or_path!r}" for t in (other, policy))
-        raise ConfigError(key, f"a {role} with model.path's tokenizer ({mine}): the same "
-                          f"get_vocab() and special tokens; its tokenizer {theirs} has {problem} "
-                          "(no token mapping: cross-tokenizer distillation is not supported)",
+        same = "get_vocab() and special tokens" if special_tokens else "get_vocab()"
+        raise ConfigError(key, f"a {role} with model.path's tokenizer ({mine}): the same {same}; "
+                          f"its tokenizer differs ({theirs} has {problem}; no token mapping: "
+                          "cross-tokenizer distillation is not supported)",
                           value=getattr(other, "name_or_path", None))  # fmt: skip
 
 
 def check_same_tokenizer(policy: Any, reward_model: Any) -> None:
-    """The reward model reads the policy's token ids, so both must map every token to
-    the same id."""
-    problem = _tokenizer_difference(policy, reward_model, special_tokens=False)
-    if problem is not None:
-        raise ConfigError(
-            "reward.model_path",
-            f"a reward model trained on the policy's tokenizer (its tokenizer differs from "
-            f"model.path's: {problem})",
-            value=reward_model.name_or_path,
-        )
+    """The reward model reads the policy's token ids: every token maps to the same id."""
+    check_same_vocabulary(policy, reward_model, "reward.model_path", "reward model", False)

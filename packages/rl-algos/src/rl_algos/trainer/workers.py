@@ -136,10 +136,8 @@ class _EngineRole(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def peak_memory(self) -> dict[str, float]:
         """This process's peak device memory (host RSS on CPU) in bytes, and its pid."""
-        return {
-            "pid": float(os.getpid()),
-            "peak_bytes": float(self.platform.max_memory_allocated()),
-        }
+        peak = float(self.platform.max_memory_allocated())
+        return {"pid": float(os.getpid()), "peak_bytes": peak}
 
 
 class _TrainedRole(_EngineRole):
@@ -224,7 +222,7 @@ class ActorRolloutWorker(_TrainedRole):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config = _localize_model_path(self.config)
-        self.engine = build_engine(cfg.engine, cfg.engine_config)
+        super().init_model()  # the training engine, the dispatch mesh
         self.ref_is_base = False
         if cfg.ref is not None:
             if cfg.engine_config.model.lora is not None:
@@ -232,7 +230,6 @@ class ActorRolloutWorker(_TrainedRole):
                 self.ref_is_base = True
             else:
                 self.ref = build_engine(cfg.engine, cfg.ref)
-        self._declare_dp_mesh()
         self.loss_fn = make_actor_loss_fn(cfg.loss)
         if cfg.distill is not None:
             self.loss_fn = make_distill_loss_fn(self.loss_fn, cfg.distill, cfg.loss)
@@ -396,9 +393,8 @@ class RewardModelWorker(_EngineRole):
 
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_rm_score(self, batch: DataProto) -> DataProto:
-        values = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0).batch[
-            "values"
-        ]
+        values = self.engine.infer_batch(batch, outputs=("values",), temperature=1.0)
+        values = values.batch["values"]
         return DataProto.from_dict({"rm_scores": score_on_last_token(values, batch)})
 
 
