@@ -1,6 +1,7 @@
 """The ``rl`` command.
 
     rl train CONFIG.yaml [key=value ...]     # train; resume with trainer.resume=latest
+    rl train CONFIG.yaml --dry-run           # check the config, print it and the placement
     rl eval  CONFIG.yaml [--model M] [key=value ...]  # validation metrics; M: a checkpoint
                                              # (step_N, run dir) or an exported/HF model dir
     rl export CHECKPOINT OUT_DIR [--model HF_DIR] [--dtype D] [--merge-lora]  # HF model dir
@@ -99,6 +100,21 @@ def _trainer_class(config):
     return RLTrainer
 
 
+def _dry_run(config) -> int:
+    """The resolved config and every role's pool, processes and devices; starts nothing."""
+    from omegaconf import OmegaConf
+
+    from rl_algos.trainer.placement_plan import check_role_configs, plan_placement
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model name is never a download here
+    roles = plan_placement(config)  # a placement that cannot fit fails here
+    notes = check_role_configs(config)  # and so do the engines' and backends' options
+    print(OmegaConf.to_yaml(config.to_dict()), end="")
+    print(f"# placement (trainer.backend: {config.trainer.backend}); nothing was started")
+    print("\n".join([f"#   {role}" for role in roles] + [f"# {note}" for note in notes]))
+    return 0
+
+
 def _train(config) -> int:
     trainer = _trainer_class(config)(config)
     try:
@@ -180,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=text)
         sub.add_argument("config", help="YAML config file")
         sub.add_argument("overrides", nargs="*", help="key=value overrides")
+        if name == "train":
+            sub.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="check the config, print it resolved and the placement of every role, "
+                "and exit without starting Ray or a worker",
+            )
         if name == "eval":
             sub.add_argument(
                 "--model",
@@ -259,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "model", None):
             overrides += _eval_model_override(args.model)
         config = _load(args.config, overrides)
+        if getattr(args, "dry_run", False):
+            return _dry_run(config)
         with _stop_on_signals(args.command):
             return args.func(config)
     except (*user_errors, KeyError, TypeError, ValueError) as exc:
