@@ -417,13 +417,14 @@ class VLAPolicy(nn.Module):
         once; the tokens head runs the language model once per action dimension and takes
         each dimension's log-prob (and the value, at the prompt's last position) from those
         passes: what `evaluate` gives for the same actions, without a pass of its own."""
-        low = torch.as_tensor(self.action_spec.low)
-        high = torch.as_tensor(self.action_spec.high)
+        device = inputs.input_ids.device  # the model's (`act_on` moves the inputs there)
+        low = torch.as_tensor(self.action_spec.low, device=device)
+        high = torch.as_tensor(self.action_spec.high, device=device)
         features = self._image_features(inputs)
         bias = self._image_bias(inputs, features)
         if self.config.head == "tokens":
-            ids = torch.as_tensor(self.action_tokenizer.token_ids)
-            chosen = torch.zeros(len(inputs.input_ids), 0, dtype=torch.long)
+            ids = torch.as_tensor(self.action_tokenizer.token_ids, device=device)
+            chosen = torch.zeros(len(inputs.input_ids), 0, dtype=torch.long, device=device)
             log_probs, values = [], None
             for d in range(self.action_spec.action_dim):
                 last = self._hidden(inputs, chosen, features)[:, -1]
@@ -440,6 +441,6 @@ class VLAPolicy(nn.Module):
         state = self._state(inputs, features, bias)
         dist = self._gaussian(state)
         raw = dist.mean if greedy else dist.sample()
-        env_actions = torch.maximum(torch.minimum(raw, high), low).numpy().astype(np.float32)
+        env_actions = torch.maximum(torch.minimum(raw, high), low).cpu().numpy().astype(np.float32)
         values = self.value_head(state.float()).squeeze(-1)
         return PolicyOutput(env_actions, raw, dist.log_prob(raw).sum(-1, keepdim=True), values)

@@ -22,7 +22,7 @@ from rl_core.config import check
 from rl_core.env import ActionSpec, EnvObservation
 from rl_core.protocol import DataProto
 from rl_core.rollout import RolloutConfig, RolloutEngine, SequenceGenerator
-from rl_multimodal.vla.policy import VLAPolicy, VLAPolicyConfig, check_policy_fits
+from rl_multimodal.vla.policy import PolicyInputs, VLAPolicy, VLAPolicyConfig, check_policy_fits
 
 __all__ = ["VLAGeneratorConfig", "VLAPolicyGenerator", "act_on"]
 
@@ -57,21 +57,27 @@ def act_on(policy: VLAPolicy, batch: DataProto) -> DataProto:
         list(batch.non_tensor_batch["instructions"]),
     )
     with torch.no_grad():
-        inputs = policy.process(obs)
-        dtype = policy._pixel_dtype()
-        inputs.pixel_values = [px.to(dtype) for px in inputs.pixel_values]
-        out = policy.act(inputs, greedy=bool(batch.meta_info.get("greedy", False)))
+        inputs = policy.process(obs)  # on the host; the model's device and dtype below
+        device, dtype = next(policy.parameters()).device, policy._pixel_dtype()
+        on_device = PolicyInputs(
+            inputs.input_ids.to(device),
+            inputs.attention_mask.to(device),
+            [px.to(device, dtype) for px in inputs.pixel_values],
+            inputs.image_grid_thw.to(device),
+        )
+        out = policy.act(on_device, greedy=bool(batch.meta_info.get("greedy", False)))
     tensors = {
         "env_actions": torch.from_numpy(out.env_actions),
         "prompt_ids": inputs.input_ids,
         "prompt_mask": inputs.attention_mask,
-        "log_probs": out.log_probs.float(),
-        "values": out.values.float(),
+        "log_probs": out.log_probs.float().cpu(),
+        "values": out.values.float().cpu(),
     }
-    if out.actions.dtype.is_floating_point:
-        tensors["raw_actions"] = out.actions.float()
+    actions = out.actions.cpu()
+    if actions.dtype.is_floating_point:
+        tensors["raw_actions"] = actions.float()
     else:
-        tensors["action_tokens"] = out.actions
+        tensors["action_tokens"] = actions
     return DataProto.from_dict(tensors=tensors)
 
 
