@@ -6,7 +6,7 @@ One step (`RLTrainer.train_step`)::
     batch = reward(batch)                      # rule-based scores, time-limited processes
     batch |= actor.compute_log_prob(batch)     # old log-probs (and entropy)
     batch |= actor.compute_ref_log_prob(batch) # reference, when a KL term is used
-    batch |= actor.compute_teacher_log_prob(batch)  # distillation teacher (distill section)
+    batch |= teacher.compute_teacher_log_prob(batch)  # distill section: a role of its own
     batch |= critic.compute_values(batch)      # PPO only
     batch = compute_advantage(batch)           # on the driver: cheap
     critic.update_critic(batch); actor.update_actor(batch)
