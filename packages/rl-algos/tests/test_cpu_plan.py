@@ -99,3 +99,23 @@ def test_refused_before_ray_starts(monkeypatch):
 
 class _Args:
     ref = None
+
+
+def test_the_teacher_and_judge_pools_are_counted():
+    """A split teacher's processes count like a split critic's; the judge's replicas come
+    on top of ``trainer.ray_num_cpus``, like a split rollout pool's (rounded up)."""
+    from rl_algos.trainer.cpu_plan import expected_cluster_cpus, rollout_pool_cpus
+
+    data = {"model": {"path": "m"}, "data": {"train_files": ["t.jsonl"]},
+            "distill": {"teacher_path": "t", "num_workers": 2},
+            "reward": {"judge": {"model_path": "j", "num_replicas": 3, "cpus_per_replica": 0.5}},
+            "trainer": {"num_workers": 1, "ray_num_cpus": 2, "cpus_per_worker": 1}}  # fmt: skip
+    config = load_config(data)
+    assert rollout_pool_cpus(config) == 1.5
+    assert expected_cluster_cpus(config) == 4.0  # 2 + ceil(1.5)
+    with pytest.raises(ConfigError) as err:  # actor 1 + teacher 2 + judge 1.5 > 4
+        plan_cpus(config, 4.0)
+    assert "distill.num_workers=2" in str(err.value) and "\n" not in str(err.value)
+    assert plan_cpus(config, 4.5).trainer_cpus_per_worker == 1.0
+    data["distill"]["placement"] = "colocated"  # in the actor's process: no CPU of its own
+    assert plan_cpus(load_config(data), 2.5).trainer_cpus_per_worker == 1.0

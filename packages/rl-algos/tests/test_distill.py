@@ -140,6 +140,12 @@ def test_config_errors_name_the_key():
         load_config(_raw(distill={"teacher_path": "t", "mode": "reverse"}))
     with pytest.raises(ConfigError, match=r"^distill\.kl_type: .*did you mean 'k2'"):
         load_config(_raw(distill={"teacher_path": "t", "kl_type": "k22"}))
+    with pytest.raises(ConfigError, match=r"^distill\.num_workers: invalid value 0"):
+        load_config(_raw(distill={"teacher_path": "t", "num_workers": 0}))
+    with pytest.raises(ConfigError, match=r"^distill\.placement: invalid value 'driver'"):
+        load_config(_raw(distill={"teacher_path": "t", "placement": "driver"}))
+    with pytest.raises(ConfigError, match=r"^distill\.dtype: invalid value 'int8'"):
+        load_config(_raw(distill={"teacher_path": "t", "dtype": "int8"}))
     # distillation alone: no rule-based reward needed; without a teacher, one is
     cfg = load_config(_raw(distill={"teacher_path": "t"}, reward={"rule_based": False}))
     assert cfg.distill.enabled and cfg.distill.mode == "advantage"

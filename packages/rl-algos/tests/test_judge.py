@@ -95,6 +95,10 @@ def test_a_template_without_the_response_placeholder_is_one_config_error():
         ({"timeout_s": 0}, "reward.judge.timeout_s"),
         ({"parser": "json"}, "reward.judge.parser"),
         ({"verdicts": {" ": 1.0}}, "reward.judge.verdicts"),
+        ({"placement": "remote"}, "reward.judge.remote_urls"),  # remote needs its servers
+        ({"placement": "driver"}, "reward.judge.placement"),
+        ({"num_replicas": 0}, "reward.judge.num_replicas"),
+        ({"cpus_per_replica": 0}, "reward.judge.cpus_per_replica"),
     ],
 )
 def test_judge_config_errors_name_the_key(judge, key):
