@@ -201,3 +201,65 @@ def test_rl_train_genrm_tiny_example(tmp_path, run_rl):
         assert h["judge/timeouts"] == h["judge/errors"] == 0
         # the step's score: rule-based (0 or 1) + 0.5 x the judge's verdict (0 or 1)
         assert 0.0 <= h["critic/score/mean"] <= 1.5
+
+
+def test_a_judge_at_an_openai_compatible_url(tiny_path):
+    """``reward.judge.placement: remote``: the judge's prompts go as token ids to the
+    server's ``/v1/completions`` (the judge's tokenizer, in the driver, encodes them), its
+    answers come back as token ids and are parsed; no engine starts in this process."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    answers = {"seen": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # /v1/models
+            self.reply({"data": [{"id": "judge"}]})
+
+        def do_POST(self):  # /v1/completions: "7" when the prompt holds "4", else "2"
+            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            answers["seen"].append(payload)
+            text = "7" if "4" in tokenizer.decode(payload["prompt"]) else "2"
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            logprobs = {
+                "tokens": [f"token_id:{t}" for t in ids],
+                "token_logprobs": [0.0] * len(ids),
+            }
+            choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": logprobs}
+            self.reply({"id": payload.get("request_id"), "choices": [choice]})
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    config = JudgeConfig(model_path=tiny_path, placement="remote", remote_urls=[url],
+                         remote_model="judge", apply_chat_template=False)  # fmt: skip
+    judge = GenerativeJudge.start(config, seed=3)
+    try:
+        assert judge.generator.manager.config.placement == "remote"
+        scores, outcomes, metrics = judge.score_texts(["2 + 2?", "1 + 0?"], ["4", "1"])
+        assert scores == [7.0, 2.0] and [o.status for o in outcomes] == ["ok", "ok"]
+        assert metrics["judge/unparseable"] == 0
+        sent = answers["seen"][0]
+        assert sent["model"] == "judge" and sent["max_tokens"] == config.max_new_tokens
+        want = judge.judge_prompt_ids("2 + 2?", "4")
+        assert sorted(map(tuple, (p["prompt"] for p in answers["seen"]))) == sorted(
+            [tuple(want), tuple(judge.judge_prompt_ids("1 + 0?", "1"))]
+        )
+    finally:
+        judge.close()
+        httpd.shutdown()
