@@ -20,16 +20,11 @@ import torch
 from rl_algos.aggregation import LossScale, agg_loss
 from rl_algos.config.distill_section import DistillConfig
 from rl_algos.kl import kl_penalty
-from rl_algos.losses import LossFn, PolicyLossConfig
+from rl_algos.losses import LossFn, PolicyLossConfig, _partial
 
 __all__ = ["TEACHER_LOG_PROB", "full_vocab_reverse_kl", "make_distill_loss_fn"]
 
 TEACHER_LOG_PROB = "teacher_log_prob"
-
-
-def _partial(value: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> float:
-    """This micro-batch's share of a token mean over the mini-batch."""
-    return float((value.detach() * mask).sum().item()) / max(scale.global_num_tokens, 1)
 
 
 def _with_advantages(micro_batch: Any, advantages: torch.Tensor) -> Any:

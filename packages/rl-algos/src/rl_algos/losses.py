@@ -47,7 +47,8 @@ __all__ = [
     "make_critic_loss_fn",
 ]
 
-PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+Result = tuple[torch.Tensor, dict[str, float]]
+PolicyLossFn = Callable[..., Result]
 LossFn = Callable[[dict[str, torch.Tensor], Any, Any], tuple[torch.Tensor, dict[str, float]]]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("rl.policy_losses", kind="policy loss")
 
@@ -165,6 +166,38 @@ def _partial(value: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> float
     return float((value.detach() * mask).sum().item()) / max(scale.global_num_tokens, 1)
 
 
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    return (log_prob - old_log_prob).clamp(-20.0, 20.0)
+
+
+def _finish(
+    pg_losses: torch.Tensor,
+    mask: torch.Tensor,
+    log_ratio: torch.Tensor,
+    config: PolicyLossConfig,
+    scale: LossScale,
+    weights: torch.Tensor | None,
+    extra: dict[str, torch.Tensor] | None = None,
+    constant: dict[str, float] | None = None,
+) -> Result:
+    """Weight by the off-policy correction (TIS or decoupled PPO's behaviour weight),
+    aggregate, and add the partial metrics (`extra`: per-token values, whose token mean is
+    the metric; `constant`: metrics verl reports as a constant 0, e.g. the clip fraction
+    of a loss that does not clip; only 0 survives the engine's sum over micro-batches). ``actor/ppo_kl`` is the token mean of ``-log_ratio``
+    unless `extra` redefines it."""
+    if weights is not None:
+        pg_losses = pg_losses * weights
+    loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
+    metrics = {
+        "actor/pg_loss": float(loss.detach().item()),
+        "actor/ppo_kl": _partial(-log_ratio, mask, scale),
+    }
+    for name, value in (extra or {}).items():
+        metrics[name] = _partial(value.float(), mask, scale)
+    metrics.update(constant or {})
+    return loss, metrics
+
+
 def compute_ppo_policy_loss(
     *,
     log_prob: torch.Tensor,
@@ -178,7 +211,7 @@ def compute_ppo_policy_loss(
     """PPO clipped surrogate with decoupled clip ranges and dual-clip (Ye et al. 2020):
     for negative advantages the loss is further capped at -A * clip_ratio_c."""
     mask = response_mask.to(log_prob.dtype)
-    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = log_ratio.exp()
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
@@ -186,17 +219,11 @@ def compute_ppo_policy_loss(
     dual_bound = -advantages * config.clip_ratio_c
     pg_losses = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
-    if weights is not None:
-        pg_losses = pg_losses * weights
-    loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
-    lower = (clip_loss > dual_bound) & (advantages < 0)
-    metrics = {
-        "actor/pg_loss": float(loss.detach().item()),
-        "actor/pg_clipfrac": _partial((loss_clipped > loss_unclipped).float(), mask, scale),
-        "actor/pg_clipfrac_lower": _partial(lower.float(), mask, scale),
-        "actor/ppo_kl": _partial(-log_ratio, mask, scale),
+    clipfrac = {
+        "actor/pg_clipfrac": loss_clipped > loss_unclipped,
+        "actor/pg_clipfrac_lower": (clip_loss > dual_bound) & (advantages < 0),
     }
-    return loss, metrics
+    return _finish(pg_losses, mask, log_ratio, config, scale, weights, clipfrac)
 
 
 def compute_gspo_policy_loss(
@@ -225,16 +252,9 @@ def compute_gspo_policy_loss(
     loss_clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
-    if weights is not None:
-        pg_losses = pg_losses * weights
-    loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
-    metrics = {
-        "actor/pg_loss": float(loss.detach().item()),
-        "actor/pg_clipfrac": _partial((loss_clipped > loss_unclipped).float(), mask, scale),
-        "actor/pg_clipfrac_lower": 0.0,  # as verl: GSPO has no dual clip
-        "actor/ppo_kl": _partial(-log_ratio, mask, scale),
-    }
-    return loss, metrics
+    clipfrac = {"actor/pg_clipfrac": loss_clipped > loss_unclipped}
+    no_dual_clip = {"actor/pg_clipfrac_lower": 0.0}  # as verl: GSPO has no dual clip
+    return _finish(pg_losses, mask, log_ratio, config, scale, weights, clipfrac, no_dual_clip)
 
 
 @dataclass

@@ -19,8 +19,15 @@ from __future__ import annotations
 
 import torch
 
-from rl_algos.aggregation import LossScale, agg_loss
-from rl_algos.losses import PolicyLossConfig, _off_policy_weights, _partial
+from rl_algos.aggregation import LossScale
+from rl_algos.losses import (
+    PolicyLossConfig,
+    Result,
+    _finish,
+    _log_ratio,
+    _off_policy_weights,
+    _partial,
+)
 from rl_algos.masked import masked_mean
 
 __all__ = [
@@ -35,40 +42,6 @@ __all__ = [
     "compute_reinforce_policy_loss",
     "compute_sapo_policy_loss",
 ]
-
-Result = tuple[torch.Tensor, dict[str, float]]
-
-
-def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
-    return (log_prob - old_log_prob).clamp(-20.0, 20.0)
-
-
-def _finish(
-    pg_losses: torch.Tensor,
-    mask: torch.Tensor,
-    log_ratio: torch.Tensor,
-    config: PolicyLossConfig,
-    scale: LossScale,
-    weights: torch.Tensor | None,
-    extra: dict[str, torch.Tensor] | None = None,
-    constant: dict[str, float] | None = None,
-) -> Result:
-    """Weight by the off-policy correction (TIS or decoupled PPO's behaviour weight),
-    aggregate, and add the partial metrics (`extra`: per-token values, whose token mean is
-    the metric; `constant`: metrics verl reports as a constant 0, e.g. the clip fraction
-    of a loss that does not clip; only 0 survives the engine's sum over micro-batches). ``actor/ppo_kl`` is the token mean of ``-log_ratio``
-    unless `extra` redefines it."""
-    if weights is not None:
-        pg_losses = pg_losses * weights
-    loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
-    metrics = {
-        "actor/pg_loss": float(loss.detach().item()),
-        "actor/ppo_kl": _partial(-log_ratio, mask, scale),
-    }
-    for name, value in (extra or {}).items():
-        metrics[name] = _partial(value.float(), mask, scale)
-    metrics.update(constant or {})
-    return loss, metrics
 
 
 def _covariance(
