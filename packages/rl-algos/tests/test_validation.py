@@ -124,3 +124,26 @@ def test_accuracy_interval_is_the_95_percent_half_width():
     assert two == pytest.approx(1.96 * (0.125 / 2) ** 0.5)  # 0.49 > Wilson's 0.39
     with pytest.raises(ValueError, match="accuracy_interval: 2 ids, 1 flags"):
         accuracy_interval([0, 1], [True])
+
+
+def test_kind_metrics_are_each_kinds_means_and_their_mean():
+    from rl_algos.validation import kind_metrics
+
+    kinds = ["gcd", "gcd", "gcd", "sum", "sum"]
+    correct = [True, False, False, True, True]
+    extras = {
+        "strict": [1.0, 0.0, 1, 0.0, 1.0],  # ints count as numbers
+        "acc": [1.0] * 5,  # accuracy comes from `correct`, not from the extra
+        "pred": ["1", "2", "3", "4", "5"],  # not numbers: left out
+        "label": [0.5, None, 0.5, 0.5, 0.5],  # one sample without a number: left out
+    }
+    assert kind_metrics(kinds, correct, extras) == pytest.approx(
+        {
+            "val/kind/gcd/accuracy": 1 / 3,
+            "val/kind/sum/accuracy": 1.0,
+            "val/kind_mean/accuracy": (1 / 3 + 1.0) / 2,  # a mean over kinds, not samples
+            "val/kind/gcd/strict": 2 / 3,
+            "val/kind/sum/strict": 0.5,
+            "val/kind_mean/strict": (2 / 3 + 0.5) / 2,
+        }
+    )

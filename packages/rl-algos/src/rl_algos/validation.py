@@ -20,6 +20,7 @@ be from the model's accuracy on the task.
 
 ``k`` runs over the powers of two below ``n`` and ``n`` itself. Every metric is reported over
 all prompts (``val/<metric>``) and per ``data_source`` (``val/<data_source>/<metric>``).
+``kind_metrics`` breaks accuracy and a reward's other numbers down by row kind.
 """
 
 from __future__ import annotations
@@ -167,3 +168,24 @@ def validation_metrics(
         for key, value in _group_metrics(source_groups, scores, correct, preds, n).items():
             metrics[f"val/{source}/{key}"] = value
     return metrics
+
+
+def kind_metrics(
+    kinds: Sequence[str], correct: Sequence[bool], extras: dict[str, Sequence[object]]
+) -> dict[str, float]:
+    """Per kind of row (e.g. a reasoning-gym mix's datasets): ``val/kind/<kind>/accuracy``
+    and ``val/kind/<kind>/<name>`` for each reward number `extras[name]` (e.g. ``strict``),
+    the mean over the kind's samples; ``val/kind_mean/<metric>``: their mean over kinds."""
+    by_kind: dict[str, list[int]] = defaultdict(list)
+    for i, kind in enumerate(kinds):
+        by_kind[str(kind)].append(i)
+    columns = {"accuracy": [float(v) for v in correct]}
+    for name, values in extras.items():
+        if name not in ("acc", "pred", "score") and all(isinstance(v, int | float) for v in values):
+            columns[name] = [float(v) for v in values]  # type: ignore[arg-type]
+    out: dict[str, float] = {}
+    for name, values in columns.items():
+        means = [sum(values[i] for i in rows) / len(rows) for rows in by_kind.values()]
+        out.update({f"val/kind/{k}/{name}": m for k, m in zip(by_kind, means, strict=True)})
+        out[f"val/kind_mean/{name}"] = sum(means) / len(means)
+    return out

@@ -107,6 +107,67 @@ def test_bad_input_is_named():
         compute_score("reasoning_gym", "1", "1", {})
 
 
+MIX = [
+    {"name": "chain_sum", "weight": 1, "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
+    {"name": "products", "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
+    {"name": "gcd", "weight": 2.0, "config": {"max_numbers": 2, "max_value": 20}},
+]
+
+
+def test_a_composite_mix_has_one_kind_per_dataset_and_its_scorer_scores_each():
+    from reasoning_gym.composite import DatasetSpec
+
+    mix = ReasoningGymTask(dataset="composite", config={"datasets": MIX}, few_shot=2)
+    splits = make_splits(mix, 300, 90, seed=2)
+    test_q = {r["prompt"][-1]["content"] for r in splits["test"]}
+    train_q = {r["prompt"][-1]["content"] for r in splits["train"]}
+    assert len(test_q) == 90 and len(train_q) == 300 and not test_q & train_q
+    assert {r["kind"] for r in splits["test"]} == {"chain_sum", "products", "gcd"}
+    # reasoning-gym's own composite of the same specs: the same entries, kind = its source
+    specs = [DatasetSpec(m["name"], float(m.get("weight", 1)), m["config"]) for m in MIX]
+    reference = reasoning_gym.create_dataset("composite", seed=0, size=100_000, datasets=specs)
+    for row in splits["test"][:30]:
+        entry = reference[row["extra_info"]["reasoning_gym"]["index"]]
+        assert row["kind"] == row["ability"] == entry["metadata"]["source_dataset"]
+        assert row["prompt"][-1]["content"].startswith(entry["question"])
+        answer = entry["answer"]
+        assert row["reward_model"]["ground_truth"] == answer
+        # the reward: the composite's scorer (delegating to the entry's dataset)
+        score = compute_score("reasoning_gym", f"\\boxed{{{answer}}}", answer, row["extra_info"])
+        assert score["strict"] == 1.0 and score["score"] == 1.0
+        wrong = compute_score(
+            "reasoning_gym", f"\\boxed{{{int(answer) + 1}}}", answer, row["extra_info"]
+        )
+        assert wrong["strict"] == 0.0 and wrong["score"] == 0.0
+
+
+def test_a_bad_composite_names_the_field():
+    def mix(datasets):
+        return ReasoningGymTask(dataset="composite", config={"datasets": datasets})
+
+    with pytest.raises(ValueError, match=r"config\.datasets: invalid value None; expected a list"):
+        ReasoningGymTask(dataset="composite")
+    with pytest.raises(
+        ValueError, match=r"config\.datasets\[1\]\.name 'gcdd' is not one of .*'gcd'"
+    ):
+        mix([MIX[0], {"name": "gcdd"}])
+    with pytest.raises(
+        ValueError, match=r"config\.datasets\[1\]\.weight: invalid value 0; expected a number > 0"
+    ):
+        mix([MIX[0], {"name": "gcd", "weight": 0}])
+    with pytest.raises(
+        ValueError, match=r"config\.datasets\[0\]\.config: invalid value \[1\]; expected a mapping"
+    ):
+        mix([{"name": "gcd", "config": [1]}])
+    with pytest.raises(
+        ValueError,
+        match=r"config\.datasets\[0\]: invalid value .*'weights'.*; expected a mapping of name",
+    ):
+        mix([{"name": "gcd", "weights": 1}])
+    with pytest.raises(ValueError, match=r"rejected by reasoning-gym: .*Duplicate dataset names"):
+        mix([MIX[2], MIX[2]])
+
+
 def test_the_environment_scores_one_turn_and_holds_out_val():
     env = make_text_env("reasoning_gym:basic_arithmetic", {"config": OPTIONS})
     train, val = env.tasks("train", 0, 60), env.tasks("val", 0, 20)

@@ -12,6 +12,9 @@ on the exact entry, metadata included::
         task: reasoning_gym
         options: {dataset: basic_arithmetic, config: {min_terms: 2, max_terms: 2}}
 
+A mix is reasoning-gym's ``composite`` generator, ``config: {datasets: [{name, weight,
+config}, ...]}``: each row's ``kind`` (data.curriculum's) is its entry's dataset.
+
 Needs the ``reasoning-gym`` extra (``pip install 'rl-algos[reasoning-gym]'``).
 """
 
@@ -39,22 +42,49 @@ def _import_reasoning_gym() -> Any:
     return reasoning_gym
 
 
-@functools.lru_cache(maxsize=64)
-def _generator(name: str, config_json: str, seed: int, size: int) -> Any:
-    """One reasoning-gym dataset object, built once per process (scoring workers reuse it)."""
-    rg = _import_reasoning_gym()
+def _check_name(name: Any, field: str = "dataset") -> None:
     from reasoning_gym.factory import DATASETS
 
     if name not in DATASETS:
         from rl_core.config import did_you_mean
 
         raise ValueError(
-            f"reasoning_gym: dataset {name!r} is not one of reasoning-gym's "
-            f"{len(DATASETS)} generators{did_you_mean(name, sorted(DATASETS))}"
+            f"reasoning_gym: {field} {name!r} is not one of reasoning-gym's "
+            f"{len(DATASETS)} generators{did_you_mean(str(name), sorted(DATASETS))}"
         )
+
+
+def _dataset_specs(entries: Any) -> list[Any]:
+    """reasoning-gym's DatasetSpecs of a ``composite``'s ``config.datasets`` mappings."""
+    from reasoning_gym.composite import DatasetSpec
+
+    from rl_core.config import check, is_real
+
+    field = "config.datasets"  # of the reasoning_gym task's composite
+    check(isinstance(entries, list) and bool(entries), field, entries, "a list of datasets")
+    for i, entry in enumerate(entries):
+        keys = set(entry) if isinstance(entry, dict) else set()
+        ok = "name" in keys and keys <= {"name", "weight", "config"}
+        check(ok, f"{field}[{i}]", entry, "a mapping of name, weight (1.0), config ({})")
+        _check_name(entry["name"], f"{field}[{i}].name")
+        weight = entry.setdefault("weight", 1.0)
+        check(is_real(weight) and weight > 0, f"{field}[{i}].weight", weight, "a number > 0")
+        config = entry.setdefault("config", {})
+        check(isinstance(config, dict), f"{field}[{i}].config", config, "a mapping")
+    return [DatasetSpec(e["name"], float(e["weight"]), dict(e["config"])) for e in entries]
+
+
+@functools.lru_cache(maxsize=64)
+def _generator(name: str, config_json: str, seed: int, size: int) -> Any:
+    """One reasoning-gym dataset object, built once per process (scoring workers reuse it)."""
+    rg = _import_reasoning_gym()
+    _check_name(name)
     options = json.loads(config_json)
+    kwargs = dict(options)
+    if name == "composite":
+        kwargs["datasets"] = _dataset_specs(options.get("datasets"))
     try:
-        return rg.create_dataset(name, seed=seed, size=size, **options)
+        return rg.create_dataset(name, seed=seed, size=size, **kwargs)
     except (TypeError, ValueError, AssertionError) as exc:
         raise ValueError(
             f"reasoning_gym: options {options} of dataset {name!r} rejected by reasoning-gym: "
@@ -128,11 +158,13 @@ class ReasoningGymTask:
             messages.append({"role": "user", "content": self._user(demo["question"])})
             messages.append({"role": "assistant", "content": f"\\boxed{{{demo['answer']}}}"})
         messages.append({"role": "user", "content": self._user(entry["question"])})
+        # the generator's name; a composite's entry: the name of the dataset it comes from
+        kind = (entry.get("metadata") or {}).get("source_dataset") or self.dataset
         row = {
             "data_source": DATA_SOURCE,
             "prompt": messages,
-            "ability": self.dataset,
-            "kind": self.dataset,  # data.curriculum's kind: the generator
+            "ability": kind,
+            "kind": kind,  # data.curriculum's kind
             "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
             "extra_info": {
                 "reasoning_gym": {

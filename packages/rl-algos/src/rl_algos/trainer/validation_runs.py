@@ -39,7 +39,7 @@ class ValidationRuns:
     def _validate_set(self, dataset: Any) -> dict[str, float]:
         cfg = self.config
         from rl_algos.data import collate_prompts
-        from rl_algos.validation import accuracy_interval, validation_metrics
+        from rl_algos.validation import accuracy_interval, kind_metrics, validation_metrics
 
         n = cfg.rollout.val_n
         items = [dataset[i] for i in range(len(dataset))]
@@ -86,6 +86,9 @@ class ValidationRuns:
             numbers = [float(v) for v in values if isinstance(v, int | float)]
             if len(numbers) == len(values):
                 metrics[f"val/{name}"] = sum(numbers) / max(len(numbers), 1)
+        kinds = out.non_tensor_batch.get(cfg.data.curriculum.kind_key)
+        if kinds is not None:  # per kind of row (e.g. a reasoning-gym mix's datasets)
+            metrics.update(kind_metrics([str(k) for k in kinds], correct, extras))
         if "val/boxed" in metrics:  # the share of the right answers that are boxed
             right = metrics["val/accuracy"]
             metrics["val/boxed_share"] = metrics["val/boxed"] / right if right > 0 else 0.0
