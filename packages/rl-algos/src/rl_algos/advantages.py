@@ -73,6 +73,13 @@ def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor
         )
 
 
+def _scores(rewards: torch.Tensor, mask: torch.Tensor, index: Any, name: str) -> torch.Tensor:
+    """Each sample's score [B] (its summed token rewards), for a group estimator."""
+    _check_shapes(rewards, mask)
+    _require("index", index, name)
+    return rewards.sum(dim=-1)
+
+
 def _group_stats(
     scores: torch.Tensor, index: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -131,9 +138,7 @@ def compute_grpo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: (score - group mean) / (group std + epsilon), broadcast over response tokens.
     `norm_adv_by_std_in_grpo=False` drops the division (Dr.GRPO's estimator)."""
-    _check_shapes(token_level_rewards, response_mask)
-    index = _require("index", index, "grpo")
-    scores = token_level_rewards.sum(dim=-1)
+    scores = _scores(token_level_rewards, response_mask, index, "grpo")
     mean, std, count = _group_stats(scores, index)
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
@@ -162,9 +167,7 @@ def compute_rloo_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the other samples of
     the same prompt; a group of one keeps its score."""
-    _check_shapes(token_level_rewards, response_mask)
-    index = _require("index", index, "rloo")
-    scores = token_level_rewards.sum(dim=-1)
+    scores = _scores(token_level_rewards, response_mask, index, "rloo")
     mean, _, count = _group_stats(scores, index)
     leave_one_out = (mean * count - scores) / (count - 1).clamp(min=1)
     adv = torch.where(count > 1, scores - leave_one_out, scores)
@@ -219,9 +222,7 @@ def compute_reinforce_plus_plus_baseline_advantage(
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: score minus its group mean, then whitened over the batch."""
-    _check_shapes(token_level_rewards, response_mask)
-    index = _require("index", index, "reinforce_plus_plus_baseline")
-    scores = token_level_rewards.sum(dim=-1)
+    scores = _scores(token_level_rewards, response_mask, index, "reinforce_plus_plus_baseline")
     mean, _, count = _group_stats(scores, index)
     centred = scores - torch.where(count > 1, mean, torch.zeros_like(mean))
     mask = response_mask.to(scores.dtype)
@@ -258,9 +259,7 @@ def compute_opo_advantage(
     """OPO (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585):
     the length-weighted group mean as the baseline, b = sum_j |o_j| R_j / sum_j |o_j|
     (|o_j|: response tokens of sample j), A_i = R_i - b; a group of one has baseline 0."""
-    _check_shapes(token_level_rewards, response_mask)
-    index = _require("index", index, "opo")
-    scores = token_level_rewards.sum(dim=-1)
+    scores = _scores(token_level_rewards, response_mask, index, "opo")
     if len(index) != scores.shape[0]:
         raise ValueError(f"index has {len(index)} entries but the batch has {scores.shape[0]}")
     lengths = response_mask.to(scores.dtype).sum(dim=-1)
@@ -288,9 +287,7 @@ def compute_gpg_advantage(
     alpha = B / M (B: samples in the batch, M: samples with a non-zero score, at least 1)
     and F_norm = 1, as verl computes it; a group of one has mean 0. Pair it with the `gpg`
     policy loss (the `gpg` preset does)."""
-    _check_shapes(token_level_rewards, response_mask)
-    index = _require("index", index, "gpg")
-    scores = token_level_rewards.sum(dim=-1)
+    scores = _scores(token_level_rewards, response_mask, index, "gpg")
     mean, _, count = _group_stats(scores, index)
     mean = torch.where(count > 1, mean, torch.zeros_like(mean))
     nonzero = torch.count_nonzero(scores).clamp(min=1).to(scores.dtype)
@@ -314,9 +311,7 @@ def compute_grpo_passk_advantage(
     best sample learns, with A = (R_max - R_second) / (group std + epsilon) (no division
     with `norm_adv_by_std_in_grpo=False`); every other sample gets 0. Ties give 0. Every
     group needs at least 2 samples."""
-    _check_shapes(token_level_rewards, response_mask)
-    index = _require("index", index, "grpo_passk")
-    scores = token_level_rewards.sum(dim=-1)
+    scores = _scores(token_level_rewards, response_mask, index, "grpo_passk")
     _, std, count = _group_stats(scores, index)
     gid, num_groups = group_ids(index, scores.device)
     if bool((count < 2).any()):

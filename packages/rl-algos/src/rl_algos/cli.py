@@ -93,13 +93,6 @@ def _load(config_path: str, overrides: Sequence[str]):
     return config
 
 
-def _trainer_class(config):
-    """The one trainer (LLM, VLM and VLA runs: `rl_algos.trainer.loop`)."""
-    from rl_algos.trainer.loop import RLTrainer
-
-    return RLTrainer
-
-
 def _dry_run(config) -> int:
     """The resolved config and every role's pool, processes and devices; starts nothing."""
     from omegaconf import OmegaConf
@@ -116,7 +109,9 @@ def _dry_run(config) -> int:
 
 
 def _train(config) -> int:
-    trainer = _trainer_class(config)(config)
+    from rl_algos.trainer.loop import RLTrainer  # the one trainer: LLM, VLM and VLA runs
+
+    trainer = RLTrainer(config)
     try:
         history = trainer.fit()
     finally:
@@ -138,7 +133,9 @@ def _train(config) -> int:
 
 
 def _eval(config) -> int:
-    trainer = _trainer_class(config)(config)
+    from rl_algos.trainer.loop import RLTrainer
+
+    trainer = RLTrainer(config)
     try:
         if trainer._resume_from is not None:
             trainer._load_checkpoint(trainer._resume_from)

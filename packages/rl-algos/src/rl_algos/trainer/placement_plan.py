@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_algos.trainer.cpu_plan import expected_cluster_cpus, plan_cpus
-from rl_algos.trainer.placement import default_cpus_per_worker
+from rl_algos.trainer.placement import _own_pools, default_cpus_per_worker
 
 __all__ = ["RolePlacement", "check_role_configs", "plan_placement"]
 
@@ -45,9 +45,7 @@ def plan_placement(cfg: Any) -> list[RolePlacement]:
     """Every role the run starts (`ConfigError` when the Ray cluster's CPUs cannot hold
     them). With ``trainer.backend: local`` every role runs in the driver's process."""
     trainer, distill = cfg.trainer, cfg.distill
-    own = {"critic": cfg.critic.num_workers} if cfg.critic.placement == "split" else {}
-    if distill.enabled and distill.placement == "split":
-        own["teacher"] = distill.num_workers
+    own = _own_pools(cfg)
     roles = ["actor", "reference", "rollout", "critic", "reward_model", "teacher"]
     wanted = [True, cfg.uses_reference, cfg.rollout.placement == "colocated", cfg.uses_critic]
     wanted += [cfg.reward.model_path is not None, distill.enabled]
