@@ -6,6 +6,8 @@ tests-faults``): one real run on embedded Ray with the teacher on a pool of its 
 * After set-up the driver process holds no `torch.nn.Module` and no tensor over 1 MB (a
   `gc.get_objects()` scan): the models live in the workers and replicas only.
 * The start-up log names every role with its pool and processes, teacher and judge included.
+* The teacher group's log-probs of step 1 are those of a single-process Hugging Face
+  forward pass of the teacher (float64) on the same prompts and responses.
 * After step 1 the teacher's process and the judge's replica are killed with SIGKILL: the
   teacher's group is rebuilt by the trainer's failover (``trainer.restarts`` 1, the step
   replayed from the in-memory snapshot), the judge's replica is replaced by the judge's
@@ -81,8 +83,9 @@ def test_teacher_and_judge_are_roles_of_their_own(ray_cluster, make_config, capl
         judge_pid = trainer.judge.generator.manager.replicas[0].info["pid"]
         assert judge_pid != os.getpid()
 
-        step = trainer.train_step
-        killed = []
+        step, teacher_log_probs = trainer.train_step, trainer._teacher_log_probs
+        killed, seen = [], []
+        trainer._teacher_log_probs = lambda b: seen.append((b, teacher_log_probs(b))) or seen[-1][1]
 
         def train_step():
             if trainer.global_step == 1 and not killed:
@@ -102,3 +105,23 @@ def test_teacher_and_judge_are_roles_of_their_own(ray_cluster, make_config, capl
     assert max(h.get("judge/replicas_replaced", 0) for h in history) == 1
     assert all(h["distill/teacher_log_prob"] < 0 for h in history)
     assert all(h["judge/timeouts"] == h["judge/errors"] == 0 for h in history)
+    _check_teacher_log_probs(*seen[0], resolve_model_path("tiny-random:llama"))
+
+
+def _check_teacher_log_probs(batch, out, teacher_path: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from rl_algos.distill import TEACHER_LOG_PROB
+
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_path, dtype=torch.float64).eval()
+    got, mask = out.batch[TEACHER_LOG_PROB], batch.batch["response_mask"].bool()
+    temperature = float(batch.meta_info["temperature"])
+    for i in range(len(batch)):
+        length = int(mask[i].sum())
+        prompt = list(batch.non_tensor_batch["raw_prompt_ids"][i])
+        response = batch.batch["responses"][i, :length].tolist()
+        with torch.no_grad():
+            logits = teacher(torch.tensor([prompt + response])).logits[0]
+        logp = (logits[len(prompt) - 1 : -1] / temperature).log_softmax(-1)
+        want = logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+        assert torch.allclose(got[i, :length].double(), want, atol=2e-4), (i, got[i], want)
