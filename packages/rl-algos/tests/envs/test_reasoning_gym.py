@@ -180,6 +180,10 @@ def test_the_environment_scores_one_turn_and_holds_out_val():
     step = env.step(ModelTurn(f"\\boxed{{{answer}}}", [1], [], "stop", 1))
     assert (step.reward, step.terminated, step.info["strict"]) == (1.0, True, 1.0)
     assert draw_rows(env.task, "val", 0, 20) == val
+    # held out whatever the seeds: no question of any val draw is in any train draw
+    trains = {r["prompt"][-1]["content"] for s in (0, 1, 2) for r in env.tasks("train", s, 60)}
+    vals = {r["prompt"][-1]["content"] for s in (0, 5) for r in env.tasks("val", s, 20)}
+    assert len(vals) > 20 and len(trains) > 60 and not trains & vals
 
 
 class TestReasoningGymConformance(TextEnvConformance):
