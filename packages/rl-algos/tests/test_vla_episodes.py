@@ -151,3 +151,19 @@ def test_a_failed_half_is_dropped_counted_and_restarted(error):
     source.envs = _FakeEnvGroup(fail)
     with pytest.raises(EnvFailureBoundError, match="2 of 4 episodes failed"):
         source.play(_FakeRollout(), 0)
+
+
+def test_cpu_plan_counts_one_vla_env_group_per_node():
+    """VLA env workers are ``env.num_workers`` per node (not per training worker, as text
+    env pools are): 2 training workers x 1 CPU + 2 env workers x 0.5 fit 3 CPUs."""
+    from pathlib import Path
+
+    from rl_algos.config import VLA_ENVS, load_config
+    from rl_algos.trainer.cpu_plan import plan_cpus
+
+    if "reach" not in VLA_ENVS.names():
+        pytest.skip("needs rl-multimodal (the reach env)")
+    example = Path(__file__).resolve().parents[3] / "examples" / "grpo_vla_reach.yaml"
+    cfg = load_config(str(example), ["trainer.num_workers=2", "trainer.ray_num_cpus=3"])
+    plan = plan_cpus(cfg, 3.0)
+    assert (plan.env_workers, plan.env_cpus, plan.trainer_cpus_per_worker) == (2, 1.0, 1.0)

@@ -292,15 +292,6 @@ def check_plugins(cfg: RLConfig) -> None:
     from rl_core.engine import ENGINES
     from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS
 
-    if is_vla_run(cfg):
-        for key, name, registry in (
-            ("actor.engine", cfg.actor.engine, ENGINES),
-            ("rollout.backend", cfg.rollout.backend, ROLLOUTS),
-            ("rollout.generator", cfg.rollout.generator, SEQUENCE_GENERATORS),
-        ):
-            check(name in registry.names(), key, name,
-                  f"one installed ({', '.join(registry.names())})", registry.names())  # fmt: skip
-        return
     checks = [
         ("data.dataset", cfg.data.dataset, DATASETS, "rl-multimodal"),
         ("actor.engine", cfg.actor.engine, ENGINES, "rl-engines[fsdp]"),

@@ -69,10 +69,12 @@ def expected_cluster_cpus(cfg: Any) -> float | None:
 
 
 def _env_workers(cfg: Any) -> int:
-    """The text-environment worker processes the run places on Ray (0: none there)."""
+    """The environment worker processes the run places on Ray (0: none there)."""
     env = getattr(cfg, "env", None)
     if env is None or cfg.trainer.backend != "ray":
         return 0
+    if getattr(cfg, "vla", None) is not None:  # one VLA env group: env.num_workers per node
+        return int(env.num_workers) * cfg.trainer.nnodes
     managers = (
         cfg.trainer.nnodes * cfg.trainer.num_workers if cfg.rollout.placement == "colocated" else 1
     )
