@@ -136,10 +136,8 @@ class RLTrainer(ValidationRuns):
                 self.snapshots.prepare(self._trained_groups())
         self._failover_metrics: dict[str, float] = {}  # logged with the first step after one
         self._done_step = 0  # the last step whose validation, save and snapshot are done
-        self._initial_state = {
-            "dataloader": self.train_loader.state_dict(),
-            "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
-        }
+        initial_loader = self.train_loader.state_dict()
+        self._initial_state = {**self._driver_state(initial_loader), "policy_version": 0}
 
     def _prepare(self, config: Any) -> None:
         """Check user input and load what the driver needs: the data, the tokenizer, the
@@ -584,12 +582,9 @@ class RLTrainer(ValidationRuns):
                     save_batches(pending, staging / ROLLOUT_BUFFER)
 
             state = {
-                "global_step": self.global_step,
-                "policy_version": self.rollout.version,
-                "dataloader": loader,
+                **self._driver_state(loader),
                 "untrained_batches": len(pending),
                 "total_steps": self.config.trainer.total_steps,
-                "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
                 # what `rl export` needs: which engine wrote actor/, the model's own files
                 "engine": self.config.actor.engine,
                 "model_path": str(self.model_path),
@@ -607,14 +602,8 @@ class RLTrainer(ValidationRuns):
         self.groups.actor.load_checkpoint(str(path / "actor"))
         if self.groups.critic is not None:
             self.groups.critic.load_checkpoint(str(path / "critic"))
-        step = int(state["global_step"])
-        self._apply_driver_state(
-            state["dataloader"],
-            state.get("kl_coef"),
-            step,
-            int(state.get("policy_version", step)),
-            load_batches(path / ROLLOUT_BUFFER) if self.config.async_.on_resume == "keep" else [],
-        )
+        keep = self.config.async_.on_resume == "keep"
+        self._apply_driver_state(state, load_batches(path / ROLLOUT_BUFFER) if keep else [])
         if self._restored and self.config.async_.max_staleness == 0:
             raise RuntimeError(
                 f"{path}: the checkpoint holds {len(self._restored)} untrained async batches; "
@@ -731,14 +720,7 @@ class RLTrainer(ValidationRuns):
             pending, loader = self.buffer.snapshot()
         else:
             pending, loader = [], copy.deepcopy(self.train_loader.state_dict())
-        state = {
-            "global_step": self.global_step,
-            "policy_version": self.rollout.version,
-            "dataloader": loader,
-            "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
-            "rng": driver_rng_state(),
-            "pending": pending,
-        }
+        state = {**self._driver_state(loader), "rng": driver_rng_state(), "pending": pending}
         return self.snapshots.take(self.global_step, self._trained_groups(), state)
 
     def _newest_snapshot(self) -> int | None:
@@ -762,31 +744,27 @@ class RLTrainer(ValidationRuns):
         self.snapshots.restore(step, self._trained_groups())
         state = self.snapshots.driver_state(step)
         set_driver_rng_state(state["rng"])
-        self._apply_driver_state(
-            state["dataloader"],
-            state["kl_coef"],
-            state["global_step"],
-            state["policy_version"],
-            state["pending"],
-        )
+        self._apply_driver_state(state, state["pending"])
 
-    def _apply_driver_state(
-        self,
-        loader: dict[str, Any],
-        kl_coef: dict[str, float] | None,
-        step: int,
-        policy_version: int,
-        pending: list[DataProto],
-    ) -> None:
+    def _driver_state(self, loader: dict[str, Any]) -> dict[str, Any]:
+        """The driver's share of a checkpoint or a snapshot (`_apply_driver_state`'s)."""
+        return {
+            "global_step": self.global_step,
+            "policy_version": self.rollout.version,
+            "dataloader": loader,
+            "kl_coef": None if self.kl_ctrl is None else asdict(self.kl_ctrl),
+        }
+
+    def _apply_driver_state(self, state: dict[str, Any], pending: list[DataProto]) -> None:
         """The driver's side of a restore (checkpoint, snapshot or the initial state); the
         rollout gets the restored weights under the version they had."""
-        self.train_loader.load_state_dict(loader)
+        self.train_loader.load_state_dict(state["dataloader"])
         self._train_iter = None
-        if self.kl_ctrl is not None and kl_coef:
-            for key, value in kl_coef.items():
+        if self.kl_ctrl is not None and state.get("kl_coef"):
+            for key, value in state["kl_coef"].items():
                 setattr(self.kl_ctrl, key, value)
-        self.global_step = step
-        self.rollout.version = policy_version - 1
+        self.global_step = int(state["global_step"])
+        self.rollout.version = int(state.get("policy_version", self.global_step)) - 1
         self.rollout.sync_weights()
         self._restored = pending
 
@@ -860,8 +838,7 @@ class RLTrainer(ValidationRuns):
     def _load_initial_state(self) -> None:
         """The state of a fresh run (failover before the first checkpoint): the rebuilt
         workers hold the initial weights; the driver's state goes back to step 0."""
-        initial = self._initial_state
-        self._apply_driver_state(initial["dataloader"], initial["kl_coef"], 0, 0, [])
+        self._apply_driver_state(self._initial_state, [])
 
     def close(self) -> None:
         if self.buffer is not None:
