@@ -348,7 +348,7 @@ def check_checkpoint(dry: bool) -> Outcome:
     """Save, load, continue: `check_save_load` of the conformance suite, on the platform's
     process group (NCCL on GPUs: a host tensor in the save's shard agreement fails)."""
     from rl_core.platform import get_platform
-    from rl_core.testing.train_engine import check_save_load, save_tiny_model
+    from rl_core.testing.train_engine_checks import check_save_load, save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = {
