@@ -168,8 +168,9 @@ def tests_faults(session: nox.Session) -> None:
     reward functions that hang, raise or return garbage, failover (a training worker
     killed mid-run, the run finishing as a resume would; `rl train` surviving kill -9),
     resume edge cases, the exact replay from in-memory snapshots of FSDP2 async and
-    megatron sync/async and a rank stuck in a collective (tests marked `faults`; FSDP2 sync
-    replays in tests-integration)."""
+    megatron sync/async, a rank stuck in a collective, and a VLA run losing env workers
+    (SIGSTOP, kill -9) and a training worker (tests marked `faults`; FSDP2 sync replays in
+    tests-integration)."""
     _sync_all(session)
     env = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     expr = f"faults and {HARDWARE_MARKERS}"
