@@ -1,25 +1,12 @@
 """``rl export``: a Hugging Face model directory from a training checkpoint of any engine.
 
-What can be exported:
-
-* a trainer checkpoint ``<output_dir>/checkpoints/step_N`` (its ``actor`` engine checkpoint,
-  the engine name and the model's config/tokenizer files recorded next to it);
-* a run's ``<output_dir>`` or ``<output_dir>/checkpoints`` (the latest checkpoint);
-* a bare engine checkpoint directory, with ``model=`` naming the Hugging Face directory
-  whose config, tokenizer and generation config it was trained from.
-
-The weights come from the engine through the `TrainEngine.read_checkpoint_weights` hook
-(offline, one process), looked up by name in the ``rl.engines`` registry: an engine
-package that implements the hook is exportable without any change here. The result is
-``model.safetensors`` (sharded when large), ``config.json``, ``generation_config.json`` and
-the tokenizer files, written atomically (``OUT_DIR.partial`` renamed into place). A LoRA
-model built by a registered builder (a VLA policy: a VLM with action and value heads)
-records ``rl_model.json`` with its HF files: its VLM is exported as a Hugging Face model,
-its other tensors into the file that json names, and the json itself (e.g. the action
-tokenizer's settings) is copied beside them. A LoRA
-checkpoint becomes a PEFT adapter directory (``adapter_model.safetensors``,
-``adapter_config.json``, plus the tokenizer and base config), or with ``merge_lora`` a full
-model with the adapters merged.
+``path`` is a trainer checkpoint (``checkpoints/step_N``), a run directory (its latest
+checkpoint) or a bare engine checkpoint with ``model=`` naming its HF directory. Weights come
+from the engine class's `read_checkpoint_weights` (``rl.engines`` registry). The output
+(weights, config, generation config, tokenizer) is written to ``OUT.partial`` and renamed.
+A LoRA checkpoint becomes a PEFT adapter directory, or with ``merge_lora`` a merged model. A
+builder model (``rl_model.json``, e.g. a VLA policy) exports its HF part as a model and its
+other tensors into the json's ``extra_file``; its adapters are always merged.
 """
 
 from __future__ import annotations
@@ -37,6 +24,7 @@ TRAINER_STATE = "trainer_state.json"
 HF_FILES_DIR = "huggingface"
 RL_MODEL_META = "rl_model.json"  # a builder model's export settings (rl_core.engine.models)
 ENGINE_META = "meta.json"
+DEFAULT_EXTRA_FILE = "extra_weights.safetensors"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -127,8 +115,8 @@ def locate_checkpoint(path: str | os.PathLike[str], model: str | None = None) ->
 
 
 def read_weights(source: CheckpointSource, merge_lora: bool = True) -> dict[str, Any]:
-    """The checkpoint's full weights, through the engine's `read_checkpoint_weights`
-    (a LoRA checkpoint: merged, or with ``merge_lora=False`` its adapter tensors only)."""
+    """The checkpoint's weights via the engine's `read_checkpoint_weights` (a LoRA
+    checkpoint: merged, or its adapter tensors only with ``merge_lora=False``)."""
     from rl_core.engine import ENGINES
 
     engine_cls = ENGINES.get(source.engine)
@@ -204,19 +192,17 @@ def _save_adapter(source: CheckpointSource, adapter: dict[str, Any], out: Path) 
 
 def _split_builder_weights(
     hf_dir: Path, weights: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A model built by a registered builder (``rl_model.json`` beside the HF files, see
-    `rl_core.engine.models`): the tensors under its ``hf_prefix`` are the Hugging Face
-    model's (prefix removed), the others (heads, adapters) go to its ``extra_file``."""
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(HF weights, other tensors, their file name) of a builder model (``rl_model.json``):
+    tensors under ``hf_prefix`` lose it, the rest go to ``extra_file``."""
     meta_file = hf_dir / RL_MODEL_META
     if not meta_file.is_file():
-        return weights, {}
+        return weights, {}, DEFAULT_EXTRA_FILE
     meta = _read_json(meta_file)
     prefix = str(meta.get("hf_prefix", ""))
-    meta.setdefault("extra_file", "extra_weights.safetensors")
     hf = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
     extra = {k: v for k, v in weights.items() if not k.startswith(prefix)}
-    return hf, extra
+    return hf, extra, str(meta.get("extra_file", DEFAULT_EXTRA_FILE))
 
 
 def export_checkpoint(
@@ -228,10 +214,7 @@ def export_checkpoint(
     overwrite: bool = False,
     merge_lora: bool = False,
 ) -> Path:
-    """Write a Hugging Face model directory for ``checkpoint`` to ``out_dir``; for a LoRA
-    checkpoint a PEFT adapter directory (with the tokenizer), or with ``merge_lora`` the
-    full model with the adapters merged into its weights (always for a model built by a
-    builder, such as a VLA policy)."""
+    """Write ``checkpoint`` to ``out_dir`` as an HF model (or PEFT adapter, see module)."""
     source = locate_checkpoint(checkpoint, model)
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -239,8 +222,7 @@ def export_checkpoint(
             f"rl export: output directory {str(out)!r} exists and is not empty "
             "(choose another or pass --overwrite)"
         )
-    # a model built by a builder (a VLA policy: heads beside the Hugging Face model) has no
-    # adapter-only form: its LoRA adapters are always merged
+    # a builder model has no adapter-only form
     built = (source.hf_dir / RL_MODEL_META).is_file()
     as_adapter = bool(source.lora) and not merge_lora and not built
     weights = read_weights(source, merge_lora=not as_adapter)
@@ -254,13 +236,12 @@ def export_checkpoint(
             weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
         _save_adapter(source, weights, partial)
     else:
-        weights, extra = _split_builder_weights(source.hf_dir, weights)
+        weights, extra, extra_file = _split_builder_weights(source.hf_dir, weights)
         _hf_model(source, weights, dtype).save_pretrained(partial)
         if extra:
             from safetensors.torch import save_file
 
-            meta = _read_json(source.hf_dir / RL_MODEL_META)
-            save_file({k: v.contiguous() for k, v in extra.items()}, partial / meta["extra_file"])
+            save_file({k: v.contiguous() for k, v in extra.items()}, partial / extra_file)
     provenance = {
         "checkpoint": str(source.engine_dir),
         "engine": source.engine,
