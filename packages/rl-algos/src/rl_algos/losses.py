@@ -1,19 +1,9 @@
 """Policy and value losses, and the loss functions handed to a TrainEngine.
 
-Policy losses are registered in `POLICY_LOSSES` (entry point group `rl.policy_losses`) and
-called with keyword arguments only::
-
-    loss, metrics = policy_loss(
-        log_prob=..., old_log_prob=..., advantages=..., response_mask=...,  # [b, R]
-        config=PolicyLossConfig(...), scale=LossScale(...),
-        rollout_log_probs=None,  # [b, R], for truncated importance sampling
-    )
-
-Built in: ``ppo`` (verl's ``vanilla``): PPO clip with decoupled clip ranges (clip-higher,
-DAPO) and dual-clip; ``gspo``: a sequence-level importance ratio (Zheng et al. 2025).
-`loss` is this micro-batch's partial of the mini-batch loss (see `rl_algos.aggregation`)
-and every metric is a partial in the same sense: the engine sums both over micro-batches
-and data-parallel ranks, which yields the mini-batch values.
+Policy losses (`POLICY_LOSSES`, entry points ``rl.policy_losses``) take keyword arguments
+``log_prob, old_log_prob, advantages, response_mask`` ([b, R]), ``config``, ``scale`` and
+``rollout_log_probs`` ([b, R] or None). The loss and every metric are this micro-batch's
+partial of the mini-batch value: the engine sums them (see `rl_algos.aggregation`).
 """
 
 from __future__ import annotations
@@ -147,9 +137,7 @@ def _off_policy_weights(
     response_mask: torch.Tensor,
     config: PolicyLossConfig,
 ) -> torch.Tensor | None:
-    """Per-token weights (no gradient) of the rollout correction's importance sampling
-    (`rl_algos.rollout_correction`), pi_old / pi_rollout per token or per sequence,
-    truncated (TIS) or zeroed outside bounds (IcePop, decoupled PPO); None when off."""
+    """Per-token rollout-correction IS weights (no gradient); None when off."""
     correction = config.rollout_correction
     if correction is None or correction.rollout_is is None:
         return None
@@ -180,11 +168,8 @@ def _finish(
     extra: dict[str, torch.Tensor] | None = None,
     constant: dict[str, float] | None = None,
 ) -> Result:
-    """Weight by the off-policy correction (TIS or decoupled PPO's behaviour weight),
-    aggregate, and add the partial metrics (`extra`: per-token values, whose token mean is
-    the metric; `constant`: metrics verl reports as a constant 0, e.g. the clip fraction
-    of a loss that does not clip; only 0 survives the engine's sum over micro-batches). ``actor/ppo_kl`` is the token mean of ``-log_ratio``
-    unless `extra` redefines it."""
+    """Weight, aggregate and add partial metrics: `extra` per-token values (token mean),
+    `constant` metrics verl reports as 0; ``actor/ppo_kl`` is the mean of ``-log_ratio``."""
     if weights is not None:
         pg_losses = pg_losses * weights
     loss = agg_loss(pg_losses, mask, config.agg_mode, scale)
@@ -236,12 +221,8 @@ def compute_gspo_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GSPO: one importance ratio per sequence, s = exp(mean_t(log pi - log pi_old)), clipped
-    to [1 - low, 1 + high] (the paper uses ranges around 3e-4..4e-4).
-
-    Per token the ratio is written as sg(s) * pi_t / sg(pi_t) (the paper's GSPO-token form):
-    its value is s and its gradient is s * grad log pi_t, so with `seq-mean-token-mean`
-    aggregation the gradient is exactly the paper's sequence-level one."""
+    """GSPO: one ratio per sequence, s = exp(mean_t log pi/pi_old), clipped to [1-low, 1+high],
+    written per token as sg(s) * pi_t / sg(pi_t) (value s, gradient s * grad log pi_t)."""
     mask = response_mask.to(log_prob.dtype)
     lengths = mask.sum(dim=-1).clamp(min=1)
     log_ratio = log_prob - old_log_prob
@@ -301,16 +282,10 @@ def _field(batch: Any, key: str, why: str) -> torch.Tensor:
 
 
 def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
-    """The actor's loss function for `TrainEngine.train_batch`: the policy loss, minus the
-    entropy bonus, plus the KL loss term, each aggregated with the global counts in `ctx`.
+    """The actor's loss for `TrainEngine.train_batch`: policy loss - entropy bonus + KL term.
 
-    Reads `old_log_probs`, `advantages`, `response_mask` (and `ref_log_prob`,
-    `rollout_log_probs` when the KL loss or the rollout correction's weights are on) from
-    the micro-batch, and
-    `log_probs` (and `entropy`) from the engine's outputs. A batch whose
-    ``meta_info["old_log_probs_from_update"]`` is true (one optimizer step on fresh
-    samples: see `rl_algos.trainer.placement.recomputes_old_log_probs`) has no
-    `old_log_probs`: they are the update's own log-probs, detached."""
+    With ``meta_info["old_log_probs_from_update"]`` (one optimizer step on fresh samples) the
+    batch has no `old_log_probs`: the update's own log-probs, detached, stand in."""
     policy_loss = POLICY_LOSSES.get(config.name)
 
     def loss_fn(
@@ -364,9 +339,7 @@ def make_actor_loss_fn(config: PolicyLossConfig) -> LossFn:
 
 
 def make_critic_loss_fn(config: ValueLossConfig) -> LossFn:
-    """The critic's loss function for `TrainEngine.train_batch` (clipped value loss).
-    Reads `values` (old), `returns` and `response_mask` from the micro-batch and the new
-    `values` from the engine's outputs."""
+    """The critic's clipped value loss for `TrainEngine.train_batch`."""
 
     def loss_fn(
         outputs: dict[str, torch.Tensor], micro_batch: Any, ctx: Any

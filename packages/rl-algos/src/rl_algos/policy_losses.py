@@ -1,18 +1,10 @@
-"""Policy losses beyond PPO and GSPO, with verl's names (entry point group `rl.policy_losses`).
+"""Policy losses beyond PPO and GSPO, with verl's names and `rl_algos.losses`' convention.
 
-Each one has the calling convention of `rl_algos.losses` (keyword arguments ``log_prob``,
-``old_log_prob``, ``advantages``, ``response_mask``, ``config``, ``scale``,
-``rollout_log_probs``) and returns (this micro-batch's partial of the mini-batch loss,
-partial metrics). Notation per token t of sample i: ``r = pi / pi_old`` (the importance
-ratio, from the log-ratio clamped to [-20, 20]), ``A`` the advantage, ``sg`` stop-gradient,
-``eps_low`` / ``eps_high`` = ``config.clip_ratio_low`` / ``clip_ratio_high``. Every per-token
-loss is multiplied by the rollout correction's importance weight when set
-(``config.rollout_correction``: truncated IS, IcePop or decoupled PPO's behaviour weight,
-see `rl_algos.rollout_correction`), and aggregated with ``config.agg_mode`` (``geo_mean`` is sequence-level by construction).
-
-Clip-Cov and KL-Cov pick their tokens within the micro-batch the loss function sees, as
-the reference implementation does (its batch is the micro-batch too); Clip-Cov draws them
-with ``torch.randperm`` from the global torch RNG, so a seeded run reproduces them.
+Notation per token: ``r = pi / pi_old`` (log-ratio clamped to [-20, 20]), ``A`` the
+advantage, ``sg`` stop-gradient, ``eps_low`` / ``eps_high`` = ``clip_ratio_low`` / ``_high``.
+Per-token losses are weighted by the rollout correction when set and aggregated with
+``agg_mode`` (``geo_mean`` is sequence-level). Clip-Cov and KL-Cov pick tokens within the
+micro-batch, as the reference does; Clip-Cov draws them from the global torch RNG.
 """
 
 from __future__ import annotations
@@ -47,8 +39,7 @@ __all__ = [
 def _covariance(
     advantages: torch.Tensor, log_prob: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
-    """Per-token centred product (A - mean A)(log pi - mean log pi) over the valid tokens
-    (the token's contribution to Cov(log pi, A)); no gradient."""
+    """Per-token (A - mean A)(log pi - mean log pi) over the valid tokens; no gradient."""
     mask = valid.to(log_prob.dtype)
     adv = advantages.detach()
     logp = log_prob.detach()
@@ -65,14 +56,9 @@ def compute_clip_cov_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
-    Reasoning Language Models", arXiv:2505.22617).
-
-    The PPO clipped loss ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``, except that
-    ``n = max(1, floor(clip_cov_ratio * valid tokens))`` tokens, drawn uniformly at random
-    among the valid tokens that PPO does not clip and whose covariance
-    ``(A - mean A)(log pi - mean log pi)`` lies in ``(clip_cov_lb, clip_cov_ub)``, get a
-    loss (and gradient) of 0: the high-covariance tokens that drive entropy collapse."""
+    """Clip-Cov (Cui et al. 2025, arXiv:2505.22617): PPO's clipped loss, except that
+    ``max(1, floor(clip_cov_ratio * valid))`` tokens, drawn at random among the unclipped
+    ones with covariance in ``(clip_cov_lb, clip_cov_ub)``, get a loss of 0."""
     mask = response_mask.to(log_prob.dtype)
     valid = response_mask.bool()
     log_ratio = _log_ratio(log_prob, old_log_prob)
@@ -91,22 +77,10 @@ def compute_clip_cov_policy_loss(
         keep[chosen[:, 0], chosen[:, 1]] = 0.0
     pg_losses = torch.maximum(loss_unclipped, loss_clipped) * keep
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
-    return _finish(
-        pg_losses,
-        mask,
-        log_ratio,
-        config,
-        scale,
-        weights,
-        {
-            # verl's pg_clipfrac of clip_cov: the share of tokens whose gradient the
-            # covariance rule detached (also `clip_cov_frac`); PPO's own clip share, which
-            # every other clipped loss reports as pg_clipfrac, is `pg_clipfrac_ppo`
-            "actor/pg_clipfrac": keep == 0,
-            "actor/pg_clipfrac_ppo": clipped,
-            "actor/clip_cov_frac": keep == 0,
-        },
-    )
+    # verl's pg_clipfrac here is the detached share; PPO's clip share is pg_clipfrac_ppo
+    extra = {"actor/pg_clipfrac": keep == 0, "actor/pg_clipfrac_ppo": clipped}
+    extra["actor/clip_cov_frac"] = keep == 0
+    return _finish(pg_losses, mask, log_ratio, config, scale, weights, extra)
 
 
 def compute_kl_cov_policy_loss(
@@ -119,11 +93,8 @@ def compute_kl_cov_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """KL-Cov (Cui et al. 2025, arXiv:2505.22617): the unclipped surrogate ``-A r`` on
-    every token, plus ``ppo_kl_coef * |log pi - log pi_old|`` on the
-    ``k = max(1, floor(kl_cov_ratio * valid tokens))`` valid tokens with the largest
-    covariance ``(A - mean A)(log pi - mean log pi)`` (a top-k, as in the reference: no
-    random draw)."""
+    """KL-Cov (arXiv:2505.22617): ``-A r``, plus ``ppo_kl_coef * |log pi - log pi_old|`` on
+    the top ``max(1, floor(kl_cov_ratio * valid))`` tokens by covariance (no random draw)."""
     mask = response_mask.to(log_prob.dtype)
     valid = response_mask.bool()
     log_ratio = _log_ratio(log_prob, old_log_prob)
@@ -158,14 +129,9 @@ def compute_reinforce_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """REINFORCE (Williams 1992, "Simple statistical gradient-following algorithms for
-    connectionist reinforcement learning"): ``-A log pi`` per token, optionally weighted by
-    the rollout correction's importance weight (verl's `reinforce` loss; its default
-    aggregation there is `seq-mean-token-sum`, here whatever `agg_mode` says).
-
-    ``actor/ppo_kl`` is verl's: the token mean of ``log pi_rollout - log pi``, the KL
-    estimate to the policy that sampled the tokens (``rollout_log_probs``; without them,
-    ``old_log_prob``, which is what verl passes in its bypass mode)."""
+    """REINFORCE (Williams 1992): ``-A log pi`` per token (verl's `reinforce`).
+    ``actor/ppo_kl`` is the mean of ``log pi_rollout - log pi`` (``old_log_prob`` without
+    rollout log-probs, as verl's bypass mode)."""
     mask = response_mask.to(log_prob.dtype)
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
@@ -184,11 +150,8 @@ def compute_gpg_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
-    Model Reasoning", arXiv:2504.02546): the plain policy gradient ``-A log pi``, with no
-    ratio, clipping or reference model, to pair with the `gpg` advantage estimator. verl
-    reports no metric for it; ``actor/ppo_kl`` here is the token mean of
-    ``log pi_old - log pi``, as for the clipped losses."""
+    """GPG (arXiv:2504.02546): the plain policy gradient ``-A log pi`` (no ratio or clip),
+    for the `gpg` estimator; ``actor/ppo_kl`` as for the clipped losses."""
     mask = response_mask.to(log_prob.dtype)
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
@@ -205,13 +168,9 @@ def compute_geo_mean_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673).
-
-    Per token, the log-ratio d is clipped in the pessimistic direction,
-    ``d' = sgn(A) * min(sgn(A) d, sgn(A) clip(d, -eps_low, eps_high))``; per sequence the
-    ratio is the geometric mean ``R_i = exp(mean_t d'_t)`` and the loss
-    ``-mean_t(A_t) * R_i``, averaged over the sequences of the mini-batch (always a sequence
-    mean; `agg_mode` does not apply). TIS weights enter as their geometric mean per sequence."""
+    """GMPO (arXiv:2507.20673): ``d' = sgn(A) min(sgn(A) d, sgn(A) clip(d, -eps_low, eps_high))``
+    per token, loss ``-mean_t(A) * exp(mean_t d')`` per sequence, averaged over sequences
+    (`agg_mode` ignored); IS weights enter as their per-sequence geometric mean."""
     mask = response_mask.to(log_prob.dtype)
     log_ratio = log_prob - old_log_prob
     sign = torch.sign(advantages)
@@ -246,26 +205,17 @@ def compute_cispo_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """CISPO (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
-    Lightning Attention", arXiv:2506.13585): clip the importance-sampling weight, not the
-    update, ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi``, so every token keeps
-    its gradient. The paper sets no lower bound (eps_low >= 1, the `cispo` preset)."""
+    """CISPO (arXiv:2506.13585): ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi``;
+    every token keeps its gradient (the `cispo` preset: eps_low >= 1, no lower bound)."""
     mask = response_mask.to(log_prob.dtype)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = log_ratio.exp()
     clipped_ratio = ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = -clipped_ratio.detach() * advantages * log_prob
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
-    return _finish(
-        pg_losses,
-        mask,
-        log_ratio,
-        config,
-        scale,
-        weights,
-        {"actor/pg_clipfrac": ratio != clipped_ratio},
-        {"actor/pg_clipfrac_lower": 0.0},  # verl reports 0: CISPO has no dual clip
-    )
+    clipfrac = {"actor/pg_clipfrac": ratio != clipped_ratio}
+    no_dual_clip = {"actor/pg_clipfrac_lower": 0.0}  # verl reports 0
+    return _finish(pg_losses, mask, log_ratio, config, scale, weights, clipfrac, no_dual_clip)
 
 
 def compute_sapo_policy_loss(
@@ -278,11 +228,8 @@ def compute_sapo_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347): a soft
-    gate instead of the hard clip, ``-f(r) * A`` with ``f(r) = (4 / tau) sigmoid(tau (r - 1))``,
-    ``tau = tau_pos`` where A > 0 and ``tau_neg`` elsewhere. f(1) = 2 / tau and f'(1) = 1, so
-    near r = 1 the gradient is PPO's; it decays smoothly away from it. The paper aggregates
-    with `seq-mean-token-mean` (the `sapo` preset)."""
+    """SAPO (arXiv:2511.20347): ``-f(r) * A``, ``f(r) = (4 / tau) sigmoid(tau (r - 1))``,
+    ``tau = tau_pos`` where A > 0 else ``tau_neg`` (f'(1) = 1: PPO's gradient near r = 1)."""
     mask = response_mask.to(log_prob.dtype)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = log_ratio.exp()
@@ -316,18 +263,9 @@ def _dppo(
     inside = inside.detach()
     pg_losses = -advantages * truncated * log_prob * inside.to(log_prob.dtype)
     weights = _off_policy_weights(old_log_prob, rollout_log_probs, response_mask, config)
-    return _finish(
-        pg_losses,
-        mask,
-        log_ratio,
-        config,
-        scale,
-        weights,
-        {
-            "actor/pg_clipfrac": ~inside,
-            "actor/pg_clipfrac_lower": (ratio > config.clip_ratio_c) & inside,
-        },
-    )
+    extra = {"actor/pg_clipfrac": ~inside}
+    extra["actor/pg_clipfrac_lower"] = (ratio > config.clip_ratio_c) & inside
+    return _finish(pg_losses, mask, log_ratio, config, scale, weights, extra)
 
 
 def compute_dppo_tv_policy_loss(
@@ -340,11 +278,8 @@ def compute_dppo_tv_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """DPPO, Binary-TV trust region ("Rethinking the Trust Region in LLM Reinforcement
-    Learning", arXiv:2602.04879): ``-A * sg(min(r, clip_ratio_c)) * log pi * M``, where the
-    mask M drops the tokens that left the trust region in the direction the advantage
-    pushes: ``pi - pi_old > eps_high`` for A > 0, ``pi - pi_old < -eps_low`` for A <= 0
-    (thresholds on the probability difference, not on the ratio)."""
+    """DPPO Binary-TV (arXiv:2602.04879): ``-A * sg(min(r, clip_ratio_c)) * log pi * M``; M
+    drops tokens with ``pi - pi_old > eps_high`` (A > 0) or ``< -eps_low`` (A <= 0)."""
     diff = log_prob.exp() - old_log_prob.exp()
     inside = torch.where(
         advantages > 0, diff <= config.clip_ratio_high, diff >= -config.clip_ratio_low
@@ -364,11 +299,9 @@ def compute_dppo_kl_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """DPPO, Binary-KL trust region (arXiv:2602.04879): the loss of `dppo_tv` with the
-    divergence ``D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p))`` between
-    the Bernoulli distributions of the sampled token (p = pi, p_old = pi_old; 1e-8 guards
-    the second log). A token is dropped when D > eps_high and p > p_old (A > 0), or when
-    D > eps_low and p < p_old (A <= 0)."""
+    """DPPO Binary-KL: `dppo_tv` with the sampled token's Bernoulli KL
+    ``D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p))``; a token is
+    dropped when D > eps_high and p > p_old (A > 0), or D > eps_low and p < p_old (A <= 0)."""
     p = log_prob.exp()
     p_old = old_log_prob.exp()
     divergence = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log(
@@ -392,9 +325,7 @@ def compute_dro_policy_loss(
     scale: LossScale,
     rollout_log_probs: torch.Tensor | None = None,
 ) -> Result:
-    """DRO (Richemond et al. 2024, "Offline Regularised Reinforcement Learning for Large
-    Language Models Alignment", arXiv:2405.19107): the policy gradient with a quadratic
-    proximal penalty instead of a clip, ``-(A log pi - 0.5 * dro_beta * (log pi - log pi_old)^2)``."""
+    """DRO (arXiv:2405.19107): ``-(A log pi - 0.5 * dro_beta * (log pi - log pi_old)^2)``."""
     mask = response_mask.to(log_prob.dtype)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     penalty = 0.5 * config.dro_beta * (log_prob - old_log_prob).square()
