@@ -1,7 +1,7 @@
 """Advantage estimators: pure functions on [batch, response_length] tensors.
 
-Every estimator is registered in `ADVANTAGE_ESTIMATORS` (entry point group
-`rl.advantage_estimators`) and is called with keyword arguments only::
+Estimators (`ADVANTAGE_ESTIMATORS`, entry points ``rl.advantage_estimators``) take
+keyword arguments only and ignore those they do not need::
 
     advantages, returns = estimator(
         token_level_rewards=...,  # [B, R] rewards (the score sits on the last response token)
@@ -12,10 +12,7 @@ Every estimator is registered in `ADVANTAGE_ESTIMATORS` (entry point group
         gamma=1.0, lam=1.0, epsilon=1e-6, norm_adv_by_std_in_grpo=True,
     )
 
-Each one takes what it needs and ignores the rest. The built-in ones are published as
-entry points in rl-algos' pyproject.toml; a third-party estimator with the same calling
-convention plugs in through its own package's entry point. Names and semantics follow
-verl: a group of one sample has baseline 0 (and std 1 for GRPO).
+Names and semantics follow verl: a group of one sample has baseline 0 (and std 1 for GRPO).
 """
 
 from __future__ import annotations
@@ -106,9 +103,8 @@ def compute_gae_advantage_return(
     lam: float = 1.0,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE (Schulman et al. 2016). Masked tokens (padding, tool output) are skipped: the
-    recursion carries the next value and the running advantage across them. Returns
-    (whitened advantages, returns = raw advantages + values)."""
+    """GAE (Schulman et al. 2016) -> (whitened advantages, raw advantages + values); masked
+    tokens (padding, tool output) are skipped, carrying value and advantage across."""
     _check_shapes(token_level_rewards, response_mask)
     values = _require("values", values, "gae")
     mask = response_mask.to(values.dtype)
@@ -178,13 +174,8 @@ def compute_rloo_advantage(
 def _discounted_returns(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
 ) -> torch.Tensor:
-    """G_t = r_t + gamma * G_next over the tokens with mask 1, scanned right to left.
-
-    A masked token (a tool output inside a multi-turn response, or padding) is not a step:
-    the running return passes through it unchanged (no reward added, no discount), so the
-    reward of a later turn reaches the tokens before a tool output (verl #7278). Trailing
-    padding needs no reset: the scan starts at 0 and padding adds nothing. Masked positions
-    hold 0 in the result."""
+    """G_t = r_t + gamma * G_next over mask-1 tokens, right to left; a masked token (tool
+    output, padding) passes the return through undiscounted (verl #7278) and holds 0."""
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
     mask = response_mask.bool()
@@ -203,10 +194,8 @@ def compute_reinforce_plus_plus_advantage(
     gamma: float = 1.0,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted token returns
-    G_t = sum_{k >= t, mask_k = 1} gamma^(#response tokens in [t, k)) r_k, whitened over
-    all response tokens of the batch. Masked tokens inside a response (tool outputs) carry
-    the return across instead of cutting it (see `_discounted_returns`)."""
+    """REINFORCE++ (arXiv:2501.03262): discounted token returns (`_discounted_returns`),
+    whitened over all response tokens of the batch."""
     _check_shapes(token_level_rewards, response_mask)
     returns = _discounted_returns(token_level_rewards, response_mask, gamma)
     mask = response_mask.to(returns.dtype)
@@ -256,9 +245,8 @@ def compute_opo_advantage(
     index: Any = None,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """OPO (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585):
-    the length-weighted group mean as the baseline, b = sum_j |o_j| R_j / sum_j |o_j|
-    (|o_j|: response tokens of sample j), A_i = R_i - b; a group of one has baseline 0."""
+    """OPO (arXiv:2505.23585): A_i = R_i - sum_j |o_j| R_j / sum_j |o_j| over the group
+    (|o_j|: response tokens of sample j)."""
     scores = _scores(token_level_rewards, response_mask, index, "opo")
     if len(index) != scores.shape[0]:
         raise ValueError(f"index has {len(index)} entries but the batch has {scores.shape[0]}")
@@ -282,11 +270,8 @@ def compute_gpg_advantage(
     index: Any = None,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
-    Model Reasoning", arXiv:2504.02546): A_i = alpha * (R_i - mean of its group), with
-    alpha = B / M (B: samples in the batch, M: samples with a non-zero score, at least 1)
-    and F_norm = 1, as verl computes it; a group of one has mean 0. Pair it with the `gpg`
-    policy loss (the `gpg` preset does)."""
+    """GPG (arXiv:2504.02546): A_i = (B / M) * (R_i - group mean), B samples, M of them
+    with a non-zero score (at least 1), F_norm = 1, as verl computes it."""
     scores = _scores(token_level_rewards, response_mask, index, "gpg")
     mean, _, count = _group_stats(scores, index)
     mean = torch.where(count > 1, mean, torch.zeros_like(mean))
@@ -306,11 +291,9 @@ def compute_grpo_passk_advantage(
     norm_adv_by_std_in_grpo: bool = True,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO pass@k (Tang et al. 2025, "Optimizing Language Models for Inference Time
-    Objectives using Reinforcement Learning", arXiv:2503.19595): in each group only the
-    best sample learns, with A = (R_max - R_second) / (group std + epsilon) (no division
-    with `norm_adv_by_std_in_grpo=False`); every other sample gets 0. Ties give 0. Every
-    group needs at least 2 samples."""
+    """GRPO pass@k (arXiv:2503.19595): only each group's best sample learns, with
+    A = (R_max - R_second) / (std + epsilon) (std only if `norm_adv_by_std_in_grpo`);
+    others and ties get 0. Groups need >= 2 samples."""
     scores = _scores(token_level_rewards, response_mask, index, "grpo_passk")
     _, std, count = _group_stats(scores, index)
     gid, num_groups = group_ids(index, scores.device)
@@ -332,9 +315,8 @@ def compute_grpo_passk_advantage(
 
 
 def _episode_advantage(data: Any, fn: Any, params: dict[str, Any]) -> torch.Tensor:
-    """Each episode is one sequence whose tokens are its steps (a step's reward: its row's
-    summed rewards), as its LLM form would be; the estimate at step t goes to every
-    response token of that step's row. Groups: the episodes' ``uid``."""
+    """Estimate over episodes as sequences of steps (step reward: its row's summed
+    rewards); step t's estimate goes to every response token of its row."""
     nt, batch = data.non_tensor_batch, data.batch
     episodes, ep = np.unique(np.asarray(nt["episode_index"], np.int64), return_inverse=True)
     t = np.asarray(nt["episode_step"], np.int64)
@@ -349,13 +331,9 @@ def _episode_advantage(data: Any, fn: Any, params: dict[str, Any]) -> torch.Tens
 
 
 def compute_advantage(data: Any, estimator: str, **params: Any) -> Any:
-    """Run the named estimator on a DataProto and store `advantages` and `returns` in it.
-
-    Reads `token_level_rewards`, `response_mask`, optional `values` and
-    `reward_baselines` from `data.batch` and `uid` from `data.non_tensor_batch`; `params`
-    are the algorithm's knobs (gamma, lam, norm_adv_by_std_in_grpo, epsilon). Rows that
-    are the steps of multi-step episodes (non-tensor ``episode_index``, ``episode_step``:
-    VLA runs) are estimated over whole episodes (`_episode_advantage`)."""
+    """Run the named estimator on `data` (its batch fields and ``uid``) and store
+    `advantages` and `returns`; `params`: gamma, lam, norm_adv_by_std_in_grpo, epsilon.
+    Rows with ``episode_index``/``episode_step`` (VLA) are estimated per episode."""
     batch = data.batch
     keys = set(batch.keys())  # older TensorDicts refuse `key in td`
     fn = ADVANTAGE_ESTIMATORS.get(estimator)
