@@ -1,34 +1,13 @@
 """Rollout correction: the off-policy gap between the policy that sampled the tokens and
-the trainer's, as verl 0.9 names and defines it (`verl.trainer.ppo.rollout_corr_helper`).
+the trainer's, as verl 0.9 defines it (`verl.trainer.ppo.rollout_corr_helper`); the
+settings are explained in the package README.
 
-Per token t, ``log r = log pi_old - log pi_rollout``: pi_old is the trainer's policy when
-the update starts (the proximal policy of decoupled PPO: recomputed old log-probs, or the
-update's own detached log-probs on one-step updates), pi_rollout the policy that generated
-the token: older weights under async training, another numeric path (a bf16 inference
-engine) always. One weight and one rejection rule act on this one ratio:
-
-- importance weights (``rollout_is``): ``token``, ``w_t = r_t``; ``sequence``,
-  ``w = prod_t r_t`` for every token of the sequence (exp of the masked log-ratio sum,
-  both clamped at +-20 in log space). ``rollout_is_threshold`` a number U: truncated IS,
-  ``min(w, U)`` (TIS); ``"L_U"``: IcePop, ``w`` inside [L, U] and 0 outside. ``L = 0``
-  (ours; verl needs L > 0) keeps every small weight: AReaL's decoupled PPO, whose tokens
-  above the cap are dropped. The weight multiplies each token's loss.
-- rejection (``rollout_rs``, comma-separated, all must pass): divergences per token,
-  ``k1 = -log r``, ``k2 = (log r)^2 / 2``, ``k3 = r - 1 - log r``; ``token_k*`` rejects
-  tokens, ``seq_sum_k*`` / ``seq_mean_k*`` / ``seq_max_k{2,3}`` whole sequences by the
-  sum / mean / max over their tokens. ``seq_mean_k1`` is the geometric level (the
-  length-normalised ratio ``exp(mean log r)``), ``seq_sum_k1`` the sequence level and
-  ``token_k1`` the token level of earlier verl. k1 thresholds are ratio bounds ``"L_U"``
-  on ``exp(k1) = pi_rollout / pi_old`` (a single U means ``1/U_U``); k2/k3 an upper bound.
-- the veto (``rollout_token_veto_threshold``, verl 0.6-0.7's option, gone from 0.9):
-  a sequence with one token of ``r < threshold`` is rejected whole.
-
-Rejected tokens leave ``response_mask`` before the advantages (as in verl), so they leave
-the loss and its normalisation; that needs the old log-probs before the update, in the
-driver (`apply_rejection`). The weights are per sequence at most, so the loss computes
-them on each micro-batch (`importance_weights`). Metrics: `correction_metrics` (verl's
-``rollout_corr/*`` over the whole batch, when the driver has the old log-probs) and
-`partial_is_metrics` (the token and sequence means, summable over micro-batches).
+Per token ``log r = log pi_old - log pi_rollout``. Sequence weights are ``exp(sum log r)``
+(clamped at +-20 in log space); ``"L_U"`` with L = 0 (verl needs L > 0) is AReaL's
+decoupled PPO. Rejection divergences per token: ``k1 = -log r``, ``k2 = (log r)^2 / 2``,
+``k3 = r - 1 - log r``; k1 thresholds bound ``exp(k1) = pi_rollout / pi_old``. Rejection
+runs in the driver before the advantages (`apply_rejection`); the weights per micro-batch
+in the loss (`importance_weights`).
 """
 
 from __future__ import annotations
@@ -218,11 +197,9 @@ def partial_is_metrics(
     num_tokens: int,
     num_seqs: int,
 ) -> dict[str, float]:
-    """verl's token and sequence means as this micro-batch's partials (they sum to the
-    mini-batch values): ``rollout_is_mean``, ``rollout_is_ratio_fraction_high`` / ``_low``,
-    ``rollout_is_oob_ratio`` (for "L_U"), ``kl``, ``k3_kl``, ``chi2_token``; the loss
-    reports them when the driver did not (one-step updates: no old log-probs before the
-    update). `num_tokens` / `num_seqs`: the mini-batch's."""
+    """verl's summable IS metrics (``rollout_is_mean``, threshold fractions, ``kl``,
+    ``k3_kl``, ``chi2_token``) as this micro-batch's partials of the mini-batch's
+    `num_tokens` / `num_seqs`; for one-step updates, where the driver cannot report them."""
     if config.rollout_is is None:
         return {}
     mask = response_mask.to(old_log_prob.dtype)
@@ -402,9 +379,7 @@ def correction_metrics(
     response_mask: torch.Tensor,
     config: RolloutCorrectionConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """(the response mask after rejection and the veto, verl's ``rollout_corr/*`` metrics
-    of the whole batch: IS weights, each rejection option, the veto and the off-policy
-    diagnostics kl, k3_kl, perplexities, chi2). Computed in float64."""
+    """(response mask after rejection and veto, verl's ``rollout_corr/*`` metrics), float64."""
     if old_log_prob.shape != rollout_log_probs.shape or old_log_prob.shape != response_mask.shape:
         raise ValueError(
             "old_log_probs, rollout_log_probs and response_mask differ in shape: "
@@ -441,9 +416,8 @@ def correction_metrics(
 
 
 def apply_rejection(batch: dict[str, torch.Tensor], config: RolloutCorrectionConfig):
-    """In the driver, before the advantages: replace ``response_mask`` by its rejected
-    version and return verl's ``rollout_corr/*`` metrics. Needs ``old_log_probs`` and
-    ``rollout_log_probs`` in `batch` (a TensorDict or a dict of [b, R] tensors)."""
+    """Replace ``response_mask`` in `batch` (TensorDict or dict of [b, R] tensors, with
+    ``old_log_probs`` and ``rollout_log_probs``) by its rejected version; return metrics."""
     for key in ("old_log_probs", "rollout_log_probs"):
         if key not in set(batch.keys()):
             raise KeyError(f"rollout correction needs {key!r} in the batch (it has none)")
