@@ -1,9 +1,5 @@
-"""Generated tasks that need no download: `arithmetic` and `countdown`.
-
-Each task yields verl-style rows (see rl_algos.data.io) whose `data_source` names the
-reward function that scores them (`arithmetic`, `countdown`); generation is seeded and
-the train and test splits never share a problem.
-"""
+"""Generated tasks (`arithmetic`, `countdown`): seeded verl-style rows whose `data_source`
+names their reward function; splits never share a problem."""
 
 from __future__ import annotations
 
@@ -30,9 +26,7 @@ _INSTRUCTIONS = {
     "boxed": ("Put the final answer in \\boxed{}", "\\boxed{7}"),
     "hash": ("End your reply with the final answer after '####'", "#### 7"),
 }
-# A worked demo's assistant turn, by answer_format (`few_shot`): the calculation, then the
-# answer in the requested form. With demos the instruction drops its "e.g." example, which
-# a small model otherwise copies ("9 + 7 = 16. \\boxed{7}").
+# a worked demo's assistant turn, by answer_format (`few_shot`)
 _DEMO_REPLIES = {
     "boxed": "{expression} = {answer}. \\boxed{{{answer}}}",
     "hash": "{expression} = {answer}. #### {answer}",
@@ -66,8 +60,7 @@ _WORDED = {
 }
 _SYMBOLIC = ("What is {e}?", "Compute {e}.", "{e} = ?", "Evaluate: {e}", "Solve {e}.")
 
-# `phrasings: held_out`: everyday chat questions that `varied` never uses (the main job's
-# plain validation split asks these, to measure what carries over to a user's own words).
+# `phrasings: held_out`: everyday questions that `varied` never uses
 _HELD_OUT_WORDED = {
     "+": (
         "What's {a} and {b} added together?",
@@ -94,42 +87,7 @@ _PHRASINGS = ("plain", "varied", "held_out")
 
 @dataclass
 class ArithmeticTask:
-    """Integer arithmetic: `num_operands` integers joined by operators from `ops` (usual
-    precedence), e.g. "What is 12 + 7 * 3?". The ground truth is the value as a string;
-    `answer_format` asks for ``\\boxed{}`` or ``####``.
-
-    Operands are drawn from [min_value, max_value], or, with `digits` (e.g. ``[1, 2]``),
-    with a digit count drawn from `digits` first (so one- and two-digit operands are equally
-    common). `max_multiplier` caps the operand to the right of each ``*`` (9: a two-digit
-    number times a one-digit one); `nonnegative` swaps a two-operand subtraction's operands
-    so the result is never negative. `phrasings`: ``plain`` ("What is 3 + 4?"), ``varied``
-    (worded forms such as "Subtract 4 from 9." or "If 3 boxes hold 5 apples each, ...", and
-    the symbols ``*``, ``x``, ``\u00d7`` for a product; worded forms need two operands) or
-    ``held_out`` (other everyday questions, "What's 9 take away 4?", "How much is 3 x 5?",
-    that ``varied`` never asks: a split that measures transfer to a user's own words).
-    `instruction_share`: the share of problems whose question ends with the answer-format
-    instruction (the rest are bare questions); `instruction_example: false` drops its
-    example answer ("e.g. \\boxed{7}", which a small model copies) also without demos.
-    `few_shot` (0-8) puts that many worked demos (a user problem, then the assistant's
-    reply "12 + 7 = 19. \\boxed{19}") before each problem, drawn from an RNG of their own
-    seeded by the problem, so the problems do not change; the instruction then gives no
-    example answer of its own. `few_shot_demos: fixed` puts the same demos before every
-    problem instead (covering the ops in turn; no problem equals a demo), the classic
-    few-shot prompt: all prompts then share a long prefix, which the hf rollout engine
-    prefills once per batch. `few_shot_min` (null or 0..few_shot): each problem gets a
-    number of demos drawn uniformly from [few_shot_min, few_shot] instead (per-problem
-    demos only), so training mixes zero-shot and few-shot prompts. `teacher_few_shot`
-    (0-8): each row also gets ``teacher_prompt``, the same prompt with that many worked
-    demos before the problem (per-problem demos), for context distillation
-    (``distill.teacher_prompt_key: teacher_prompt``) or guided samples
-    (``rollout.guide_prompt_key: teacher_prompt``); `teacher_system_prompt` opens it with
-    that system prompt (replacing `system_prompt` there). `demo_steps`: a demo's reply
-    shows the steps of a negative difference ("7 - 45 = -(45 - 7) = -38") and of a
-    product of a multi-digit number by a one-digit one ("34 * 7 = 210 + 28 = 238") and a
-    sum whose first number is the shorter, larger first ("7 + 91 = 91 + 7 = 98");
-    `demo_same_kind` (0-8): the last that many per-problem demos (`few_shot` and
-    `teacher_few_shot`) have the problem's own kind (`arithmetic_kind`), so a guide shows
-    the way for that kind of problem. Neither changes the problems drawn."""
+    """Integer arithmetic problems, e.g. "What is 12 + 7 * 3?" (options: the package README)."""
 
     min_value: int = 0
     max_value: int = 99
@@ -304,9 +262,8 @@ class ArithmeticTask:
         )
 
     def _demos(self, expression: str, count: int | None = None) -> list[dict[str, str]]:
-        """`few_shot` (or `count`) worked (user, assistant) turns on problems other than
-        `expression`: the shared ones (`few_shot_demos: fixed`) or ones drawn from an RNG
-        seeded by the problem (the problems' own RNG is not touched)."""
+        """`few_shot` (or `count`) worked demo turns on problems other than `expression`:
+        the fixed ones, or drawn from an RNG seeded by the problem."""
         if count is None and self.few_shot_demos == "fixed":
             return [dict(turn) for turn in self._fixed_demos()[1]]
         count = self._demo_count(expression) if count is None else count
@@ -377,9 +334,8 @@ class ArithmeticTask:
 
 @dataclass
 class CountdownTask:
-    """Countdown: reach a target with `num_numbers` numbers from [min_number, max_number],
-    each used exactly once, and + - * / (a solution is known: the target is the value of
-    a random expression over the numbers, an integer in [min_target, max_target])."""
+    """Countdown: reach a target in [min_target, max_target] with + - * / and each of
+    `num_numbers` numbers from [min_number, max_number] once (a solution is known)."""
 
     num_numbers: int = 3
     min_number: int = 1
@@ -438,11 +394,8 @@ class CountdownTask:
 
 
 def arithmetic_kind(expression: str, answer: int) -> str:
-    """The kind of an arithmetic problem (`data.curriculum`): its operators and operand
-    sizes, and ``<0`` when the result is negative. Two operands are written as the per-kind
-    tables do, ``ab`` a two-digit left operand and ``c`` a one-digit right one
-    ("45 * 7" -> ``ab*c``, "7 - 45" -> ``a-cd<0``); more operands as ``n`` per digit
-    ("12 + 3 * 4" -> ``nn+n*n``)."""
+    """An arithmetic problem's kind (`data.curriculum`): operators, operand sizes, ``<0`` if
+    negative ("45 * 7" -> ``ab*c``, "7 - 45" -> ``a-cd<0``, "12 + 3 * 4" -> ``nn+n*n``)."""
     parts = expression.split()
     numbers, ops = parts[::2], parts[1::2]
     if len(numbers) == 2:
@@ -454,9 +407,7 @@ def arithmetic_kind(expression: str, answer: int) -> str:
 
 
 def _worked(expression: str, answer: int) -> str:
-    """`expression` with its steps (`demo_steps`): a negative difference as the negated
-    reverse one, a multi-digit number times a one-digit one by tens and units, a sum with
-    the shorter number first the other way round; other problems as they are."""
+    """`expression` with its `demo_steps` steps (see the README), or as it is."""
     parts = expression.split()
     if len(parts) != 3:
         return expression
@@ -516,9 +467,8 @@ def make_splits(
     seed: int = 0,
     extra: dict[str, tuple[Any, int]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Disjoint `train` and `test` rows (the test split is drawn first), and `extra` splits
-    (name -> (task, size), e.g. a plain test split asked in other words), drawn after the
-    test split from the same RNG; no problem is in two splits."""
+    """Disjoint `train`, `test` (drawn first) and `extra` splits (name -> (task, size),
+    drawn after test from the same RNG)."""
     rng = random.Random(seed)
     seen: set[str] = set()
     plan = [("test", task, test_size), *((n, t, k) for n, (t, k) in (extra or {}).items())]
