@@ -1,28 +1,10 @@
-"""Verifiable math rewards: answer extraction and equality of answers.
+"""Verifiable math rewards: answer extraction and equality (see the package README).
 
-Extraction (ours, the contract every reward here shares): the last ``\\boxed{...}``
-(nested braces allowed; also ``\\fbox``), the text after the last ``####`` (GSM8K style),
-and optionally the last number in the text.
-
-Equality, in order:
-
-1. numbers: both sides parsed as exact rationals when possible (integers, decimals,
-   ``3/4``, ``\\frac{3}{4}``, ``1,234``, ``$5``, ``50%``, ``-2``, ``1e3``; exponents up to
-   ``MAX_EXPONENT``) and compared exactly, or within a relative tolerance. This path is
-   ours because it is exact, fast and certain for the plain arithmetic answers evaluations
-   grade ("-12", "1,234", "12.0"), and because math-verify reads ``1e3`` as ``1*e*3``;
-2. the normalised strings are equal;
-3. otherwise `math-verify <https://github.com/huggingface/Math-Verify>`_ (HuggingFace's
-   maintained LaTeX/sympy answer checker) decides symbolic equivalence: ``\\sqrt{4}`` vs
-   ``2``, ``\\frac{\\sqrt2}{2}`` vs ``\\sqrt{2}/2``, ``x+1`` vs ``1+x``, sets, intervals.
-   Answers longer than ``MAX_SYMBOLIC_CHARS``, nested deeper than ``MAX_SYMBOLIC_DEPTH``
-   braces, with exponent towers, long exponents or factorials are not given to it (sympy
-   would try to evaluate ``10^{10^{10}}``); in the main thread (scoring workers) its calls
-   also run under its own ``SYMBOLIC_TIMEOUT_S`` alarm (it uses SIGALRM, which only the
-   main thread may set; the worker pool's per-call time limit covers the rest).
-
-math-verify and sympy are imported on first use of step 3 only, so scoring worker
-processes that grade numbers start fast (no torch here either).
+Equality, in order: exact rationals (exponents up to ``MAX_EXPONENT``; ours, since
+math-verify reads ``1e3`` as ``1*e*3``) or a relative tolerance; equal normalised strings;
+else math-verify (imported lazily), skipped for explosive inputs (``MAX_SYMBOLIC_CHARS``,
+``MAX_SYMBOLIC_DEPTH``, exponent towers, factorials) and, in the main thread, under a
+``SYMBOLIC_TIMEOUT_S`` SIGALRM alarm.
 """
 
 from __future__ import annotations
@@ -250,9 +232,8 @@ def compute_score(
     correct_score: float = 1.0,
     format_score: float = 0.0,
 ) -> dict[str, Any]:
-    """Math answer reward: `correct_score` if the extracted answer equals the ground
-    truth, `format_score` if an answer was found but is wrong, 0 if none was found.
-    Returns {"score", "acc", "pred"}."""
+    """{"score", "acc", "pred"}: `correct_score` if the answer equals the ground truth,
+    `format_score` if one was found but is wrong, else 0."""
     del data_source, extra_info
     tried = (*methods, "last_number") if last_number_fallback else tuple(methods)
     pred = extract_answer(solution_str, tried)

