@@ -7,18 +7,9 @@
     rl export CHECKPOINT OUT_DIR [--model HF_DIR] [--dtype D] [--merge-lora]  # HF model dir
     rl data  TASK --out DIR [options]        # write a generated task as parquet/jsonl
 
-``key=value`` overrides use dotted paths into the config (``actor.optim.lr=1e-5``,
-``algorithm.preset=dapo``); a wrong key or value fails before anything starts, naming the
-key, the value, what is allowed and the closest valid key.
-
-Errors caused by user input (config, data, plugins, paths, resources, a broken reward
-function) print one line and exit with status 2; other failures print one line and exit
-with 1. ``--debug`` adds the traceback.
-
-SIGINT (Ctrl-C) or SIGTERM stops ``train`` and ``eval`` cleanly: the workers and Ray are
-shut down and the command exits with 128 + the signal number (130, 143) and one line
-saying so. A second signal, or a shutdown longer than 20 s, exits at once; the embedded
-Ray's watchdog (`rl_core.single_controller.ray.ensure_ray`) then removes what is left.
+User errors exit 2 with one line, others 1 (``--debug``: traceback); SIGINT/SIGTERM exit
+128 + signal after a clean shutdown (README "Errors"); what a forced exit leaves, the
+embedded Ray's watchdog (`rl_core.single_controller.ray.ensure_ray`) removes.
 """
 
 from __future__ import annotations
@@ -45,9 +36,8 @@ _RECEIVED: list[int] = []
 
 
 class StopSignal(KeyboardInterrupt):
-    """Raised in the main thread when SIGINT or SIGTERM arrives (see the module doc); a
-    KeyboardInterrupt, so no ``except Exception`` swallows it and code that cleans up on
-    Ctrl-C does the same on SIGTERM."""
+    """SIGINT or SIGTERM, raised in the main thread; a KeyboardInterrupt, so no
+    ``except Exception`` swallows it."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum

@@ -1,30 +1,9 @@
-"""Run calls in worker processes, with a time limit per call.
+"""Run calls in worker processes (`rl_algos.rewards.worker`), with a time limit per call.
 
-`concurrent.futures` cannot stop one hung task, so this is a small pool of its own: each
-worker is a fresh Python process (see `rl_algos.rewards.worker`) that takes one call at a
-time over a socket. A call that runs past its time limit gets its worker killed and
-replaced, a call that raises returns the error text, a worker that dies is replaced. A new
-worker imports the functions before it says it is ready, so its start-up is not charged
-to any call. Results come back in input order. Each worker's memory is capped
-(``memory_limit_mb``, ``RLIMIT_DATA``: a reward function that eats memory gets a
-`MemoryError`, scored as an error) and the kernel's OOM killer is told to pick a worker
-before the trainer (``oom_score_adj`` 1000).
-
-Why not pebble's ``ProcessPool`` (the maintained pool with per-task time-outs and worker
-replacement; evaluated for issue 28 with ``benchmarks/reward_pool.py``). It runs its
-workers through `multiprocessing`, whose start methods that are safe in a driver with
-threads (Ray, torch) are ``spawn`` and ``forkserver``, and both import the parent's
-``__main__`` in every worker: a user's driver script without an ``if __name__ ==
-"__main__"`` guard runs again in the worker and the pool breaks (`BrokenProcessPool`),
-where this pool's workers (``python -m rl_algos.rewards.worker``) import only the reward
-code. A task whose function cannot be unpickled (its module gone) kills the worker before
-the task is acknowledged, and pebble then declares the whole pool broken: every later
-call fails until the pool is rebuilt. Per-call cost is no better and worker start is
-slower (2000 calls of ``dict(x=i)`` on 2 workers, best of 3 batches, 2-core machine at
-load ~14, two runs each: this pool 95-100 us per call and 283-290 ms to the first
-result; pebble 121-136 us (spawn) and 89-184 us (forkserver) per call, 1039-1083 ms and
-773-842 ms to the first result). Keeping this pool costs ~340 lines with its worker; it
-has tests for every guarantee (rl-algos' test_reward_manager.py and the ``faults`` suite).
+A worker takes one call at a time over a socket; past its time limit it is killed and
+replaced, as is a worker that dies; a call that raises returns the error text. Workers
+import the functions before reporting ready (start-up is charged to no call). Results come
+in input order. Why not pebble: the package README ("Rewards").
 """
 
 from __future__ import annotations
@@ -105,10 +84,8 @@ class _Worker:
 
 
 class ScoringPool:
-    """Up to `num_workers` processes, started on first use and kept between calls to
-    `run`. Each call may take at most `timeout_s` seconds; a worker must start (import
-    the functions) within `startup_timeout_s`; each worker may hold at most
-    `memory_limit_mb` MiB of data (None: no limit)."""
+    """Up to `num_workers` lazily started, reused processes; calls get `timeout_s` each,
+    start-up `startup_timeout_s`, data memory `memory_limit_mb` MiB (None: no limit)."""
 
     def __init__(
         self,
@@ -148,10 +125,8 @@ class ScoringPool:
         worker.ready = True
 
     def run(self, calls: list[Call], deadline_s: float | None = None) -> list[CallResult]:
-        """Run every `fn(**kwargs)` of `calls`. Each fn must be picklable by reference
-        (a module-level function, a functools.partial of one, a FileRewardFunction).
-        After `deadline_s` seconds in all, calls still running are stopped (their workers
-        replaced) and calls not started are not run: both come back as timeouts."""
+        """Run every `fn(**kwargs)` of `calls` (fn picklable by reference); after
+        `deadline_s` in all, running and unstarted calls come back as timeouts."""
         if not calls:
             return []
         batch_end = time.monotonic() + deadline_s if deadline_s is not None else float("inf")

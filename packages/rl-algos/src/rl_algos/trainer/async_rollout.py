@@ -1,24 +1,10 @@
 """Asynchronous rollout: a producer thread and a bounded, staleness-aware batch buffer.
 
-With ``async.max_staleness`` = s > 0 the rollout generates continuously in a background
-thread while the trainer trains. Batch k (the k-th batch ever generated) may start only
-once the rollout's policy version v satisfies k - v <= s; the trainer trains batch k at
-step k with weights of version k, so every sample is at most s versions old (a sample's
-version is that of its oldest token: a partial rollout that spans a weight update counts
-with its oldest part). s = 0 is the synchronous loop (no thread, the trainer generates
-each batch itself).
-
-`staleness_metrics` reports, per step, the staleness distribution (names contain
-``staleness``), the share of partial rollouts and the importance-ratio statistics of the
-trainer's (proximal) log-probs against the rollout's (behaviour) log-probs.
-
-Checkpoints: `paused` pauses the producer between batches and yields the batches that
-were generated but not trained. In-memory snapshots (`rl_algos.trainer.snapshots`) must
-not wait for a batch being generated: `snapshot` copies the untrained batches and gives the
-data source's state from before the batch in flight (``source_state`` at its start), so a
-restore generates that batch again from the same prompts; `save_batches` / `load_batches` store them without pickle
-(tensors through ``torch.save`` of plain tensors, the rest as JSON), so a checkpoint file
-can never run code when it is read.
+With ``async.max_staleness`` = s > 0, batch k may start generating once the rollout's
+policy version v has k - v <= s; trained at step k with weights of version k, every sample
+is at most s versions old (a sample's version: its oldest token's). s = 0: no thread.
+`paused` yields the untrained batches for a checkpoint; `snapshot` does not wait for the
+batch in flight (a restore regenerates it). `save_batches` / `load_batches` use no pickle.
 """
 
 from __future__ import annotations
@@ -46,10 +32,8 @@ __all__ = [
 
 
 class AsyncRolloutBuffer:
-    """Batches from ``produce(index)`` (run in a daemon thread) to `get`, at most
-    ``max_staleness`` policy versions ahead of ``version()`` (see the module docstring).
-    ``source_state``: the state of the data source ``produce`` draws from (for
-    `snapshot`), read as each batch starts."""
+    """Batches from ``produce(index)`` (a daemon thread) to `get`, at most ``max_staleness``
+    versions ahead of ``version()``; ``source_state()`` is read as each batch starts."""
 
     def __init__(
         self,
@@ -132,9 +116,8 @@ class AsyncRolloutBuffer:
             raise AssertionError("unreachable")
 
     def snapshot(self) -> tuple[list[DataProto], Any]:
-        """Without waiting: copies of the untrained batches, and the data source's state
-        from which the batches after them are drawn (before the batch in flight's prompts
-        when one is being generated: a restore generates it again)."""
+        """Without waiting: copies of the untrained batches and the data source's state
+        after them (before the batch in flight, which a restore regenerates)."""
         if self._source_state is None:
             raise RuntimeError("AsyncRolloutBuffer.snapshot needs the source_state callable")
         with self._cond:

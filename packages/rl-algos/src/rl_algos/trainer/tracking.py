@@ -4,21 +4,8 @@
 ``console`` are always available; ``tensorboard``, ``wandb`` and ``mlflow`` are used when
 configured and installed (a configured backend that is not installed is an error that says
 what to install, never a silent no-op). `plot_metrics` draws the run's curves to a PNG.
-
-A failover that goes back before steps already logged (a disk checkpoint older than the
-last step; an in-memory snapshot restores the last logged step, so nothing is replayed)
-calls `MetricsLogger.rewind`, and each backend follows it as far as it can:
-
-* ``jsonl``: the lines after the restored step are dropped (as a resumed run's are);
-* ``tensorboard``: a new writer with ``purge_step`` = the first replayed step: TensorBoard
-  hides the events the lost timeline wrote from that step on;
-* ``wandb``: W&B only appends, in order of its own ``_step``; every row carries
-  ``trainer/step``, the x-axis of every chart (``define_metric``), so replayed steps land
-  on their step, and each replayed row is marked ``failover/replayed=1`` (the run's summary
-  counts ``failover/rewinds``);
-* ``mlflow``: a metric's history keeps every value: a replayed step has the lost
-  timeline's value and the replay's (logged later, marked ``failover/replayed=1``), and a
-  run tag ``failover.rewind.<n>`` says which steps were replayed.
+A failover back before logged steps calls `MetricsLogger.rewind`; how each backend
+follows it is in the README (Failover).
 """
 
 from __future__ import annotations
@@ -214,11 +201,8 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class MetricsLogger:
-    """Send each step's metrics to every configured backend.
-
-    ``resume_step``: when resuming, the step of the checkpoint; the JSONL file keeps its
-    history up to that step and appends after it.
-    """
+    """Send each step's metrics to every configured backend; with ``resume_step`` the JSONL
+    file keeps its history up to that step."""
 
     def __init__(
         self,
