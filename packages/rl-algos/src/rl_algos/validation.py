@@ -1,26 +1,10 @@
 """Validation metrics as RL papers report them, from n samples per held-out prompt.
 
-For each prompt with ``n`` samples (``rollout.val_n``), of which ``c`` are correct:
-
-* ``mean@n``: the mean correctness over all samples (``val/accuracy`` is the same number);
-  ``score`` is the mean raw score (no training-only shaping such as DAPO's overlong
-  penalty: the trainer scores validation without it);
-* ``pass@k``: the unbiased estimator of Chen et al. (2021), ``1 - C(n-c, k) / C(n, k)``,
-  the probability that at least one of k samples drawn without replacement is correct;
-* ``maj@k``: the expected correctness of the majority answer (the reward function's
-  ``pred``) of k samples drawn without replacement, averaged over every k-subset when
-  there are at most `MAJ_EXACT_LIMIT` of them (else over that many random subsets, seeded).
-  Samples without an answer do not vote; a tie counts as the fraction of tied answers
-  that are correct (the expectation of breaking it at random).
-
-``accuracy_interval`` is the half-width of a 95% confidence interval of the accuracy over
-problems (normal approximation of the prompts' mean correctness, at least the Wilson
-interval's half-width for a 0/1 outcome): how far a validation of that many problems may
-be from the model's accuracy on the task.
-
-``k`` runs over the powers of two below ``n`` and ``n`` itself. Every metric is reported over
-all prompts (``val/<metric>``) and per ``data_source`` (``val/<data_source>/<metric>``).
-``kind_metrics`` breaks accuracy and a reward's other numbers down by row kind.
+Per prompt with ``n`` samples, ``c`` correct, k over the powers of two below n and n:
+``mean@n`` (= ``val/accuracy``; ``score`` the mean unshaped score); ``pass@k`` Chen et al.'s
+``1 - C(n-c, k) / C(n, k)``; ``maj@k`` the expected correctness of the majority ``pred`` of
+k samples, over every k-subset (or `MAJ_EXACT_LIMIT` seeded random ones; no answer: no vote;
+ties: the correct share). Reported overall and per ``data_source``; ``kind_metrics`` by kind.
 """
 
 from __future__ import annotations
@@ -83,10 +67,8 @@ def majority_at_k(
 
 
 def accuracy_interval(group_ids: Sequence[Hashable], correct: Sequence[bool]) -> float:
-    """Half-width of the 95% interval of the mean correctness per prompt: 1.96 times the
-    standard error of the prompts' means (with one greedy sample each, sqrt(p(1-p)/P)),
-    but never below the Wilson score interval's half-width for P prompts (so 0% or 100%
-    on few problems still gets a width)."""
+    """Half-width of the 95% interval of the prompts' mean correctness: 1.96 standard errors,
+    at least the Wilson interval's half-width for P prompts (0% or 100% still get a width)."""
     if len(group_ids) != len(correct) or not correct:
         raise ValueError(f"accuracy_interval: {len(group_ids)} ids, {len(correct)} flags")
     groups: dict[Hashable, list[float]] = defaultdict(list)

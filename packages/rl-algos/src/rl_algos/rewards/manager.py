@@ -1,11 +1,4 @@
-"""Score a batch of generated responses with rule-based reward functions.
-
-Reward functions are untrusted: a call may hang, raise, return the wrong type, NaN or
-1e301. Each outcome is counted in the metrics; failures score `error_score`, scores
-outside [min_score, max_score] or not finite follow `invalid_score_policy`; a batch has
-a deadline, and a batch where more than `max_failure_fraction` of the calls failed
-raises `RewardFailureError` (the run stops instead of training on error scores).
-"""
+"""Score a batch of responses with untrusted rule-based reward functions (README: Rewards)."""
 
 from __future__ import annotations
 
@@ -46,10 +39,8 @@ class OverlongBuffer:
 
 @dataclass
 class ScoreLimits:
-    """What a reward may be: scores outside [`min_score`, `max_score`] or not finite are
-    clipped (`clip`; NaN becomes `error_score`), replaced by `error_score`, or `raise`
-    `InvalidScoreError`. More than `max_failure_fraction` failed calls in one batch
-    raise `RewardFailureError`. The batch has `batch_timeout_s` seconds in all."""
+    """Score bounds and policy (`clip`, NaN -> `error_score`; `error_score`; `raise`
+    `InvalidScoreError`), the batch's failure bound and its time limit."""
 
     min_score: float = -1e4
     max_score: float = 1e4
@@ -94,17 +85,10 @@ def _object_array(values: list[Any]) -> np.ndarray:
 
 
 class RewardManager:
-    """Decodes responses and scores them with `compute_score` (verl signature) in
-    `num_workers` worker processes, each call limited to `timeout_s` seconds. Without
-    `compute_score`, each sample's function is picked by its data source (see
-    `default_compute_score`); the pick happens here, so workers import only reward code.
-
-    A call that raises, times out or returns something that is not a number (or a dict
-    with a numeric "score") scores `error_score`; it is counted in the metrics
-    (`reward/errors`, `reward/timeouts`) and the batch goes on. `num_workers=0` scores
-    in this process without a time limit (for debugging). Each worker may hold at most
-    `memory_limit_mb` MiB (a reward function that eats memory scores an error; None: no
-    cap). Call `close()` at the end."""
+    """Decode responses and score them with `compute_score` (verl signature; default: by
+    data source) in `num_workers` processes (0: in-process, no time limit). A call that
+    raises, times out or returns no number scores `error_score` and is counted. `close()`
+    at the end."""
 
     def __init__(
         self,
@@ -223,10 +207,8 @@ class RewardManager:
         return min(max(score, lo), hi), problem
 
     def __call__(self, data: Any, shaping: bool = True) -> RewardOutput:
-        """Score every sample of `data` (a DataProto with prompts, responses,
-        attention_mask and the non-tensor data_source, reward_model/ground_truth,
-        extra_info fields). ``shaping=False`` leaves out training-only shaping (the
-        overlong penalty): validation reports the task's own scores."""
+        """Score every sample of `data`; ``shaping=False`` (validation) leaves out the
+        training-only shaping (the overlong penalty)."""
         start = time.monotonic()
         calls, lengths = self._calls(data)
         results = self._run(calls)

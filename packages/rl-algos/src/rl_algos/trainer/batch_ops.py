@@ -38,9 +38,8 @@ def timed(timing: dict[str, float], name: str):
 
 
 def add_group_ids_and_seeds(prompts: DataProto, n: int, step: int, seed: int) -> DataProto:
-    """Repeat each prompt `n` times (interleaved) with a shared ``uid`` per prompt and a
-    distinct sampling ``seed`` per row, derived from (seed, step, row) only: sampling does
-    not depend on any RNG history, so a resumed run generates exactly what it would have."""
+    """Repeat each prompt `n` times (interleaved): one ``uid`` per prompt, a sampling ``seed``
+    per row from (seed, step, row) only, so a resumed run generates the same."""
     size = len(prompts)
     uids = np.array(
         [uuid.UUID(int=(seed << 64) ^ (step << 32) ^ i).hex for i in range(size)], dtype=object
@@ -114,10 +113,8 @@ def batch_metrics(batch: DataProto, max_response_length: int) -> dict[str, float
 
 
 def tool_metrics(batch: DataProto, prefix: str) -> dict[str, float]:
-    """Multi-turn tool use of a rollout batch, from the agent loop's per-sample counts:
-    ``<prefix>/tool_call_rate`` (share of samples with at least one call),
-    ``<prefix>/tool_calls/mean``, ``<prefix>/tool_errors/mean`` (malformed calls, unknown
-    tools, time-outs, ...) and ``<prefix>/num_turns/mean``; empty when the batch has none."""
+    """``<prefix>/tool_call_rate``, ``tool_calls/mean``, ``tool_errors/mean`` and
+    ``num_turns/mean`` from the agent loop's per-sample counts; {} without them."""
     fields = batch.non_tensor_batch
     if "num_tool_calls" not in fields or len(batch) == 0:
         return {}
@@ -165,13 +162,9 @@ def _row_ids(values: Any, key: str) -> list[list[int]]:
 
 
 def with_prompts(batch: DataProto, key: str, pad_token_id: int) -> DataProto:
-    """The rollout `batch` with each row's prompt replaced by the token ids of its non-tensor
-    field `key` (e.g. a distillation teacher's own prompt) and its response kept: new
-    left-padded ``prompts``, ``input_ids``, ``attention_mask``, ``position_ids`` (the
-    layout of `rl_core.rollout`); ``responses`` and ``response_mask`` as they were, so
-    per-token outputs stay aligned with the original batch's responses. Only the tensors
-    a log-prob pass reads are carried (no rollout log-probs: they belong to the other
-    prompt)."""
+    """The rollout `batch` with each prompt replaced by the token ids in non-tensor field
+    `key` (e.g. a teacher's prompt), left-padded, responses kept aligned; only the tensors
+    a log-prob pass reads are carried."""
     if key not in batch.non_tensor_batch:
         raise KeyError(f"with_prompts: the batch has no non-tensor field {key!r}")
     ids = _row_ids(batch.non_tensor_batch[key], f"with_prompts: {key}")
@@ -186,9 +179,8 @@ PROMPT_BOUND_TENSORS = ("rollout_log_probs", ROUTED_EXPERTS)
 
 
 def guide_prompts(batch: DataProto, key: str, guided: np.ndarray) -> DataProto:
-    """The prompt rows `batch` (``raw_prompt_ids``) for generation, the `guided` rows
-    (bool mask) reading their non-tensor field `key` (token ids) instead of their own
-    prompt; their own ids go to ``own_prompt_ids`` for `unguide_prompts`."""
+    """Prompt rows for generation, the `guided` rows (bool mask) prompted by their field
+    `key` (token ids); their own ids are kept in ``own_prompt_ids``."""
     nt = batch.non_tensor_batch
     if key not in nt:
         raise KeyError(
@@ -213,9 +205,8 @@ def guide_prompts(batch: DataProto, key: str, guided: np.ndarray) -> DataProto:
 
 
 def unguide_prompts(batch: DataProto, pad_token_id: int) -> DataProto:
-    """The rollout `batch` of `guide_prompts`' rows with every row's prompt its own again
-    (``own_prompt_ids``), responses kept, and without the tensors computed after the guide's
-    prompt (`PROMPT_BOUND_TENSORS`): the update recomputes what it needs."""
+    """Undo `guide_prompts` on the rollout `batch`: own prompts, responses kept, without the
+    tensors bound to the guide's prompt (`PROMPT_BOUND_TENSORS`)."""
     nt = batch.non_tensor_batch
     own = nt["own_prompt_ids"]
     tensors = {k: v for k, v in batch.batch.items() if k not in PROMPT_BOUND_TENSORS}

@@ -1,15 +1,9 @@
-"""Text-environment runs of the trainer: episodes instead of prompts, rewards from the env.
+"""Text-environment runs of the trainer: episodes instead of prompts (docs/environments.md).
 
-With an ``env`` section naming text environments (`rl_core.text_env`), each step draws
-``data.train_batch_size`` tasks: every task picks its environment by the mix's weights
-(seeded by ``trainer.seed`` and the step, so a resumed run draws the same), and the
-environment's own ``tasks("train", seed, count)`` gives the task rows. Those calls run in an
-environment worker process (`rl_core.text_env_pool`), never in the trainer's. The rollout
-(``env`` agent loop) plays the episodes; the env's per-turn and final rewards are the
-token-level scores. Episodes that failed (the environment raised, died, hung or returned
-garbage) are dropped from the update and counted (``env/failed_episodes`` and per
-environment); a step whose failed share passes ``env.max_failure_fraction`` stops the run
-with `EnvFailureBoundError`. Nothing is scored 0 in their place.
+Each step draws ``data.train_batch_size`` tasks, each from an environment picked by the
+mix's weights (seeded by ``trainer.seed`` and the step), via ``tasks("train", seed, count)``
+in an env worker process (`rl_core.text_env_pool`). Failed episodes are dropped and counted;
+past ``env.max_failure_fraction`` the run stops with `EnvFailureBoundError`.
 """
 
 from __future__ import annotations
@@ -55,9 +49,8 @@ def check_text_envs(env: Any) -> None:
 def text_env_pool_config(
     env: Any, backend: str = "process", cpus_per_worker: float | None = None
 ) -> dict[str, Any]:
-    """The rollout's ``env`` section (`TextEnvPoolConfig` as plain data) from ``env``;
-    `cpus_per_worker`: the CPUs each worker reserves as `rl_algos.trainer.cpu_plan` resolved
-    them (default: ``env.cpus_per_worker``, 1 when null)."""
+    """The rollout's ``env`` section (`TextEnvPoolConfig` as plain data); `cpus_per_worker`
+    as `cpu_plan` resolved it (default ``env.cpus_per_worker`` or 1)."""
     if cpus_per_worker is None:
         cpus_per_worker = getattr(env, "cpus_per_worker", None) or 1.0
     return {
@@ -179,9 +172,8 @@ def drop_failed_episodes(
 
 
 def _error_summary(errors: list[str], most: int = 3) -> str:
-    """The distinct errors, most frequent first, with their counts. Episodes that share a
-    worker process all fail when it dies, each at its own call, so the one that caused it is
-    among several messages and no single "first" error is reliably the cause."""
+    """The distinct errors with counts, most frequent first (episodes sharing a dead worker
+    all fail, so no single "first" error is reliably the cause)."""
     counts = Counter(errors)
     shown = [f"{n}x {message}" for message, n in counts.most_common(most)]
     if len(counts) > most:

@@ -1,27 +1,10 @@
-"""Failover: what the trainer does when a worker process is lost during a run.
+"""Failover: what the trainer does when a worker process is lost (README: Failover).
 
-The single controller (rl-core) notices a lost process: Ray reports a dead actor at once
-(`WorkerDiedError`), a frozen one fails the heartbeat (`WorkerHungError`), a rank waiting
-in a collective for a peer that never joins raises when its process group's time-out
-(``trainer.collective_timeout_s``) runs out (`WorkerHungError` with the operation) or, at
-the latest, the call's time-out (`WorkerTimeoutError`). The trainer then
-(`RLTrainer._recover`):
-
-1. stops the async producer (if any) and kills the processes of the lost group, with every
-   role that shares them (colocated: actor, rollout, reference, critic, reward model);
-2. waits the back-off (``trainer.restart_backoff_s``, doubled for each further restart);
-3. builds the group again on the same placement (new processes, same resources,
-   torch.distributed formed again) and initialises the models;
-4. restores the newest complete in-memory snapshot (`rl_algos.trainer.snapshots`: the last
-   step, replayed exactly), else the newest intact checkpoint when it is newer or there is
-   no snapshot, else the initial state, into every trained group and the driver; the
-   trackers follow the rewind (`rl_algos.trainer.tracking`), and the run continues.
-
-A failover from a checkpoint gives the same result as stopping the run and resuming it by
-hand from that checkpoint; from a snapshot, the same as a run that was never interrupted.
-``trainer.max_restarts`` bounds how often; past it, the worker's own error ends the run.
-Errors raised *by* a worker's code (`WorkerError`) are bugs or bad input, not lost
-processes: they are never retried.
+On `WorkerDiedError`, `WorkerHungError` or `WorkerTimeoutError`, `RLTrainer._recover` stops
+the async producer, kills the lost group with every role sharing its processes, waits
+``trainer.restart_backoff_s`` (doubled per restart), rebuilds the group on the same
+placement and restores a snapshot, checkpoint or the initial state. `WorkerError` (raised
+by a worker's own code) is never retried.
 """
 
 from __future__ import annotations
