@@ -1,5 +1,6 @@
-"""A fixed TextArena opponent for examples/grpo_textarena.yaml: a random legal move
-(deterministic in the position, so a game is reproducible from its seed)."""
+"""A fixed TextArena opponent for two-player games (``env.options.opponent:
+"examples/agents/tictactoe.py:random_move"`` with ``textarena:TicTacToe-v0``): a random legal
+move (deterministic in the position, so a game is reproducible from its seed)."""
 
 from __future__ import annotations
 
