@@ -1,18 +1,10 @@
 """Loss aggregation that does not depend on data-parallel size or micro-batch split.
 
-The training engine sums the losses (and gradients) returned for every micro-batch on every
-data-parallel rank. Each aggregation mode therefore returns a *partial sum* normalised by
-counts over the whole mini-batch (all micro-batches, all ranks); summing the partials
-gives exactly the mini-batch value, whatever the split:
-
-- ``token-mean``: sum over all tokens / global number of tokens.
-- ``token-sum``: sum over all tokens, no normalisation (Dr.GRPO-style setups that fold
-  the constant into the learning rate); the partials are plain sums.
-- ``seq-mean-token-sum``: per-sequence token sums, averaged over sequences.
-- ``seq-mean-token-mean``: per-sequence token means, averaged over sequences (a sequence
-  without valid tokens contributes 0).
-- ``seq-mean-token-sum-norm``: token sum / (global number of sequences * a constant
-  length), Dr.GRPO's unbiased form; the constant is usually the maximum response length.
+The engine sums what every micro-batch on every rank returns, so each mode returns a partial
+sum normalised by mini-batch-wide counts: ``token-mean`` (/ tokens), ``token-sum`` (none),
+``seq-mean-token-sum`` and ``seq-mean-token-mean`` (per-sequence sum or mean, / sequences;
+an empty sequence gives 0), ``seq-mean-token-sum-norm`` (/ (sequences * a constant length),
+Dr.GRPO).
 """
 
 from __future__ import annotations
@@ -42,12 +34,8 @@ AGG_MODES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class LossScale:
-    """Mini-batch-wide counts that every partial loss is normalised by.
-
-    `global_num_tokens`: valid (mask == 1) tokens in the whole mini-batch on all ranks;
-    `global_num_seqs`: sequences in the whole mini-batch on all ranks; `norm_constant`:
-    the length constant of `seq-mean-token-sum-norm` (e.g. the maximum response length).
-    """
+    """Mini-batch-wide counts (all ranks): valid tokens, sequences, and the length constant
+    of `seq-mean-token-sum-norm`."""
 
     global_num_tokens: int
     global_num_seqs: int

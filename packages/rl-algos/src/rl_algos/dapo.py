@@ -68,10 +68,8 @@ def groups_with_variance(values: np.ndarray, index: Any) -> np.ndarray:
 
 
 class DynamicSampler:
-    """Accumulates generated-and-scored batches, keeping only informative groups, until
-    `num_groups` groups are collected. `max_rounds` caps the generation rounds per step
-    (0: no cap); at the cap the sampler raises, or with `accept_partial` returns what it
-    has. Each batch needs the `uid` non-tensor field (one id per prompt)."""
+    """Collect informative groups (by ``uid``) until `num_groups`; past `max_rounds` (0: no
+    cap) raise, or with `accept_partial` return what it has."""
 
     def __init__(
         self,

@@ -1,20 +1,12 @@
 """KL divergence to the reference policy: per-token estimators, coefficient controllers
 and the KL-in-reward penalty.
 
-Estimators of KL(pi || pi_ref) from samples of pi, with r = pi_ref / pi (Schulman's
-"Approximating KL divergence"):
-
-- ``k1`` (verl: ``kl``): log pi - log pi_ref; unbiased, high variance, can be negative.
-- ``k2`` (verl: ``mse``): 0.5 * (log pi - log pi_ref)^2.
-- ``k3`` (verl: ``low_var_kl``): r - log r - 1 >= 0; unbiased and low variance; the log
-  ratio is clamped to [-20, 20] and the estimate to [-10, 10] for stability.
-- ``abs``: |log pi - log pi_ref|.
-
-Straight-through variants ``k1+``, ``k3+`` and ``low_var_kl+`` (verl's names): the value of
-k1 / k3 with the gradient of k2, i.e. ``k2 - sg(k2) + sg(k)``. k1 and k3 are unbiased
-estimates of the KL's value, but their expected gradients are not the KL's gradient; k2's
-is (Schulman's note above; Tang & Munos 2025, "On a few pitfalls in KL divergence gradient
-estimation for RL"). As a loss term, use these.
+Estimators of KL(pi || pi_ref) from samples of pi (Schulman), r = pi_ref / pi: ``k1``
+(verl ``kl``) log pi - log pi_ref; ``k2`` (``mse``) 0.5 (log pi - log pi_ref)^2; ``k3``
+(``low_var_kl``) r - log r - 1, log-ratio clamped to [-20, 20] and value to [-10, 10];
+``abs``. ``k1+``, ``k3+``/``low_var_kl+``: k1/k3's value with k2's gradient,
+``k2 - sg(k2) + sg(k)``, whose expectation is the KL's gradient (Tang & Munos 2025): use
+these as a loss term.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """A curriculum by kind: draw the kinds of prompts the policy can learn from now.
 
-`KindCurriculum` holds one running success rate per kind and turns it into draw
-probabilities (the definition: `rl_algos.config.curriculum_section`). `CurriculumLoader`
-is a drop-in for `PromptDataLoader` that draws each prompt's kind from them and the row
-from that kind's own shuffled order; the trainer shows it every scored batch
-(`observe`). Both are exact on resume: `state_dict()` holds the rates, the number of
-batches drawn and each kind's (epoch, position); batch ``i`` is drawn from an RNG seeded
-by ``(seed, i)``, so the same state and the same observations give the same prompts.
+`KindCurriculum` turns running success rates per kind into draw probabilities (defined in
+`rl_algos.config.curriculum_section`); `CurriculumLoader`, a drop-in `PromptDataLoader`,
+draws kinds from them (batch ``i`` from an RNG seeded by ``(seed, i)``: exact on resume).
 """
 
 from __future__ import annotations
@@ -103,11 +99,8 @@ class KindCurriculum:
 
 
 class CurriculumLoader:
-    """Batches of `batch_size` prompts whose kinds are drawn by a `KindCurriculum`.
-
-    Each kind's rows are visited in an order drawn from ``(seed, kind number, epoch)``;
-    a kind whose rows are used up starts its next epoch. `epoch` is the number of whole
-    passes over the data that the draws add up to. Iteration never ends."""
+    """Endless batches of `batch_size` prompts, kinds drawn by a `KindCurriculum`, each
+    kind's rows in an order from ``(seed, kind number, epoch)``."""
 
     def __init__(
         self,
@@ -193,9 +186,8 @@ class CurriculumLoader:
         self.curriculum.update(list(batch.non_tensor_batch[self.kind_key]), successes)
 
     def metrics(self, batch: DataProto) -> dict[str, float]:
-        """``curriculum/share/<kind>`` (the kind's share of the batch's prompts),
-        ``curriculum/success/<kind>`` (its running success rate) and
-        ``curriculum/weight/<kind>`` (its draw probability now)."""
+        """``curriculum/{share,success,weight}/<kind>``: batch share, running success rate,
+        draw probability."""
         uids = batch.non_tensor_batch.get("uid")
         kinds = list(batch.non_tensor_batch[self.kind_key])
         if uids is not None:  # one entry per prompt, not per sample

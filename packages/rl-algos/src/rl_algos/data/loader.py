@@ -19,10 +19,8 @@ log = logging.getLogger(__name__)
 
 
 def collate_prompts(items: Sequence[dict[str, Any]], pad_token_id: int) -> DataProto:
-    """Left-padded `input_ids`, `attention_mask`, `position_ids` [B, P] (P = the longest
-    prompt of the batch) and every other field of the rows as non-tensor fields, among them
-    `raw_prompt_ids`, `raw_prompt`, `data_source`, `reward_model`, `ground_truth`,
-    `extra_info` and `index`."""
+    """Left-padded `input_ids`, `attention_mask`, `position_ids` [B, longest prompt]; the
+    rows' other fields (`raw_prompt_ids`, `data_source`, ...) as non-tensor fields."""
     if not items:
         raise ValueError("cannot collate an empty batch")
     width = max(len(item["raw_prompt_ids"]) for item in items)
@@ -50,19 +48,9 @@ def collate_prompts(items: Sequence[dict[str, Any]], pad_token_id: int) -> DataP
 
 
 class PromptDataLoader:
-    """Batches of `batch_size` prompts; one pass over the data per epoch.
-
-    The order of epoch `e` is a permutation drawn from ``(seed, e)`` (or the file order
-    with `shuffle=False`), so the loader's whole state is (epoch, position):
-    `state_dict()` after k batches and `load_state_dict()` in a new process continue with
-    batch k + 1 of the same order. Iterating yields the rest of the current epoch, then
-    moves to the next epoch. `drop_last` drops the last incomplete batch.
-
-    Resuming after the data file grew (rows appended): the position is kept. The rest of
-    the interrupted epoch is that epoch's order of the old rows followed by the new rows
-    (shuffled by ``(seed, epoch)`` too), so no prompt comes twice and none is skipped in
-    it; later epochs draw from all rows. A file that shrank is refused.
-    """
+    """Batches of `batch_size` prompts, epoch `e` in an order drawn from ``(seed, e)``; the
+    state is (epoch, position), so a resumed loader continues the same order. Resuming on a
+    grown file finishes the epoch with the old rows, then the new ones (shuffled too)."""
 
     def __init__(
         self,
@@ -128,9 +116,8 @@ class PromptDataLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where `state` was taken; refuses a different seed or batch size or a
-        data set that shrank (the order would silently change); a data set that grew keeps
-        the position, with a one-line warning (class docstring)."""
+        """Continue where `state` was taken; a different seed or batch size or a shrunk
+        data set is refused, a grown one warns."""
         mine = self.state_dict()
         for key in ("seed", "dataset_size", "batch_size"):
             if key == "dataset_size" and state[key] < mine[key]:

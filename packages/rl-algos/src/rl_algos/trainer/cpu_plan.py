@@ -1,18 +1,10 @@
 """How a run's CPUs are shared out on the Ray backend, checked before any worker starts.
 
-Every process the run places on Ray reserves CPUs: the training workers
-(``trainer.nnodes * trainer.num_workers``, ``trainer.cpus_per_worker`` each), a split
-critic (``critic.num_workers``) or teacher (``distill.num_workers``), a split rollout pool
-(``rollout.num_replicas * rollout.cpus_per_replica``), the judge's pool
-(``reward.judge.num_replicas * reward.judge.cpus_per_replica``) and the text environments' worker processes
-(``env.num_workers`` per rollout manager, ``env.cpus_per_worker`` each: one manager per
-training worker when the rollout is colocated, one in the driver otherwise).
-
-The defaults fit together: ``trainer.cpus_per_worker: null`` and ``env.cpus_per_worker:
-null`` first give each training process one CPU, then the environment workers share what
-is left (at most one CPU each), then the training workers take the rest (whole CPUs, their
-intra-op threads). A placement that cannot fit raises `ConfigError` on one line naming the
-fields and their values, before Ray starts a worker (`plan_cpus`).
+Training workers, split critic or teacher, the split rollout and judge pools and the text
+environments' workers (``env.num_workers`` per rollout manager) each reserve CPUs. With the
+``cpus_per_worker`` keys null, each training process gets one CPU, env workers share the
+rest (at most one each), then training workers take what remains. A plan that cannot fit
+raises `ConfigError` naming the fields (`plan_cpus`).
 """
 
 from __future__ import annotations
@@ -54,9 +46,8 @@ def rollout_pool_cpus(cfg: Any) -> float:
 
 
 def expected_cluster_cpus(cfg: Any) -> float | None:
-    """The CPUs of the Ray cluster the run will start: ``trainer.ray_num_cpus`` (plus the
-    rollout and judge pools', which come on top), else this machine's usable CPUs; None when
-    joining an existing cluster (``RAY_ADDRESS``), whose size is known only once connected."""
+    """CPUs of the Ray cluster the run starts (``trainer.ray_num_cpus`` plus the rollout and
+    judge pools', else this machine's); None when joining one (``RAY_ADDRESS``)."""
     trainer = cfg.trainer
     if trainer.ray_num_cpus is not None:
         return float(trainer.ray_num_cpus + math.ceil(rollout_pool_cpus(cfg)))
