@@ -1,13 +1,7 @@
 """On-policy distillation: the teacher's per-token log-probs in the actor's loss.
 
-`make_distill_loss_fn` wraps the actor's loss function (`rl_algos.losses.make_actor_loss_fn`)
-so that it also trains the per-token reverse KL to the teacher, estimated on the student's
-own tokens (the `distill` section, `rl_algos.config.distill_section`, explains both modes).
-The micro-batch carries ``teacher_log_prob`` [b, R] (computed by the teacher engine at the
-same temperature as the student's log-probs).
-
-`full_vocab_reverse_kl` is the exact KL(student || teacher) over the whole vocabulary from
-two models' logits: what the sampled-token estimates estimate (tests and evaluation).
+The micro-batch carries ``teacher_log_prob`` [b, R] (same temperature as the student's);
+the modes are explained in `rl_algos.config.distill_section`.
 """
 
 from __future__ import annotations
@@ -39,14 +33,10 @@ def _with_advantages(micro_batch: Any, advantages: torch.Tensor) -> Any:
 def make_distill_loss_fn(
     base_loss_fn: LossFn, config: DistillConfig, loss_config: PolicyLossConfig
 ) -> LossFn:
-    """The actor's loss with the distillation term (`config.mode`): `advantage` subtracts
-    ``coef * (log pi_old - log pi_teacher)`` from every token's advantage before the policy
-    loss; `loss` adds ``coef * kl(log pi, log pi_teacher)`` (aggregated like the policy
-    loss, `loss_config.agg_mode`). The old log-probs are the batch's ``old_log_probs``, or
-    the update's own log-probs detached when it has none (one optimizer step per batch).
-
-    Metrics: ``distill/reverse_kl`` (the sampled-token estimate, k1, under the current
-    weights) and ``distill/teacher_log_prob`` (the teacher's mean token log-prob)."""
+    """The actor's loss with the distillation term: `advantage` mode subtracts
+    ``coef * (log pi_old - log pi_teacher)`` from the advantages, `loss` mode adds
+    ``coef * kl(log pi, log pi_teacher)``. Logs ``distill/reverse_kl`` (k1) and
+    ``distill/teacher_log_prob``."""
 
     def loss_fn(
         outputs: dict[str, torch.Tensor], micro_batch: Any, ctx: Any
@@ -85,9 +75,8 @@ def make_distill_loss_fn(
 def full_vocab_reverse_kl(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """The exact KL(student || teacher) = sum_v p_s(v) (log p_s(v) - log p_t(v)) at every
-    position, averaged over the positions where ``mask`` is 1 (float64). Logits [..., V]
-    (a teacher with more rows, e.g. a padded embedding, is cut to the student's V)."""
+    """Exact KL(student || teacher) over the vocabulary, mean over ``mask`` positions
+    (float64); logits [..., V], a teacher's extra rows cut to the student's V."""
     vocab = student_logits.shape[-1]
     log_s = torch.log_softmax(student_logits.double(), dim=-1)
     log_t = torch.log_softmax(teacher_logits[..., :vocab].double(), dim=-1)

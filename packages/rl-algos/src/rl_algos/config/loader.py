@@ -1,16 +1,9 @@
 """Load the config: defaults, preset, one YAML file, `key=value` overrides.
 
-Precedence: dataclass defaults < `algorithm.preset` < YAML < overrides. Mappings merge
-key by key, except that an override ``key={}`` empties the mapping (e.g.
-``actor.engine_kwargs={}`` drops an engine's options set in the YAML). Every mistake
-raises `ConfigError` with the full key path, the value, what is allowed and, for typos,
-the closest valid key or choice::
-
-    actor.optim.lrr: unknown key 'lrr'; did you mean 'lr'? (actor.optim has: betas, eps, ...)
-    actor.loss.agg_mode: invalid value 'token_mean'; expected one of [...]; did you mean 'token-mean'?
-
-Names of engines and rollout backends come from other packages' entry points, so they
-are checked when the trainer starts (`check_plugins`), not here.
+Precedence: dataclass defaults < `algorithm.preset` < YAML < overrides. Mappings merge key
+by key; an override ``key={}`` empties one. Mistakes raise `ConfigError` with the key path,
+the value, what is allowed and the closest valid key. Plugin names are checked at start-up
+(`check_plugins`).
 """
 
 from __future__ import annotations
@@ -194,8 +187,7 @@ def _check_vla(cfg: RLConfig) -> None:
 
 
 def _check_async(cfg: RLConfig) -> None:
-    """Resolve the rollout correction (one setting: `actor.loss.rollout_correction`):
-    null with async.max_staleness > 0 becomes decoupled PPO with cap 2 (AReaL's default);
+    """Resolve `actor.loss.rollout_correction` (null with async: decoupled PPO, cap 2);
     refuse what cannot use it."""
     loss = cfg.actor.loss
     if loss.rollout_correction is None and cfg.async_.max_staleness > 0:
@@ -285,9 +277,8 @@ def load_config(
 
 
 def check_plugins(cfg: RLConfig) -> None:
-    """Check the names that other packages provide (engines, rollout backends, sequence
-    generators, agent loops, tools, datasets) against what is installed; call before Ray
-    starts."""
+    """Check plugin names (engines, rollout backends, generators, agent loops, tools,
+    datasets) against what is installed, before Ray starts."""
     from rl_algos.data.dataset import DATASETS
     from rl_core.engine import ENGINES
     from rl_core.rollout import ROLLOUTS, SEQUENCE_GENERATORS

@@ -24,22 +24,11 @@ def _ground_truth(row: dict[str, Any]) -> Any:
 
 
 class PromptDataset:
-    """Rows with their prompt token ids (`raw_prompt_ids`), tokenized once at load.
-
-    A `prompt` that is a list of chat messages goes through
-    ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` (with
-    `chat_template_kwargs`, e.g. ``{"enable_thinking": False}``); a plain-text prompt is
-    tokenized as is when `apply_chat_template` is false, or wrapped as one user message.
-    Prompts longer than `max_prompt_length` tokens are dropped and counted
-    (`num_filtered`), or raise when `filter_overlong_prompts` is false. With
-    `require_ground_truth` (rule-based rewards), a row without
-    ``reward_model.ground_truth`` (or a ``ground_truth`` column) raises `DataError`.
-    Each of `extra_prompt_keys` (e.g. a distillation teacher's own prompt,
-    ``distill.teacher_prompt_key``) is a further prompt column every row must have,
-    rendered the same way into ``<key>_ids`` (not limited by `max_prompt_length`); each
-    of `generation_prompt_keys` (``rollout.guide_prompt_key``) too, but the rollout
-    generates after it, so it is held to `max_prompt_length` like the prompt.
-    """
+    """Rows with their prompt token ids (`raw_prompt_ids`, chat template applied, or plain
+    text as is / as one user message), tokenized once at load. Overlong prompts are dropped
+    and counted (`num_filtered`) or raise; `require_ground_truth` raises `DataError` on a
+    row without one. `extra_prompt_keys` and `generation_prompt_keys` (held to
+    `max_prompt_length`) are further prompt columns rendered into ``<key>_ids``."""
 
     def __init__(
         self,

@@ -33,9 +33,8 @@ def write_task(
     extra_splits: dict[str, tuple[int, dict[str, Any]]] | None = None,
     **task_options: Any,
 ) -> dict[str, Path]:
-    """Generate `task` and write `train.<fmt>` and `test.<fmt>` under `out_dir`, and one
-    `<name>.<fmt>` per `extra_splits` entry (name -> (size, option overrides): the same
-    task with those options changed, disjoint from the other splits)."""
+    """Write `train`, `test` and one file per `extra_splits` entry (name -> (size, option
+    overrides), disjoint) under `out_dir`."""
     factory = task_factory(task)
     if file_format not in ("parquet", "jsonl"):
         raise ValueError(f"unknown format {file_format!r}; expected 'parquet' or 'jsonl'")

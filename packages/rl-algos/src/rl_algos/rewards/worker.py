@@ -1,20 +1,10 @@
 """The scoring worker process: ``python -m rl_algos.rewards.worker FD PARENT_PID MEMORY_MB``.
 
-A fresh interpreter (like multiprocessing's spawn, but it does not re-import the parent's
-``__main__``, which for the trainer would pull in torch, Ray and the whole CLI): it imports
-only this module and the reward functions. Protocol over the socket FD
-(multiprocessing Connection, pickled messages):
-
-1. parent -> worker: the parent's ``sys.path``; then a list of functions to import now;
-   worker -> parent: ("ready", None) or ("init_error", text).
-2. parent -> worker: (fn, kwargs); worker -> parent: ("ok", value) or ("error", text).
-3. parent -> worker: None (stop).
-
-``MEMORY_MB`` > 0 caps the worker's data (``RLIMIT_DATA``: heap and private mappings,
-not shared libraries), so a reward function that eats memory gets a `MemoryError`; the
-worker also asks the kernel's OOM killer to pick it first (``oom_score_adj`` 1000).
-
-Keep this module free of heavy imports (no torch, no rl_core).
+Imports only this module and the reward functions (never the parent's ``__main__``; keep it
+free of torch and rl_core). Protocol over FD (a multiprocessing Connection): parent sends
+``sys.path`` and functions to import, worker answers ("ready", None) or ("init_error", text);
+then (fn, kwargs) -> ("ok", value) or ("error", text); None stops. ``MEMORY_MB`` > 0 sets
+``RLIMIT_DATA``; ``oom_score_adj`` is 1000.
 """
 
 from __future__ import annotations

@@ -59,10 +59,9 @@ def save_step(
     state: dict[str, Any],
     keep: int | None,
 ) -> Path:
-    """Write ``root/step_<step>`` atomically: `write_engines(staging)` saves the engines
-    into it, then the trainer state and the manifest; publish; move ``latest``; prune
-    to `keep` steps (never the new one: `_prunable`). On failure the staging directory is removed, earlier
-    checkpoints and ``latest`` stay as they were, and `CheckpointError` says so."""
+    """Write ``root/step_<step>`` atomically (engines via `write_engines(staging)`, state,
+    manifest), move ``latest``, prune to `keep`; on failure raise `CheckpointError`, leaving
+    earlier checkpoints and ``latest`` untouched."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     staging = staging_path(final)
@@ -94,9 +93,8 @@ def save_step(
 
 
 def _prunable(steps: list[int], newest: int, keep: int) -> list[int]:
-    """The steps to delete so `keep` remain. The one just written (the restore point from
-    now on) always stays; steps after it are left from a timeline a failover or resume
-    abandoned (e.g. a checkpoint that failed verification), so they go first."""
+    """Steps to delete so `keep` remain: never the one just written; steps after it (an
+    abandoned timeline) go first."""
     others = [s for s in steps if s != newest]
     # oldest first: the abandoned later steps, then the earlier ones in order
     order = [s for s in others if s > newest] + [s for s in others if s < newest]

@@ -1,17 +1,8 @@
 """The trainer's one view of generation, whatever ``rollout.placement`` says.
 
-The loop calls `RolloutClient.generate_sequences` and `RolloutClient.sync_weights` and never
-branches on the placement:
-
-* ``colocated``: each training worker hosts a rollout engine (the hybrid engine); the
-  batch is split over the workers and weights sync in process;
-* ``split``: a rollout pool of its own (Ray actors, N devices each, engines of any TP size)
-  behind one sequence generator in the driver, with prefix-cache-aware load balancing;
-  weights go from the trainer's rank 0 to every replica (one session each);
-* ``remote``: OpenAI-compatible servers (evaluation, agents): their weights never change,
-  so `sync_weights` warns once and every sample stays version 0.
-
-`version` counts the syncs: the policy version the rollout generates with.
+``colocated``: the training workers' engines, in-process sync; ``split``: a rollout pool
+behind one generator in the driver, weights from trainer rank 0; ``remote``: OpenAI-compatible
+servers whose weights never change (`sync_weights` warns once). `version` counts the syncs.
 """
 
 from __future__ import annotations

@@ -29,9 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def materialize_generated_task(cfg: Any, output_dir: Path) -> None:
-    """Write ``data.generate``'s task and point the data files at it. The options are
-    recorded beside the files (``generate.json``): data written with other options is
-    regenerated, or, when resuming (the checkpoint's data order refers to it), refused."""
+    """Write ``data.generate``'s task (options in ``generate.json``: other options
+    regenerate, or are refused on resume) and point the data files at it."""
     gen = cfg.data.generate
     if gen.task is None:
         return

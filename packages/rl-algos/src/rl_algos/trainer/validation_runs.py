@@ -19,11 +19,9 @@ class ValidationRuns:
     reward and data sets)."""
 
     def validate(self) -> dict[str, float]:
-        """``rollout.val_n`` samples per held-out prompt at ``rollout.val_temperature``
-        (greedy by default), scored without training-only shaping: accuracy (mean@n),
-        pass@k, maj@k, overall and per data source (`rl_algos.validation`), with a 95%
-        interval (``val/accuracy_ci95``); then the same for each of `data.extra_val_files`
-        as ``val/<name>_<metric>``. Environment runs play held-out tasks instead."""
+        """`rl_algos.validation`'s metrics and ``val/accuracy_ci95`` over the held-out
+        prompts, then each of `data.extra_val_files` (``val/<name>_<metric>``); env runs
+        play held-out tasks."""
         if self.env_source is not None:
             return self._validate_envs()
         if self.val_set is None:
@@ -95,9 +93,8 @@ class ValidationRuns:
         return metrics
 
     def _validate_envs(self) -> dict[str, float]:
-        """``env.val_episodes`` held-out tasks per environment, ``rollout.val_n`` episodes
-        each at ``rollout.val_temperature``: the mean reward and ``val/accuracy`` (the share
-        of episodes whose rewards add up to at least 1), overall and per environment."""
+        """Mean reward and ``val/accuracy`` (share of episodes with total reward >= 1) over
+        ``env.val_episodes`` held-out tasks per environment, overall and per env."""
         from rl_algos.validation import validation_metrics
 
         cfg = self.config

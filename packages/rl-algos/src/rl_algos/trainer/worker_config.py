@@ -1,8 +1,6 @@
 """The typed configs the role workers are built from (made on the driver, sent as they are).
-
-`rl_algos.trainer.placement` makes them from the `RLConfig` before any worker starts, so
-every engine's and rollout backend's options are checked there (`parse_options` of the
-class each name resolves to) and a mistake is one `ConfigError` naming the YAML key.
+`rl_algos.trainer.placement` builds them before any worker starts, so backend options are
+checked there (`parse_options`) and a mistake is one `ConfigError` naming the YAML key.
 """
 
 from __future__ import annotations
@@ -45,17 +43,9 @@ class CriticWorkerConfig(_TrainedRoleConfig):
 
 @dataclass(kw_only=True)
 class ActorWorkerConfig(_TrainedRoleConfig):
-    """The actor, its reference model and (colocated placement) its rollout.
-
-    ``ref``: the reference model's engine config (None: no KL term; with LoRA the
-    reference is the actor's base model, adapters disabled). ``generator``: the sequence
-    generator's name and ``rollout`` its typed config (the class it names declares it),
-    or None when the rollout runs outside the training workers (split, remote).
-    ``model_reference`` / ``model_files``: how a worker on another node finds the model.
-    ``distill``: the distillation loss settings (None: no distillation; the teacher is a
-    role of its own, `rl_algos.trainer.workers.TeacherWorker`).
-    ``sleep_while_training``: None means on accelerators only.
-    """
+    """The actor, its reference model (``ref``; None: no KL; with LoRA the base model) and,
+    colocated, its rollout (``generator``, ``rollout``; None when split or remote).
+    ``sleep_while_training``: None means on accelerators only."""
 
     loss: PolicyLossConfig
     ref: EngineConfig | None = None
