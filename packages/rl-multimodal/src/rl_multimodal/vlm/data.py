@@ -1,23 +1,8 @@
 """Vision-language prompts from verl-style rows: an ``images`` column and ``<image>`` marks.
 
-A row is a usual verl row (``prompt`` as chat messages or text, ``data_source``,
-``reward_model.ground_truth``, ``extra_info``) plus ``images``: a list whose items are PNG/JPEG
-bytes, ``{"bytes": ...}`` / ``{"path": ...}`` dicts (the Hugging Face datasets convention),
-file paths or PIL images. Each ``<image>`` in the prompt text marks where one image goes, in
-order; their count must equal the number of images.
-
-Every row is processed once at load with the model's processor (`load_processor`); its
-item (what `rl_algos.data.collate_prompts` turns into non-tensor batch fields) carries:
-
-* ``raw_prompt_ids``: the processor-expanded prompt ids (one ``<|image_pad|>`` per vision
-  token): what the policy sees in training and in the ``hf`` rollout;
-* ``multi_modal_data``: ``{"image": [PIL.Image, ...]}``: what rollout engines receive
-  (vLLM's and SGLang's own processors expand the placeholders themselves);
-* ``multi_modal_inputs``: ``{"pixel_values", "image_grid_thw"}`` tensors: what the training
-  engine passes to the model.
-
-The multimodal fields are non-tensor (numpy object) fields holding references: repeating a
-prompt ``n`` times, slicing and chunking a batch copy references, never the pixels.
+``images`` items: PNG/JPEG bytes, ``{"bytes"}`` / ``{"path"}`` dicts, paths or PIL images; one
+``<image>`` mark per image, in order. Rows are processed once at load into ``raw_prompt_ids``,
+``multi_modal_data`` and ``multi_modal_inputs`` (the package README: how images travel).
 """
 
 from __future__ import annotations
@@ -38,10 +23,8 @@ QWEN_IMAGE_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 def load_image(value: Any, where: str) -> Any:
-    """An RGB ``PIL.Image`` from bytes, a ``{"bytes"|"path"}`` dict, a path or an image.
-
-    Raises ValueError naming `where` (the row and image index) when it cannot be read.
-    """
+    """An RGB ``PIL.Image`` from bytes, a ``{"bytes"|"path"}`` dict, a path or an image;
+    ValueError naming `where` when it cannot be read."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(value, Image.Image):
@@ -68,11 +51,8 @@ def load_image(value: Any, where: str) -> Any:
 
 
 class VLMPromptDataset(PromptDataset):
-    """`PromptDataset` for rows with images (see the module docstring).
-
-    `processor` defaults to the processor of the tokenizer's model directory. `image_markup`
-    replaces each ``<image>`` in the prompt (Qwen2-VL's vision start, pad and end tokens).
-    """
+    """`PromptDataset` for rows with images; `processor` defaults to the tokenizer's model
+    directory's, `image_markup` replaces each ``<image>`` (Qwen2-VL's vision tokens)."""
 
     def __init__(
         self,

@@ -1,9 +1,7 @@
 """The model's processor: text with image placeholders + images -> model inputs.
 
-`load_processor` returns the model directory's ``AutoProcessor``. Qwen2-VL processors also
-build a video processor, which needs torchvision; without it the fallback
-`ImageTextProcessor` combines the model's own ``AutoImageProcessor`` and tokenizer and
-expands each image placeholder token exactly as the Qwen2-VL processor does (one token per
+``AutoProcessor``, or without torchvision (Qwen2-VL's video processor needs it)
+`ImageTextProcessor`, which expands placeholders as Qwen2-VL does (one token per
 ``merge_size**2`` patches). Both return ``input_ids``, ``attention_mask``, ``pixel_values``
 and ``image_grid_thw``.
 """

@@ -1,13 +1,8 @@
 """``shapes``: a generated vision task that needs no download, and its rule-based reward.
 
-Each image (56x56, black background, drawn with PIL) holds one large shape (a square or a
-disc covering 30-60% of the image) and two small shapes of the other colours. The question:
-which colour is the largest shape, answered with one letter: ``r`` (red), ``g`` (green) or
-``b`` (blue). Chance level is 1/3 for a model that always answers with a valid letter.
-
-Reward (`compute_score`, registered as ``shapes``): 1.0 when the first non-space character of
-the response is the right letter, 0.1 when it is one of the other letters (format credit, so
-GRPO sees reward variance from a random start), 0 otherwise; ``acc`` is 1 for a right answer.
+56x56 images, one large shape and two small ones of the other colours; answer the large
+one's colour with ``r``, ``g`` or ``b`` (the package README). Reward: 1.0 for the right first
+letter, 0.1 for another valid letter (format credit), else 0.
 """
 
 from __future__ import annotations

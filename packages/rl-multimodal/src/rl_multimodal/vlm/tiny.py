@@ -1,11 +1,9 @@
 """Tiny random Qwen2-VL / Qwen2.5-VL models built from small configs (no hub download).
 
-``tiny-random-vlm:qwen2_5_vl`` (or ``qwen2_vl``) as ``model.path`` resolves, through the
-``rl.model_sources`` entry point, to a cached directory holding the model (2 text layers,
-hidden 64; a 2-block vision tower, hidden 32), a character-level tokenizer with the Qwen
-vision special tokens and a ChatML template, and a Qwen2-VL image processor: everything
-``AutoProcessor.from_pretrained`` needs. Images are cut into 14x14 patches and 2x2 patches
-merge into one LM token, so a 56x56 image costs 4 prompt tokens.
+``model.path: tiny-random-vlm:qwen2_5_vl`` (or ``qwen2_vl``, via ``rl.model_sources``): a
+cached directory with the model (2 text layers, hidden 64; 2 vision blocks, hidden 32), a
+character-level ChatML tokenizer with Qwen's vision tokens and an image processor (14x14
+patches, 2x2 merged: a 56x56 image costs 4 tokens).
 """
 
 from __future__ import annotations
