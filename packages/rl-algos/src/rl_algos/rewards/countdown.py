@@ -98,9 +98,8 @@ def compute_score(
     use_all_numbers: bool = True,
     format_score: float = 0.0,
 ) -> dict[str, Any]:
-    """1 if the expression evaluates to the target and uses the given numbers (each
-    exactly once with `use_all_numbers`, else at most once); `format_score` if an
-    expression was found but is wrong; 0 if none was found."""
+    """1 if it hits the target using the numbers (each once; at most once without
+    `use_all_numbers`), `format_score` if found but wrong, else 0."""
     del data_source, extra_info
     target, numbers = _parse_truth(ground_truth)
     expr = extract_expression(solution_str)

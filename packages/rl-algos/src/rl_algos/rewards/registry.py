@@ -5,9 +5,7 @@ Every reward function has verl's signature::
     compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)
         -> float | {"score": float, ...other metrics}
 
-`REWARDS` (entry point group `rl.rewards`) maps names to such functions;
-`default_compute_score` picks one by the sample's `data_source`; `load_reward_function`
-loads a user's function from a Python file (picklable, so it runs in worker processes).
+`REWARDS` (entry points ``rl.rewards``): by name; `default_compute_score`: by `data_source`.
 """
 
 from __future__ import annotations

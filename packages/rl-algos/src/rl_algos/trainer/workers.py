@@ -1,20 +1,15 @@
 """Role workers: the SPMD processes the trainer drives through worker groups.
 
-* `ActorRolloutWorker`: the hybrid engine: a training engine (the actor), a rollout engine
-  with its sequence generator (colocated placement only), and optionally the reference
-  model (an inference-only engine), in one process. Weights
-  move trainer -> rollout in process (`sync_weights`) or, with a rollout pool of its own
-  (split placement), to that pool's actors (`push_weights`); either way one update
-  session per sync, in whole-layer buckets.
+* `ActorRolloutWorker`: the hybrid engine: the actor, its rollout (colocated only) and the
+  reference model in one process; weights go to the rollout in process (`sync_weights`) or
+  to a split pool (`push_weights`), one session per sync in whole-layer buckets.
 * `CriticWorker`: a value model (PPO's critic).
 * `RewardModelWorker`: a scalar-head model that scores whole responses (RLHF-style).
 * `TeacherWorker`: the distillation teacher, inference-only, on a pool of its own
   (``distill.placement``) with its own model, dtype and parallel layout.
 
-Every engine, rollout backend and generator is found by name through rl-core's registries,
-so this module never imports a sibling package. Configs arrive typed
-(`rl_algos.trainer.worker_config`), made and checked on the driver by
-`rl_algos.trainer.placement`.
+Backends are found by name through rl-core's registries (no sibling imports); configs
+arrive typed (`rl_algos.trainer.worker_config`).
 """
 
 from __future__ import annotations
@@ -65,11 +60,8 @@ def _train_epochs(
     seed: int,
     outputs: tuple[str, ...] | None = None,
 ) -> dict[str, float]:
-    """PPO-style updates: `epochs` passes over `batch` in mini-batches of this rank's share.
-
-    Rows are shuffled per epoch with a seeded generator that is the same on every rank, so
-    the mini-batch boundaries line up across DP ranks.
-    """
+    """`epochs` passes over `batch` in mini-batches, shuffled per epoch by a generator
+    seeded alike on every rank (mini-batch boundaries line up across DP ranks)."""
     per_rank = max(1, mini_batch_size // engine.dp_size)
     totals: dict[str, float] = {}
     steps = 0
@@ -141,12 +133,8 @@ class _EngineRole(Worker):
 
 
 class _TrainedRole(_EngineRole):
-    """A role that trains one engine: PPO-style updates and checkpoints.
-
-    The shuffle of each update is seeded with ``config.seed`` and the trainer's step
-    (``batch.meta_info["global_step"]``), so a resumed run shuffles exactly as the
-    uninterrupted one did.
-    """
+    """A role that trains one engine: PPO-style updates (shuffle seeded by ``config.seed``
+    and ``meta_info["global_step"]``, so a resumed run shuffles alike) and checkpoints."""
 
     prefix = "engine"
 
@@ -184,11 +172,8 @@ class _TrainedRole(_EngineRole):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def begin_snapshot(self, step: int, target: Any, role: str) -> dict[str, Any]:
-        """Snapshot this rank's training state of `step` to `target` (a
-        `rl_core.single_controller.ray.snapshots.SnapshotTarget`) in the background
-        (`rl_algos.trainer.snapshots`); returns at once with the host bytes and how the
-        previous snapshot went. Non-blocking: the driver does not wait for it (it runs
-        before the rank's next call of the driver, e.g. the next update)."""
+        """Send this rank's state of `step` to `target` (a `SnapshotTarget`) in the
+        background; returns at once with how the previous snapshot went."""
         send = functools.partial(target.send, role, self.rank, self.node_id)
         return self._snapshots.begin(self.engine, step, send)
 
@@ -200,15 +185,9 @@ class _TrainedRole(_EngineRole):
 
 
 class ActorRolloutWorker(_TrainedRole):
-    """Actor + rollout (+ reference) colocated in one process: the hybrid engine.
-
-    ``config``: an `ActorWorkerConfig` (its ``rollout`` None: the rollout runs elsewhere,
-    no engine here).
-
-    The hybrid cycle: generate -> the rollout sleeps (frees its KV cache and device
-    weights) -> reference/old log-probs and the update run on the training engine ->
-    `sync_weights` wakes the rollout and loads the new weights -> generate.
-    """
+    """Actor + rollout (+ reference) in one process (`ActorWorkerConfig`; ``rollout`` None:
+    no rollout here). Cycle: generate, rollout sleeps, log-probs and update, `sync_weights`
+    wakes it with the new weights."""
 
     prefix = "actor"
 
@@ -335,9 +314,8 @@ class ActorRolloutWorker(_TrainedRole):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def push_weights(self, sender: Any, version: int) -> float:
-        """Full weights to a rollout pool in other processes (split placement): every rank
-        takes part in the gather, rank 0 sends each bucket through ``sender`` (the
-        generator's `weight_sender`: one session per replica, bounded in flight)."""
+        """Full weights to a split rollout pool: every rank gathers, rank 0 sends each
+        bucket through ``sender`` (the generator's `weight_sender`)."""
         start = time.perf_counter()
         buckets = self._buckets(getattr(sender, "dtype", None))
         if self.rank == 0:
@@ -362,10 +340,7 @@ class ActorRolloutWorker(_TrainedRole):
 
 
 class CriticWorker(_TrainedRole):
-    """PPO's critic: a value model trained on the returns.
-
-    ``config``: a `CriticWorkerConfig` (``engine_config.model.value_head`` true).
-    """
+    """PPO's critic: a value model trained on the returns (`CriticWorkerConfig`)."""
 
     prefix = "critic"
     config: CriticWorkerConfig
@@ -386,10 +361,7 @@ class CriticWorker(_TrainedRole):
 
 
 class RewardModelWorker(_EngineRole):
-    """Scores responses with a scalar-head model: the value at the last response token.
-
-    ``config``: an `InferenceWorkerConfig` (``model.value_head`` true; never stepped).
-    """
+    """Scores responses with a scalar-head model's value at the last response token."""
 
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_rm_score(self, batch: DataProto) -> DataProto:
@@ -410,9 +382,8 @@ class TeacherWorker(_EngineRole):
 
 
 def score_on_last_token(values: torch.Tensor, batch: DataProto) -> torch.Tensor:
-    """[B, R] zeros with each row's value at its last response token, found by the
-    attention mask (in multi-turn rollouts `response_mask` is 0 on tool tokens, so
-    counting it would land mid-response); rows with no response score 0."""
+    """[B, R] zeros with each row's value at its last response token by the attention mask
+    (`response_mask` is 0 on tool tokens); rows with no response score 0."""
     width = values.shape[-1]
     attention = batch.batch["attention_mask"][:, -width:].to(torch.long)
     positions = torch.arange(width, device=attention.device).expand_as(attention)
