@@ -125,8 +125,7 @@ class DynamicSampler:
         return False
 
     def take(self) -> tuple[Any, dict[str, float]]:
-        """The collected batch (exactly `num_groups` groups unless partial) and metrics;
-        resets the sampler for the next step."""
+        """The collected batch (`num_groups` groups unless partial) and metrics; resets."""
         if not self._kept:
             raise RuntimeError("DynamicSampler.take() called before any group was kept")
         batch = type(self._kept[0]).concat(self._kept) if len(self._kept) > 1 else self._kept[0]

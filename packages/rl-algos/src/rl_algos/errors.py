@@ -11,13 +11,11 @@ __all__ = ["USER_ERRORS", "ConfigError", "DataError", "InputError", "UserInputEr
 
 
 class UserInputError(Exception):
-    """An error caused by what the user gave (data, plugins, paths, resources), with a
-    message that names the field, the value and what was expected."""
+    """An error in what the user gave; the message names the field, value and expectation."""
 
 
 class InputError(UserInputError, ValueError):
-    """Any other error in reading what the user gave (data files, model, paths), re-raised
-    with its type and message by the trainer's start-up checks."""
+    """Any other error reading the user's data, model or paths, re-raised at start-up."""
 
 
 class DataError(UserInputError, ValueError):

@@ -112,8 +112,7 @@ class PromptDataset:
             item[f"{key}_ids"] = list(prompt_ids)
 
     def _count_filtered(self) -> None:
-        """Set ``num_filtered`` (rows dropped as too long), warn if any were, and refuse a
-        dataset left empty."""
+        """Set ``num_filtered`` (overlong rows dropped), warn, and refuse an empty dataset."""
         self.num_filtered = self.num_rows - len(self.items)
         if self.num_filtered:
             logger.warning(

@@ -52,8 +52,7 @@ def add_group_ids_and_seeds(prompts: DataProto, n: int, step: int, seed: int) ->
 
 
 def trim_padding(batch: DataProto) -> DataProto:
-    """Cut the all-padding columns: prompts to the longest real prompt, responses to the
-    longest real response. Training cost follows the sequence length, so this matters."""
+    """Cut all-padding columns: prompts and responses to their longest real ones."""
     t = batch.batch
     prompt_len = t["prompts"].shape[1]
     attn = t["attention_mask"]
@@ -132,8 +131,7 @@ def tool_metrics(batch: DataProto, prefix: str) -> dict[str, float]:
 def _prompt_layout(
     batch: DataProto, ids: Sequence[Sequence[int]], pad_token_id: int
 ) -> dict[str, torch.Tensor]:
-    """The rollout layout's prompt-dependent tensors of `batch` with row ``i``'s prompt
-    replaced by ``ids[i]`` (left-padded) and its response kept."""
+    """`batch`'s prompt-dependent tensors with row ``i``'s prompt replaced by ``ids[i]``."""
     t = batch.batch
     rows, width = len(ids), max(len(x) for x in ids)
     prompts = torch.full((rows, width), pad_token_id, dtype=t["prompts"].dtype)

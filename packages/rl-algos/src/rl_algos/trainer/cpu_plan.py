@@ -36,8 +36,7 @@ class CpuPlan:
 
 
 def rollout_pool_cpus(cfg: Any) -> float:
-    """The CPUs of the split rollout pool and of the judge's pool (rounded up, they are
-    added to ``trainer.ray_num_cpus``)."""
+    """CPUs of the split rollout and judge pools (rounded up; on top of ray_num_cpus)."""
     rollout, judge = cfg.rollout, cfg.reward.judge
     cpus = rollout.num_replicas * rollout.cpus_per_replica if rollout.placement == "split" else 0
     if judge.enabled and judge.placement == "split" and cfg.trainer.backend == "ray":

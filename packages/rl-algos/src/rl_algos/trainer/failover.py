@@ -26,8 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def lost_worker(exc: BaseException) -> WorkerGroupError | None:
-    """The lost-process error behind `exc` (itself, or in its cause chain: e.g. the async
-    producer's failure), or None when `exc` is not about a lost process."""
+    """The lost-process error in `exc`'s cause chain (itself included), or None."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:

@@ -40,8 +40,7 @@ def _special_tokens(tokenizer: Any) -> dict[str, Any]:
 
 
 def _tokenizer_difference(policy: Any, other: Any, special_tokens: bool) -> str | None:
-    """How `other`'s vocabulary (and, with ``special_tokens``, its special tokens) differs
-    from the policy's; None when they are the same."""
+    """How `other`'s vocabulary (and special tokens) differs from the policy's, or None."""
     a, b = policy.get_vocab(), other.get_vocab()
     if len(a) != len(b):
         return f"a vocabulary of {len(b)} tokens, the policy's has {len(a)}"
@@ -62,10 +61,8 @@ def _tokenizer_difference(policy: Any, other: Any, special_tokens: bool) -> str 
 def check_same_vocabulary(
     policy: Any, other: Any, key: str, role: str, special_tokens: bool = True
 ) -> None:
-    """``other`` (e.g. a distillation teacher) scores the policy's token ids: its
-    `get_vocab()` (and its special tokens) must be the policy's (no token mapping:
-    cross-tokenizer distillation is not supported). One `ConfigError` naming ``key``,
-    ``model.path`` and both tokenizers otherwise."""
+    """``other`` (e.g. a teacher) scores the policy's token ids, so its vocabulary and
+    special tokens must be the policy's; else a `ConfigError` naming ``key``."""
     problem = _tokenizer_difference(policy, other, special_tokens)
     if problem is not None:
         theirs, mine = (f"{type(t).__name__} {t.name_or_path!r}" for t in (other, policy))

@@ -40,8 +40,7 @@ class RolloutClient:
         return self.generator.generate_sequences(batch)
 
     def sync_weights(self) -> float:
-        """The trainer's current weights to every rollout engine as policy version
-        ``version + 1``; returns the seconds it took."""
+        """Current weights to every rollout engine as version ``version + 1``; seconds."""
         start = time.perf_counter()
         version = self.version + 1
         if self.placement == "colocated":
@@ -66,8 +65,7 @@ class RolloutClient:
         return time.perf_counter() - start
 
     def reset_after_failover(self) -> None:
-        """The training workers were rebuilt, or rollout replicas lost or replaced: a new
-        sender to the replicas there are now."""
+        """A new weight sender after rebuilt workers or lost/replaced replicas."""
         if self.generator is not None:
             self._sender = self.generator.weight_sender()
             self._sender_generation = self._replica_generation()

@@ -104,8 +104,7 @@ def set_driver_rng_state(state: Mapping[str, Any]) -> None:
 
 
 class Snapshots:
-    """The trainer's side (module docstring): takes snapshots, finds the newest complete
-    one, restores it into the trained roles' workers and hands back the driver's state."""
+    """The trainer's side: take, find the newest complete, restore into the workers."""
 
     def __init__(self, every: int) -> None:
         from rl_core.single_controller.ray.snapshots import SnapshotStore
@@ -172,8 +171,7 @@ class Snapshots:
         return None
 
     def driver_state(self, step: int) -> dict[str, Any]:
-        """A copy of the driver's state of snapshot `step` (a later failover may restore
-        the same snapshot again)."""
+        """A copy of the driver's state of snapshot `step` (it may be restored again)."""
         return copy.deepcopy(self._driver[step])
 
     def restore(self, step: int, groups: Mapping[str, Any]) -> None:
@@ -183,8 +181,7 @@ class Snapshots:
             group.restore_snapshot(step, target, role)
 
     def forget_after(self, step: int) -> None:
-        """The run went back to `step`: snapshots of later steps belong to a timeline that
-        will not happen (the replay writes its own)."""
+        """Drop snapshots after `step`: the run went back (the replay writes its own)."""
         for later in [s for s in self._driver if s > step]:
             del self._driver[later]
         self.store.drop_after(step)

@@ -87,8 +87,7 @@ class _Console:
 
 
 def _import_backend(backend: str, module: str, install: str) -> Any:
-    """``module`` imported for the logger ``backend``, or an ImportError saying what to
-    install."""
+    """``module`` for logger ``backend``, or an ImportError saying what to install."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -234,8 +233,7 @@ class MetricsLogger:
                 self.backends.append(_MLflow(project, run_name, config or {}, self.output_dir))
 
     def rewind(self, step: int) -> None:
-        """The run goes back to `step` (failover restored that step's state): when steps
-        after it were logged, every backend follows (module docstring)."""
+        """Failover went back to `step`: every backend follows if later steps were logged."""
         if step >= self._last:
             return  # nothing after it was logged: nothing is replayed
         for backend in self.backends:

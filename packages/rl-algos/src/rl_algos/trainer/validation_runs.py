@@ -15,8 +15,7 @@ __all__ = ["ValidationRuns"]
 
 
 class ValidationRuns:
-    """`RLTrainer`'s validation methods (a mixin: they use the trainer's rollout client,
-    reward and data sets)."""
+    """`RLTrainer`'s validation methods (a mixin)."""
 
     def validate(self) -> dict[str, float]:
         """`rl_algos.validation`'s metrics and ``val/accuracy_ci95`` over the held-out

@@ -17,8 +17,7 @@ __all__ = ["ActorWorkerConfig", "CriticWorkerConfig", "InferenceWorkerConfig"]
 
 @dataclass(kw_only=True)
 class InferenceWorkerConfig:
-    """A never-trained model (reward model, distillation teacher): the engine's name and
-    its config."""
+    """A never-trained model (reward model, teacher): the engine's name and its config."""
 
     engine: str
     engine_config: EngineConfig

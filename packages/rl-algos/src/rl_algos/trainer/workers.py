@@ -84,8 +84,7 @@ def _with_model_path(config: EngineConfig, path: str) -> EngineConfig:
 
 
 def _localize_model_path(cfg: ActorWorkerConfig) -> ActorWorkerConfig:
-    """The actor's config pointed at a model directory this process can read (see
-    `rl_algos.trainer.model_source.resolve_on_worker`)."""
+    """The actor's config pointed at a model directory this process can read."""
     from rl_algos.trainer.model_source import resolve_on_worker
 
     driver_path = cfg.engine_config.model.path
@@ -303,8 +302,7 @@ class ActorRolloutWorker(_TrainedRole):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_weights(self, version: int | None = None) -> float:
-        """Full weights from the training engine into this process's rollout engine: one
-        update session (``version``: the policy version they are)."""
+        """Full weights into this process's rollout engine as policy ``version``."""
         start = time.perf_counter()
         self._wake_rollout()
         self.generator.update_weights(
