@@ -1,13 +1,7 @@
 """DAPO (Yu et al. 2025) pieces that are not a loss: dynamic sampling and overlong shaping.
 
-Dynamic sampling drops the groups (samples of one prompt) whose metric, usually the
-reward, is the same for every sample (they carry no GRPO signal) and keeps generating
-until enough informative groups are collected::
-
-    sampler = DynamicSampler(num_groups=cfg.data.train_batch_size, metric="seq_score")
-    while not sampler.add(generate_and_score(next(prompts))):
-        pass
-    batch, metrics = sampler.take()
+Dynamic sampling drops groups whose metric is the same for every sample (no GRPO signal)
+and keeps generating: ``while not sampler.add(batch): ...`` then ``sampler.take()``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Write a generated task's train/test splits: ``python -m rl_algos.data.generate``
-(also ``rl data``)::
-
-    python -m rl_algos.data.generate arithmetic --out data/arithmetic \\
-        --train-size 2000 --test-size 200 --max-value 20
-    -> data/arithmetic/train.parquet, data/arithmetic/test.parquet
-
-Every field of the task (see rl_algos.data.tasks) is an option: ``--num-operands 3``,
-``--ops + -``, ``--answer-format hash``, ``--num-numbers 4`` ...
+"""Write a generated task's splits: ``python -m rl_algos.data.generate`` (or ``rl data``)
+``arithmetic --out DIR --train-size 2000 --max-value 20``; every task field is an option.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Read and write verl-style rows as parquet or JSON lines.
 
-A row: ``prompt`` (a list of chat messages ``{"role", "content"}``, or plain text),
-``data_source`` (which reward function scores it), ``reward_model``
-(``{"style": "rule", "ground_truth": ...}``), ``extra_info`` (a dict), plus any other
-columns, which travel with the sample as non-tensor fields.
+A row: ``prompt`` (chat messages or text), ``data_source`` (its reward function),
+``reward_model`` (``{"style": "rule", "ground_truth": ...}``), ``extra_info`` and any other
+columns (non-tensor fields).
 """
 
 from __future__ import annotations

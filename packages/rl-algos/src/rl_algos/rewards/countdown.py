@@ -1,8 +1,7 @@
 """Countdown reward: an arithmetic expression over given numbers that hits a target.
 
-The expression is read from the last ``\\boxed{...}`` or ``<answer>...</answer>`` and
-evaluated exactly (fractions) by walking its syntax tree: only integer literals,
-``+ - * /``, unary minus and parentheses are allowed; ``eval`` is never used.
+Evaluated exactly (fractions) on its syntax tree (integers, ``+ - * /``, unary minus,
+parentheses); ``eval`` is never used.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The trainer's checkpoints: ``<output_dir>/checkpoints/step_N`` with the engines'
-checkpoints (``actor/``, ``critic/``), ``trainer_state.json`` and a manifest over all of
-it, written and published by rl-core's contract (`rl_core.checkpoint`).
-
-``checkpoints/latest`` names the newest published step. ``trainer.resume=latest`` takes
-it when it verifies, else the newest step that does (saying which and why); an explicit
-path that does not verify is an error naming the bad file.
+"""The trainer's checkpoints: ``checkpoints/step_N`` (engines' ``actor/``, ``critic/``,
+``trainer_state.json``, a manifest) published by `rl_core.checkpoint`; ``latest`` names the
+newest. ``resume=latest`` falls back to the newest step that verifies (saying why); an
+explicit path that does not verify is an error naming the bad file.
 """
 
 from __future__ import annotations

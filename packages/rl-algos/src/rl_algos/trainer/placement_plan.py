@@ -1,7 +1,5 @@
-"""The placement a config asks for, worked out without Ray or any worker (``rl train CONFIG
---dry-run`` prints it): each role with its pool, its processes and their devices. The CPU
-share-out is `rl_algos.trainer.cpu_plan`'s, so a placement that cannot fit fails here as it
-would at start-up."""
+"""Each role's pool, processes and devices, without Ray (``rl train --dry-run``); the CPU
+share-out is `cpu_plan`'s, so a plan that cannot fit fails here as at start-up."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Where metrics go: the console, a JSONL file, and optional experiment trackers.
 
-`MetricsLogger` fans one ``log(step, metrics)`` out to its backends. ``jsonl`` and
-``console`` are always available; ``tensorboard``, ``wandb`` and ``mlflow`` are used when
-configured and installed (a configured backend that is not installed is an error that says
-what to install, never a silent no-op). `plot_metrics` draws the run's curves to a PNG.
-A failover back before logged steps calls `MetricsLogger.rewind`; how each backend
-follows it is in the README (Failover).
+`MetricsLogger` fans ``log(step, metrics)`` out to ``jsonl``, ``console`` and the configured
+``tensorboard``, ``wandb``, ``mlflow`` (not installed: an error saying what to install);
+`MetricsLogger.rewind` follows a failover (README: Failover). `plot_metrics` draws a PNG.
 """
 
 from __future__ import annotations
