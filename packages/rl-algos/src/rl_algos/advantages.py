@@ -248,16 +248,14 @@ def compute_opo_advantage(
     """OPO (arXiv:2505.23585): A_i = R_i - sum_j |o_j| R_j / sum_j |o_j| over the group
     (|o_j|: response tokens of sample j)."""
     scores = _scores(token_level_rewards, response_mask, index, "opo")
-    if len(index) != scores.shape[0]:
-        raise ValueError(f"index has {len(index)} entries but the batch has {scores.shape[0]}")
+    _, _, count = _group_stats(scores, index)  # checks the index's length too
     lengths = response_mask.to(scores.dtype).sum(dim=-1)
     gid, num_groups = group_ids(index, scores.device)
     weighted = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
     weighted.index_add_(0, gid, lengths * scores)
     total_len = torch.zeros_like(weighted).index_add_(0, gid, lengths)
-    count = torch.zeros_like(weighted).index_add_(0, gid, torch.ones_like(scores))
-    baseline = weighted / total_len.clamp(min=1)
-    baseline = torch.where(count > 1, baseline, torch.zeros_like(baseline))[gid]
+    baseline = (weighted / total_len.clamp(min=1))[gid]
+    baseline = torch.where(count > 1, baseline, torch.zeros_like(baseline))
     adv = (scores - baseline).unsqueeze(-1) * response_mask
     return adv, adv
 
