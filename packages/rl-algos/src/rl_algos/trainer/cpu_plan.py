@@ -74,7 +74,7 @@ def _env_workers(cfg: Any) -> int:
 def plan_cpus(cfg: Any, cluster_cpus: float | None) -> CpuPlan:
     """Resolve the ``null`` CPU settings and check that everything fits in `cluster_cpus`
     (None: unknown, nothing is checked and explicit values stand). Raises `ConfigError`."""
-    trainer, rollout = cfg.trainer, cfg.rollout
+    trainer = cfg.trainer
     env = getattr(cfg, "env", None)
     env_workers = _env_workers(cfg)
     env_cpus = None if env is None else getattr(env, "cpus_per_worker", None)
@@ -105,7 +105,7 @@ def plan_cpus(cfg: Any, cluster_cpus: float | None) -> CpuPlan:
         # the training workers take what the environments leave (whole CPUs, at least 1)
         spare = cluster_cpus - pool - (env_cpus or 0.0) * env_workers
         trainer_cpus = float(max(1, int((spare + _EPS) // training)))
-        if critic_split or teacher_split or rollout.placement == "split":
+        if critic_split or teacher_split or pool > 0:
             trainer_cpus = 1.0  # others share the cluster: as without environments
     return CpuPlan(float(cluster_cpus), trainer_cpus, env_cpus, env_workers)
 
