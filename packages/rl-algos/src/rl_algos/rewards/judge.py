@@ -181,10 +181,7 @@ class GenerativeJudge:
     `tokenizer`: the judge's. Call `close()` at the end."""
 
     def __init__(self, config: JudgeConfig, generator: Any, tokenizer: Any, seed: int = 0):
-        self.config = config
-        self.generator = generator
-        self.tokenizer = tokenizer
-        self.seed = seed
+        self.config, self.generator, self.tokenizer, self.seed = config, generator, tokenizer, seed
         self.failover: dict[str, float] = {}
 
     @classmethod

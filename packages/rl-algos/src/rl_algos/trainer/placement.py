@@ -528,9 +528,9 @@ def start_role_groups(
             if expected_cpus is None or abs(cluster_cpus - expected_cpus) > 1e-6:
                 plan = plan_cpus(cfg, cluster_cpus)  # the cluster joined: checked on its size
             workers_start = time.perf_counter()
-            own_pools = _own_pools(cfg)  # a judge's or rollout's pool shares the cluster too
-            shares_cluster = bool(own_pools) or cfg.rollout.placement != "colocated"
-            shares_cluster = shares_cluster or rollout_pool_cpus(cfg) > 0
+            own_pools = _own_pools(cfg)  # roles, a judge or a rollout on pools of their own
+            shared = bool(own_pools or rollout_pool_cpus(cfg))
+            shares_cluster = shared or cfg.rollout.placement != "colocated"
             groups = _ray_groups(
                 trainer, roles, own_pools, shares_cluster, plan.trainer_cpus_per_worker
             )

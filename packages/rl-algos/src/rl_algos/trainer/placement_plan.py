@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rl_algos.trainer.cpu_plan import expected_cluster_cpus, plan_cpus
+from rl_algos.trainer.cpu_plan import expected_cluster_cpus, plan_cpus, rollout_pool_cpus
 from rl_algos.trainer.placement import _own_pools, default_cpus_per_worker
 
 __all__ = ["RolePlacement", "check_role_configs", "plan_placement"]
@@ -57,6 +57,7 @@ def plan_placement(cfg: Any) -> list[RolePlacement]:
     if cpus is None:  # as `placement._ray_groups` decides it, on the CPU platform
         cpus = 1.0
         alone = not own and cfg.rollout.placement == "colocated" and cluster_cpus is not None
+        alone = alone and not rollout_pool_cpus(cfg)  # a judge's pool shares the cluster too
         if alone and trainer.platform in (None, "cpu"):
             cpus = default_cpus_per_worker("cpu", cluster_cpus, trainer.nnodes, trainer.num_workers)
     devices = _devices(cpus, trainer.gpus_per_worker)
