@@ -21,7 +21,14 @@ from rl_algos.errors import ConfigError
 from rl_algos.kl import kl_penalty
 from rl_algos.losses import POLICY_LOSSES, PolicyLossConfig, make_actor_loss_fn
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(autouse=True)
+def _float64():
+    """float64 for this module's tests only: the default dtype is process-wide."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def _micro_batch(from_update: bool = False, **tensors):

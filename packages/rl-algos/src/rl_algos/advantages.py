@@ -319,7 +319,8 @@ def _episode_advantage(data: Any, fn: Any, params: dict[str, Any]) -> torch.Tens
     episodes, ep = np.unique(np.asarray(nt["episode_index"], np.int64), return_inverse=True)
     t = np.asarray(nt["episode_step"], np.int64)
     shape = (len(episodes), int(t.max()) + 1)
-    rewards, mask = torch.zeros(shape), torch.zeros(shape)
+    rewards = torch.zeros(shape, dtype=torch.float32)  # whatever torch's default dtype
+    mask = torch.zeros_like(rewards)
     rewards[ep, t] = (batch["token_level_rewards"] * batch["response_mask"]).sum(-1).float()
     mask[ep, t] = 1.0
     uids = np.empty(len(episodes), dtype=object)
