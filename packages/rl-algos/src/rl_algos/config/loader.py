@@ -28,8 +28,7 @@ from rl_core.registry import Registry
 
 __all__ = ["AGENT_LOOPS", "GROUP_ESTIMATORS", "check_plugins", "load_config"]
 
-# The agent-loop registry lives in rl-rollout; this view of its entry point group lets the
-# config check names without importing that package.
+# a view of rl-rollout's agent-loop entry points (names checked without importing it)
 AGENT_LOOPS: Registry[Any] = Registry("rl.agent_loops", kind="agent loop")
 TOOLS: Registry[Any] = Registry("rl.tools", kind="tool")
 TOOL_PARSERS: Registry[Any] = Registry("rl.tool_parsers", kind="tool-call parser")

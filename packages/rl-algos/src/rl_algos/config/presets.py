@@ -1,9 +1,5 @@
-"""Algorithm presets: named sets of config fields, nothing more.
-
-Chosen with ``algorithm.preset: <name>`` in the YAML or ``algorithm.preset=<name>`` on
-the command line. Precedence: dataclass defaults < preset < YAML file < command-line
-overrides, so a preset never hides what a user writes.
-"""
+"""Algorithm presets (``algorithm.preset``): named sets of config fields, applied after the
+defaults and before the YAML and overrides, so a preset never hides what a user writes."""
 
 from __future__ import annotations
 

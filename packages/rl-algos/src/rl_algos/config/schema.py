@@ -1,9 +1,5 @@
-"""The trainer's config: typed dataclasses, one per YAML section.
-
-Field checks live in each section's `__post_init__` and raise `ConfigError` naming the
-field; the loader (rl_algos.config.loader) prefixes the section path. The optimizer and
-parallelism sections are rl-core's engine configs, so what the YAML says is what the
-training engine receives.
+"""The trainer's config: typed dataclasses, one per YAML section; each `__post_init__`
+raises `ConfigError` naming the field. Optimizer and parallelism are rl-core's engine configs.
 """
 
 from __future__ import annotations

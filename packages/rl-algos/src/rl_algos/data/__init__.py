@@ -1,8 +1,5 @@
-"""Data: verl-style parquet/jsonl rows, chat-templated prompt datasets, a resumable
-loader collating into DataProto, a curriculum by kind (`CurriculumLoader`) and generated
-tasks (arithmetic, countdown).
-
-Attributes load lazily, so `rl_algos.data.generate` does not import torch.
+"""Data: verl-style rows, prompt datasets, a resumable loader, a curriculum by kind and
+generated tasks. Attributes load lazily (`rl_algos.data.generate` needs no torch).
 """
 
 from __future__ import annotations

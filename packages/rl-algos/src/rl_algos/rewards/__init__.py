@@ -1,12 +1,6 @@
-"""Rewards: verifiable math and countdown scoring, format rewards, user reward functions
-from files, the RewardManager that scores batches in time-limited worker processes, and
-the generative reward model (`GenerativeJudge`: an LLM judge on a rollout engine).
-
-Built-in reward functions (entry point group `rl.rewards`): `math`, `gsm8k`, `arithmetic`,
-`countdown`, `format`. `default_compute_score` picks one by the sample's data source.
-
-Attributes load lazily: scoring worker processes import the reward modules through this
-package and must not pay for torch and rl_core.
+"""Rewards: built-in and user reward functions (`rl.rewards`), the `RewardManager` scoring
+batches in time-limited processes, and `GenerativeJudge`. Attributes load lazily: scoring
+workers import the reward modules through this package without torch or rl_core.
 """
 
 from __future__ import annotations
