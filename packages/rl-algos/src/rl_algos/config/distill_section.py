@@ -3,11 +3,10 @@
 The student (the policy) samples; the teacher, an inference-only model like the
 reference policy (any architecture and size the engine loads, with the student's exact
 vocabulary), gives the log-prob of every sampled token. The teacher is a worker group of
-its own (`placement: split`, the default: `num_workers` processes on a pool of their own,
-with its own `dtype` and `parallel` layout) or shares the actor's processes by choice
-(`placement: colocated`). The per-token reverse KL
-KL(student || teacher) is estimated on the student's own tokens,
-``log pi_student(y_t) - log pi_teacher(y_t)``, and trained one of two ways:
+its own (`placement: split`: `num_workers` processes, its own `dtype` and `parallel`) or
+a role in the actor's processes by choice (`colocated`). The per-token reverse KL
+KL(student || teacher), ``log pi_student(y_t) - log pi_teacher(y_t)`` on the student's
+own tokens, is trained one of two ways:
 
 * ``mode: advantage`` (the default; Thinking Machines' on-policy distillation, slime's
   ``--opd-kl-coef``, prime-rl's ``teacher_tau``): each token's advantage becomes

@@ -181,7 +181,10 @@ class GenerativeJudge:
     `tokenizer`: the judge's. Call `close()` at the end."""
 
     def __init__(self, config: JudgeConfig, generator: Any, tokenizer: Any, seed: int = 0):
-        self.config, self.generator, self.tokenizer, self.seed = config, generator, tokenizer, seed
+        self.config = config
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.seed = seed
         self.failover: dict[str, float] = {}
 
     @classmethod

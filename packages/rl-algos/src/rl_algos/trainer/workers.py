@@ -373,8 +373,7 @@ class TeacherWorker(_EngineRole):
 
     @register(dispatch_mode=Dispatch.mesh(DP_MESH))
     def compute_teacher_log_prob(self, batch: DataProto) -> DataProto:
-        """The teacher's log-prob of every response token (at the batch's
-        ``meta_info["temperature"]``, as the student's)."""
+        """The teacher's log-prob of each response token (at the batch's temperature)."""
         out = self.engine.infer_batch(batch, outputs=("log_probs",))
         return DataProto.from_dict({TEACHER_LOG_PROB: out.batch["log_probs"]})
 
