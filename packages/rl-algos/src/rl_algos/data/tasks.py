@@ -145,19 +145,14 @@ class ArithmeticTask:
             raise ValueError(
                 f"arithmetic: instruction_share must be a number in [0, 1], got {share!r}"
             )
-        if isinstance(self.few_shot, bool) or not isinstance(self.few_shot, int):
-            raise ValueError(f"arithmetic: few_shot must be an integer 0..8, got {self.few_shot!r}")
-        if not 0 <= self.few_shot <= 8:
-            raise ValueError(f"arithmetic: few_shot must be in 0..8, got {self.few_shot}")
+        for name in ("few_shot", "teacher_few_shot", "demo_same_kind"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 8:
+                raise ValueError(f"arithmetic: {name} must be an integer 0..8, got {value!r}")
         if self.few_shot_demos not in ("per_problem", "fixed"):
             raise ValueError(
                 f"arithmetic: few_shot_demos {self.few_shot_demos!r}; expected 'per_problem' "
                 "or 'fixed'"
-            )
-        teacher = self.teacher_few_shot
-        if isinstance(teacher, bool) or not isinstance(teacher, int) or not 0 <= teacher <= 8:
-            raise ValueError(
-                f"arithmetic: teacher_few_shot must be an integer 0..8, got {teacher!r}"
             )
         system = self.teacher_system_prompt
         if system is not None and (not isinstance(system, str) or not system.strip()):
@@ -165,14 +160,11 @@ class ArithmeticTask:
                 f"arithmetic: teacher_system_prompt must be null or a non-empty string, got "
                 f"{system!r}"
             )
-        if system is not None and not teacher:
+        if system is not None and not self.teacher_few_shot:
             raise ValueError(
                 "arithmetic: teacher_system_prompt needs teacher_few_shot >= 1 (there is no "
                 "teacher prompt without it)"
             )
-        same = self.demo_same_kind
-        if isinstance(same, bool) or not isinstance(same, int) or not 0 <= same <= 8:
-            raise ValueError(f"arithmetic: demo_same_kind must be an integer 0..8, got {same!r}")
         if not isinstance(self.demo_steps, bool):
             raise ValueError(
                 f"arithmetic: demo_steps must be true or false, got {self.demo_steps!r}"
