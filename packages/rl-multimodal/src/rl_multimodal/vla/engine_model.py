@@ -1,10 +1,7 @@
 """The VLA policy as a training engine's model: the ``vla`` builder of ``rl.models``.
 
-``ModelConfig(path=<VLM dir>, builder="vla", builder_options={...})`` makes the fsdp engine
-build a `VLAPolicy` (`rl_core.engine.models`): the VLM with its action head and value head,
-sharded per layer like any Hugging Face model. ``builder_options`` are the `vla` section's
-policy fields plus the environment's action space (``action_low``, ``action_high``,
-``max_chunk``): `rl_algos.trainer.vla_episodes.vla_policy_options`.
+``ModelConfig(path=<VLM dir>, builder="vla", builder_options=vla_policy_options(cfg))``
+makes the fsdp engine build a `VLAPolicy`, sharded per layer like any Hugging Face model.
 """
 
 from __future__ import annotations
@@ -13,8 +10,7 @@ from typing import Any
 
 import torch
 
-from rl_core.env import ActionSpec
-from rl_multimodal.vla.policy import VLAPolicy, VLAPolicyConfig
+from rl_multimodal.vla.policy import VLAPolicy, split_options
 
 __all__ = ["add_lora_adapters", "build_vla_policy"]
 
@@ -26,30 +22,19 @@ def build_vla_policy(config: Any, seed: int) -> VLAPolicy:
 
     from rl_multimodal.vlm.processor import load_processor
 
-    options = dict(config.builder_options)
-    try:
-        spec = ActionSpec(
-            options.pop("action_low"), options.pop("action_high"), options.pop("max_chunk", 1)
-        )
-    except KeyError as exc:
-        raise ValueError(
-            f"ModelConfig.builder_options: missing {exc}, expected the env's action space"
-        ) from None
+    spec, policy_config = split_options(config.builder_options, "ModelConfig.builder_options")
     model = AutoModelForImageTextToText.from_pretrained(
         config.path, dtype=getattr(torch, config.dtype)
     )
-    policy = VLAPolicy(model, load_processor(config.path), spec, VLAPolicyConfig(**options))
+    policy = VLAPolicy(model, load_processor(config.path), spec, policy_config)
     if getattr(config, "lora", None) is not None:
         add_lora_adapters(policy, config.lora)
     return policy.to(getattr(torch, config.dtype))
 
 
 def add_lora_adapters(policy: VLAPolicy, lora: Any) -> None:
-    """LoRA adapters (PEFT, injected in place) on the policy's language model: its base
-    weights and ``lm_head`` are frozen and only the adapters train there; the action and
-    value heads, the image adapter and (unless ``freeze_vision``) the vision tower train as
-    without LoRA. The adapter names follow PEFT (``<m>.base_layer.weight``,
-    ``<m>.lora_A.default.weight``), which the engine merges on export and weight sync."""
+    """LoRA adapters (PEFT, in place, PEFT's names) on the policy's language model, whose base
+    weights and ``lm_head`` are frozen; the rest trains as without LoRA (package README)."""
     try:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as exc:

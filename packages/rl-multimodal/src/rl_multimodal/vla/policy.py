@@ -1,21 +1,15 @@
 """A VLA policy: a Hugging Face VLM reads the image and the instruction and emits an action.
 
-Heads: ``tokens`` (OpenVLA: ``action_dim`` tokens appended to the prompt, each one of the
-``n_bins`` action tokens of an `ActionTokenizer`; log-probs ``[B, action_dim]``) or
-``gaussian`` (an MLP on the prompt's last hidden state gives a diagonal Gaussian's mean, a
-learned log-std; log-prob of the unclipped sample, ``[B, 1]``; the env gets it clipped). A
-value head reads the same state. Prompts are left-padded (the last token is at -1).
-``image_grid > 0``: an image adapter adds the vision tower's tokens, pooled to a grid and
-centred, to the states the heads read (one term per action dimension for ``tokens``).
-``freeze_vision`` keeps the tower fixed. Why each is there: the package README ("Design
-notes of the policy").
+Heads ``tokens`` (OpenVLA action tokens, log-probs ``[B, action_dim]``) or ``gaussian`` (an
+MLP on the prompt's last hidden state, log-prob of the unclipped sample ``[B, 1]``), a value
+head on the same state, the image adapter (``image_grid > 0``). Prompts are left-padded. What
+each part does and why: the package README ("Design notes of the policy").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rl_algos.config.vla_section import IMAGE_MARKUP
 from rl_algos.errors import InputError
 from rl_core.env import ActionSpec, EnvObservation
 from rl_multimodal.vla.action_tokenizer import ActionTokenizer
@@ -36,7 +31,6 @@ __all__ = [
     "check_policy_fits",
 ]
 
-IMAGE_MARKUP = "<|vision_start|><|image_pad|><|vision_end|>"
 EXPORT_METADATA = "rl_model.json"  # written by `rl export` (rl_algos.export)
 EXPORT_HEADS = "vla_heads.safetensors"
 HEADS = ("tokens", "gaussian")
@@ -70,13 +64,13 @@ class PolicyInputs:
     pixel_values: list[torch.Tensor]  # per row: [patches, dim]
     image_grid_thw: torch.Tensor  # [B, 3]
 
-    def select(self, index: Sequence[int]) -> PolicyInputs:
-        idx = list(index)
+    def to(self, device: Any, pixel_dtype: torch.dtype) -> PolicyInputs:
+        """These inputs on `device`, the pixels in `pixel_dtype` (the vision tower's)."""
         return PolicyInputs(
-            self.input_ids[idx],
-            self.attention_mask[idx],
-            [self.pixel_values[i] for i in idx],
-            self.image_grid_thw[idx],
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            [px.to(device, pixel_dtype) for px in self.pixel_values],
+            self.image_grid_thw.to(device),
         )
 
 
@@ -91,9 +85,8 @@ class PolicyOutput:
 def action_tokenizer_for(
     tokenizer: Any, vocab_size: int, action_spec: ActionSpec, config: Any
 ) -> ActionTokenizer:
-    """The OpenVLA tokenizer of `config` (``n_bins``) over the env's action space, on the
-    last ``n_bins`` non-special ids of the vocabulary; one clear error when the vocabulary
-    has too few such tokens or the action space cannot be binned."""
+    """The OpenVLA tokenizer of ``config.n_bins`` bins over the env's action space, on the last
+    non-special ids; `InputError` when too few exist or the action space cannot be binned."""
     special = set(tokenizer.all_special_ids)
     usable = [i for i in range(min(vocab_size, len(tokenizer))) if i not in special]
     if config.n_bins > len(usable):
@@ -112,9 +105,21 @@ def action_tokenizer_for(
         ) from None
 
 
+def split_options(options: Any, where: str) -> tuple[ActionSpec, VLAPolicyConfig]:
+    """The env's action space and the policy's config from the ``vla`` builder's options
+    (`rl_algos.trainer.vla_episodes.vla_policy_options`); `ValueError` naming `where`."""
+    options = dict(options)
+    try:
+        spec = ActionSpec(
+            options.pop("action_low"), options.pop("action_high"), options.pop("max_chunk", 1)
+        )
+    except KeyError as exc:
+        raise ValueError(f"{where}: missing {exc}, expected the env's action space") from None
+    return spec, VLAPolicyConfig(**options)
+
+
 def check_policy_fits(model_path: str, vla: Any, action_spec: ActionSpec) -> int:
-    """Before any worker builds the policy: the model's vocabulary holds ``vla.n_bins``
-    action tokens and the env's action space can be binned; returns the pad token id."""
+    """`action_tokenizer_for`'s checks before any worker builds the policy; the pad token id."""
     from transformers import AutoConfig
 
     from rl_multimodal.vlm.processor import load_processor
@@ -144,7 +149,6 @@ class VLAPolicy(nn.Module):
         self.action_tokenizer = action_tokenizer_for(self.tokenizer, vocab, action_spec, config)
         self.image_adapter: nn.Linear | None = None
         self._takes_encoder_outputs: bool | None = None  # see _image_kwargs
-        # the adapter's terms: tokens, one per action dimension (module docstring); gaussian, one
         self._bias_terms = action_spec.action_dim if config.head == "tokens" else 1
         if config.image_grid:
             self.image_adapter = nn.Linear(hidden * config.image_grid**2, hidden * self._bias_terms)
@@ -178,9 +182,8 @@ class VLAPolicy(nn.Module):
 
     @classmethod
     def from_exported(cls, path: str) -> VLAPolicy:
-        """The policy `rl export` wrote to `path`: the VLM (a Hugging Face directory), the
-        heads (``vla_heads.safetensors``) and the action tokenizer's settings
-        (``rl_model.json``); it acts as the trained policy did."""
+        """The policy `rl export` wrote to `path` (the VLM, ``vla_heads.safetensors``,
+        ``rl_model.json``); it acts as the trained policy did. `ValueError` on a mismatch."""
         import json
         from pathlib import Path
 
@@ -203,8 +206,8 @@ class VLAPolicy(nn.Module):
             raise ValueError(f"{path}: the model's action token ids differ from the export's")
         return policy
 
-    # ------------------------------------------------------------------------ inputs
     def process(self, obs: EnvObservation) -> PolicyInputs:
+        """Prompts and pixels of `obs` (CPU tensors)."""
         from PIL import Image
 
         texts = [self.config.prompt.format(instruction=t) for t in obs.instructions]
@@ -223,19 +226,15 @@ class VLAPolicy(nn.Module):
         )
 
     def _image_features(self, inputs: PolicyInputs) -> Any:
-        """The vision tower's output for the rows' images (``pooler_output``: per row its
-        image tokens), computed once per forward and shared by the language model's image
-        placeholders and the image adapter."""
+        """The vision tower's output (``pooler_output``: per row its image tokens), once per
+        forward for the language model's image placeholders and the image adapter."""
         return self.model.model.get_image_features(
             torch.cat(inputs.pixel_values), inputs.image_grid_thw
         )
 
     def _positions(self, ids: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor) -> Any:
-        """``[3, B, S]`` multimodal rotary positions (temporal, height, width; text after
-        the image continues from its largest) for models that have them (Qwen2-VL,
-        Qwen2.5-VL), counted from each row's first real token (prompts are left-padded);
-        None for other models. Without them the model would number every token 0..S-1,
-        the image's too, and count the left padding."""
+        """``[3, B, S]`` multimodal rotary positions from each row's first real token for
+        models that have them (Qwen2-VL, Qwen2.5-VL), else None."""
         owner = self.model.model
         if not callable(getattr(owner, "get_rope_index", None)):
             return None
@@ -274,11 +273,8 @@ class VLAPolicy(nn.Module):
         return {"pixel_values": torch.cat(inputs.pixel_values)}
 
     def _image_bias(self, inputs: PolicyInputs, features: Any) -> torch.Tensor | None:
-        """The image adapter's terms added to the hidden states the heads read (None: off).
-
-        ``[B, action_dim, H]`` for the tokens head (term ``d`` for the position predicting
-        dimension ``d``), ``[B, 1, H]`` for the gaussian head.
-        """
+        """The image adapter's terms for the heads' states (None: off): ``[B, action_dim, H]``
+        (tokens: term ``d`` where dimension ``d`` is predicted) or ``[B, 1, H]`` (gaussian)."""
         if self.image_adapter is None:
             return None
         g = self.config.image_grid
@@ -289,7 +285,6 @@ class VLAPolicy(nn.Module):
             f = nn.functional.layer_norm(f.float(), f.shape[-1:])  # the tower's scale is arbitrary
             maps = f.view(int(t), int(h) // merge, int(w) // merge, -1).mean(0).permute(2, 0, 1)
             grid = nn.functional.adaptive_avg_pool2d(maps, (g, g))
-            # minus each channel's mean over the grid: what every frame shares goes (see above)
             pooled.append((grid - grid.mean(dim=(1, 2), keepdim=True)).flatten())
         terms = self.image_adapter(torch.stack(pooled))
         return terms.view(len(pooled), self._bias_terms, -1)
@@ -299,7 +294,6 @@ class VLAPolicy(nn.Module):
         ids = torch.as_tensor(self.action_tokenizer.token_ids, device=logits.device)
         return logits[..., ids]
 
-    # ------------------------------------------------------------ the engine's model
     rl_output_kinds = ("log_probs", "entropy", "values")
 
     @property
@@ -315,28 +309,18 @@ class VLAPolicy(nn.Module):
         self, micro_batch: Any, outputs: tuple[str, ...] = ("log_probs",), temperature: float = 1.0
     ) -> dict[str, torch.Tensor]:
         """The engine's forward (`rl_core.engine.models`): ``[b, R]`` log-probs, entropy and
-        values of the batch's actions. Rows are `steps_to_batch` rows: the prompt, then the
-        ``R`` action tokens (tokens head; gaussian head: one placeholder token, the raw
-        action in ``raw_actions``), each row's frame and instruction in ``multi_modal_inputs``
-        (the pixels are processed here again, exactly as when the action was taken)."""
+        values of the actions of `steps_to_batch` rows (the prompt, then ``R`` action tokens
+        or one placeholder with ``raw_actions``); the rows' frames are processed again."""
         batch = micro_batch.batch
         width = batch["responses"].shape[1]
         ids, mask = batch["input_ids"], batch["attention_mask"]
         rows = micro_batch.non_tensor_batch["multi_modal_inputs"]
-        dtype = self._pixel_dtype()
-        pixels = self.process(  # the frames the actions were taken on, processed again
-            EnvObservation(
-                np.stack([r["image"] for r in rows]),
-                np.zeros((len(rows), 0), np.float32),
-                [r["instruction"] for r in rows],
-            )
-        )
+        images = np.stack([r["image"] for r in rows])
+        no_proprio = np.zeros((len(rows), 0), np.float32)
+        frames = self.process(EnvObservation(images, no_proprio, [r["instruction"] for r in rows]))
         inputs = PolicyInputs(
-            ids[:, :-width],
-            mask[:, :-width],
-            [px.to(ids.device, dtype) for px in pixels.pixel_values],
-            pixels.image_grid_thw.to(ids.device),
-        )
+            ids[:, :-width], mask[:, :-width], frames.pixel_values, frames.image_grid_thw
+        ).to(ids.device, self._pixel_dtype())
         actions = batch["responses"] if self.config.head == "tokens" else batch["raw_actions"]
         log_probs, values, entropy = self.evaluate(inputs, actions, temperature)
         return {  # fresh tensors, not views (FSDP hooks the outputs for backward)
@@ -346,15 +330,13 @@ class VLAPolicy(nn.Module):
         }
 
     def _pixel_dtype(self) -> torch.dtype:
-        """The dtype the vision tower computes in (its patch embedding's, under FSDP's
-        mixed precision the gathered one)."""
+        """The vision tower's compute dtype (under FSDP's mixed precision the gathered one)."""
         for p in self.model.model.visual.parameters():
             return p.dtype if not hasattr(p, "to_local") else p.to_local().dtype
         return torch.float32
 
     def export_metadata(self) -> dict[str, Any]:
-        """What an export writes beside the weights so the policy acts the same elsewhere:
-        the action tokenizer (bounds, bins, token ids), the heads and the prompt."""
+        """What an export writes beside the weights: the action tokenizer, heads and prompt."""
         tok = self.action_tokenizer
         return {
             "kind": "vla_policy",
@@ -374,7 +356,6 @@ class VLAPolicy(nn.Module):
             },
         }
 
-    # --------------------------------------------------------------------- evaluation
     def evaluate(
         self, inputs: PolicyInputs, actions: torch.Tensor, temperature: float = 1.0
     ) -> tuple[torch.Tensor, ...]:
@@ -413,10 +394,8 @@ class VLAPolicy(nn.Module):
 
     @torch.no_grad()
     def act(self, inputs: PolicyInputs, greedy: bool = False) -> PolicyOutput:
-        """Sample (or take the mode of) one action per row; no grad. The vision tower runs
-        once; the tokens head runs the language model once per action dimension and takes
-        each dimension's log-prob (and the value, at the prompt's last position) from those
-        passes: what `evaluate` gives for the same actions, without a pass of its own."""
+        """Sample (or take the mode of) one action per row, with `evaluate`'s log-probs and
+        values; no grad. The tower runs once, the LM once per action dimension (tokens)."""
         device = inputs.input_ids.device  # the model's (`act_on` moves the inputs there)
         low = torch.as_tensor(self.action_spec.low, device=device)
         high = torch.as_tensor(self.action_spec.high, device=device)

@@ -22,7 +22,7 @@ from rl_core.config import check
 from rl_core.env import ActionSpec, EnvObservation
 from rl_core.protocol import DataProto
 from rl_core.rollout import RolloutConfig, RolloutEngine, SequenceGenerator
-from rl_multimodal.vla.policy import PolicyInputs, VLAPolicy, VLAPolicyConfig, check_policy_fits
+from rl_multimodal.vla.policy import VLAPolicy, VLAPolicyConfig, check_policy_fits, split_options
 
 __all__ = ["VLAGeneratorConfig", "VLAPolicyGenerator", "act_on"]
 
@@ -42,11 +42,7 @@ class VLAGeneratorConfig:
               "the env's action space (action_low, action_high)")  # fmt: skip
 
     def split(self) -> tuple[ActionSpec, VLAPolicyConfig]:
-        options = dict(self.policy)
-        spec = ActionSpec(
-            options.pop("action_low"), options.pop("action_high"), options.pop("max_chunk", 1)
-        )
-        return spec, VLAPolicyConfig(**options)
+        return split_options(self.policy, "policy")
 
 
 def act_on(policy: VLAPolicy, batch: DataProto) -> DataProto:
@@ -57,15 +53,9 @@ def act_on(policy: VLAPolicy, batch: DataProto) -> DataProto:
         list(batch.non_tensor_batch["instructions"]),
     )
     with torch.no_grad():
-        inputs = policy.process(obs)  # on the host; the model's device and dtype below
+        inputs = policy.process(obs)
         device, dtype = next(policy.parameters()).device, policy._pixel_dtype()
-        on_device = PolicyInputs(
-            inputs.input_ids.to(device),
-            inputs.attention_mask.to(device),
-            [px.to(device, dtype) for px in inputs.pixel_values],
-            inputs.image_grid_thw.to(device),
-        )
-        out = policy.act(on_device, greedy=bool(batch.meta_info.get("greedy", False)))
+        out = policy.act(inputs.to(device, dtype), greedy=bool(batch.meta_info.get("greedy")))
     tensors = {
         "env_actions": torch.from_numpy(out.env_actions),
         "prompt_ids": inputs.input_ids,
