@@ -1,25 +1,9 @@
 """The ``vla`` section: the policy and episode settings of a vision-language-action run.
 
-A run is a VLA run when its ``env`` names a VLA environment (the ``rl.vla_envs`` entry
-points: ``reach``, ``pusht``, ``metaworld`` from rl-multimodal); `rl train` then runs the
-one trainer loop with VLA episodes as its episode source (`rl_algos.trainer.vla_episodes`)
-on the same sections as an LLM run: ``model.path`` is the VLM, ``actor`` its engine,
-optimizer and PPO loop (``mini_batch_size`` in policy steps), ``rollout`` the engine the
-policy acts through (``rollout.n``: the episodes per start state), ``algorithm`` the
-estimator over whole episodes, KL and reference included, ``trainer`` the run (failover,
-async, checkpoints). This section adds what only a VLA policy has::
-
-    vla:
-      head: tokens        # OpenVLA action tokens (or gaussian: an MLP on the last state)
-      n_bins: 3           # bins per action dimension (tokens head)
-      image_grid: 3       # the image adapter's pooled grid (0: off)
-      freeze_vision: true
-      groups: 8           # start states per step, each played rollout.n times
-      max_steps: 6        # policy steps per episode
-      val_episodes: 32    # held-out seeds val_seed_start .. + val_episodes - 1
-
-``gae`` (PPO with a value head on the policy's trunk, ``vf_coef``) went with the second
-trainer loop (#40); a VLA run takes the outcome estimators.
+A run is a VLA run when its ``env`` names a VLA environment (``rl.vla_envs``); `rl train`
+then runs the one trainer loop with VLA episodes (`rl_algos.trainer.vla_episodes`) on the
+same sections as an LLM run (rl-multimodal's README), plus this one. ``gae`` and
+``vf_coef`` went with the second trainer loop (#40): a VLA run takes the outcome estimators.
 """
 
 from __future__ import annotations

@@ -68,7 +68,21 @@ def _stable(*parts: Any) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-class EnvEpisodeSource:
+class EpisodeIndex:
+    """An episode source's loader state: ``index`` of the next batch (``state_dict`` for
+    exact resume) and ``epoch`` (always 0); shared with `vla_episodes.VLAEpisodeSource`."""
+
+    index: int = 0
+    epoch: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"index": self.index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.index = int(state.get("index", 0))
+
+
+class EnvEpisodeSource(EpisodeIndex):
     """Batches of episodes to play (non-tensor ``env_name``, ``env_task``, ``env_seed``,
     ``data_source``), like a prompt loader: iterate for training, `val_batch` for held-out
     tasks; `state_dict` for exact resume."""
@@ -82,8 +96,6 @@ class EnvEpisodeSource:
         config = TextEnvPoolConfig(**text_env_pool_config(env))
         config.num_workers = 1  # tasks only: one process beside the trainer
         self.pool = TextEnvPool(config)
-        self.index = 0
-        self.epoch = 0
 
     def __iter__(self) -> EnvEpisodeSource:
         return self
@@ -130,12 +142,6 @@ class EnvEpisodeSource:
             return None
         picks = np.repeat(np.arange(len(self.specs)), self.val_episodes)
         return self._rows("val", picks, self.seed)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"index": self.index}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.index = int(state.get("index", 0))
 
     def close(self) -> None:
         self.pool.shutdown()

@@ -1,15 +1,10 @@
 """VLA runs of the trainer: episodes in simulated environments instead of prompts.
 
-Each batch plays ``vla.groups`` start states (seeds) ``rollout.n`` times. The envs run in
-the env worker group of ``rl.vla_env_groups`` (rl-multimodal's: ``rows``, ``reset_async``
-/ ``step_async`` / ``wait``, ``restart``, ``save_frames``), in halves that are pipelined
-with the policy, which acts through the rollout (``generate_sequences`` of the ``vla``
-generator), one call per policy step. One row per policy step: the prompt then the action
-tokens (gaussian head: a placeholder, the action in ``raw_actions``), the frame in
-``multi_modal_inputs``, the step's reward on the last token, ``uid`` (the start state) and
-``episode_index`` / ``episode_step`` (`compute_advantage` estimates over whole episodes).
-A half whose worker dies or hangs past ``env.step_timeout_s`` fails its episodes: dropped
-and counted as in the text env loop (`drop_failed_episodes`); its workers are replaced.
+Each batch plays ``vla.groups`` start states (seeds) ``rollout.n`` times on the env worker
+group of ``rl.vla_env_groups``, in halves pipelined with the policy, which acts through the
+rollout (``generate_sequences`` of the ``vla`` generator) once per policy step. A half whose
+worker dies or hangs past ``env.step_timeout_s`` fails its episodes: dropped and counted as
+in the text env loop (`drop_failed_episodes`); its workers are replaced.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ import numpy as np
 import torch
 
 from rl_algos.errors import InputError
-from rl_algos.trainer.env_episodes import drop_failed_episodes
+from rl_algos.trainer.env_episodes import EpisodeIndex, drop_failed_episodes
 from rl_core.env import ActionSpec, EnvObservation
 from rl_core.protocol import DataProto
 from rl_core.single_controller import WorkerDiedError, WorkerTimeoutError
@@ -137,7 +132,10 @@ class Episodes:
 
 
 def steps_to_batch(ep: Episodes, seeds: np.ndarray, pad_id: int) -> DataProto:
-    """One row per policy step taken (module docstring)."""
+    """One row per policy step: the prompt, then the action tokens (gaussian head: a
+    placeholder, the action in ``raw_actions``) with the step's reward on the last, the frame
+    in ``multi_modal_inputs``, ``uid`` (the start state), ``episode_index`` / ``episode_step``
+    (`compute_advantage` estimates over whole episodes)."""
     width = max(s.out.batch["prompt_ids"].shape[1] for s in ep.steps)
     parts = []
     for s in ep.steps:
@@ -240,14 +238,14 @@ def _finish(envs: Any, ep: Episodes, rows: np.ndarray, h: int, t: int, obs, done
     ep.frames[t + 1][h] = res.observation.images
 
 
-class VLAEpisodeSource:
-    """The VLA episode source of `RLTrainer` (module docstring): ``play`` a training
-    step's episodes, ``validate`` on held-out seeds; ``state_dict`` for exact resume."""
+class VLAEpisodeSource(EpisodeIndex):
+    """The VLA episode source of `RLTrainer`: ``play`` a training step's episodes, ``validate``
+    on held-out seeds."""
 
     def __init__(self, cfg: Any, pad_token_id: int | None) -> None:
         vla_policy_options(cfg)  # env options the env refuses fail here, before any worker
         self.cfg, self.vla, self.pad_id = cfg, cfg.vla, int(pad_token_id or 0)
-        self.val_episodes, self.index, self.epoch, self.envs = cfg.vla.val_episodes, 0, 0, None
+        self.val_episodes, self.envs = cfg.vla.val_episodes, None
 
     def start(self) -> None:
         """The env workers (after Ray started, beside the role groups)."""
@@ -295,12 +293,6 @@ class VLAEpisodeSource:
             out = Path(self.cfg.trainer.output_dir) / "frames"
             self.envs.save_frames(frames, out, f"val_step{step:04d}")
         return {**metrics, "timing/validate_s": time.perf_counter() - start}
-
-    def state_dict(self) -> dict[str, int]:
-        return {"index": self.index}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.index = int(state.get("index", 0))
 
     def close(self) -> None:
         if self.envs is not None:
