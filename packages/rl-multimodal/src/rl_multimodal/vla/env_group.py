@@ -1,21 +1,12 @@
 """Environments as a worker group: `VLAEnvWorker` processes that reset and step batches.
 
-Each `VLAEnvWorker` (a `rl_core.single_controller.Worker`: a Ray actor with CPU resources
-on the ``ray`` backend, an object in this process on the ``local`` one) builds its
-environments by name from the ``rl.vla_envs`` registry and serves batched ``reset`` /
-``step`` over `rl_core.env`. It keeps one `VectorEnv` per *key* (``train``, ``val``), made
-at the first reset with as many environments as seeds.
-
-`EnvGroup` splits a run's environments over its workers: with two or more workers per
-node, in two *halves* (two worker groups), so that one half steps while the policy acts
-for the other (the pipelined halves of `rl_algos.trainer.vla_episodes`, which finds
-`start_env_group` as ``vla`` in ``rl.vla_env_groups``). Calls on a half are non-blocking
-(``reset_async`` / ``step_async``, then ``wait``); every call times out, and `restart`
-replaces a half whose worker died or hung.
-
-What an environment returns is checked: an observation whose images are not uint8
-``[num_envs, H, W, 3]``, or change size within a run, fails the call with one line
-naming the environment, the worker, the shape and what was expected.
+A `VLAEnvWorker` builds its environments by name (``rl.vla_envs``), one `VectorEnv` per key
+(``train``, ``val``) sized at its first reset. `EnvGroup` splits a run's environments over
+the workers, in two halves (worker groups) with two or more workers per node, so that one
+half steps while the policy acts for the other (`rl_algos.trainer.vla_episodes`, which finds
+`start_env_group` as ``vla`` in ``rl.vla_env_groups``). Every call times out; `restart`
+replaces a half whose worker died or hung. Observation images must be uint8
+``[num_envs, H, W, 3]`` of one size per run, else `InputError` naming env and worker.
 """
 
 from __future__ import annotations
@@ -42,24 +33,6 @@ from rl_core.single_controller import (
 __all__ = ["EnvGroup", "VLAEnvWorker", "start_env_group"]
 
 
-def check_observation(
-    obs: Any, num_envs: int, image_hw: tuple[int, int] | None, where: str
-) -> EnvObservation:
-    """`obs` if it is an `EnvObservation` of `num_envs` uint8 ``[H, W, 3]`` images (of
-    size `image_hw` when given), else an `InputError` naming `where`."""
-    images = getattr(obs, "images", None)
-    shape = None if images is None else tuple(np.shape(images))
-    dtype = None if images is None else np.asarray(images).dtype
-    want = (num_envs, *(image_hw or (shape or (0, 0, 0))[1:3]), 3)
-    if not isinstance(obs, EnvObservation) or dtype != np.uint8 or shape != want:
-        hw = "H, W" if image_hw is None else f"{image_hw[0]}, {image_hw[1]}"
-        raise InputError(
-            f"{where}: observation images have shape {shape} dtype {dtype}, expected uint8 "
-            f"[{num_envs}, {hw}, 3] (one RGB image per environment, the same size every step)"
-        )
-    return obs
-
-
 class VLAEnvWorker(Worker):
     """Environments of one worker process (see the module docstring)."""
 
@@ -70,9 +43,6 @@ class VLAEnvWorker(Worker):
         self.envs: dict[str, Any] = {}
         self.image_hw: tuple[int, int] | None = None
 
-    def _where(self) -> str:
-        return f"env {self.name!r} (env worker {self.rank})"
-
     def _env(self, key: str, num_envs: int) -> Any:
         env = self.envs.get(key)
         if env is None or env.num_envs != num_envs:
@@ -82,7 +52,19 @@ class VLAEnvWorker(Worker):
         return env
 
     def _checked(self, obs: Any, n: int) -> EnvObservation:
-        obs = check_observation(obs, n, self.image_hw, self._where())
+        """`obs` if it is an `EnvObservation` of `n` uint8 ``[H, W, 3]`` images of the run's
+        size (the first one's), else an `InputError` naming the env and this worker."""
+        images = getattr(obs, "images", None)
+        shape = None if images is None else tuple(np.shape(images))
+        dtype = None if images is None else np.asarray(images).dtype
+        want = (n, *(self.image_hw or (shape or (0, 0, 0))[1:3]), 3)
+        if not isinstance(obs, EnvObservation) or dtype != np.uint8 or shape != want:
+            hw = "H, W" if self.image_hw is None else "{}, {}".format(*self.image_hw)
+            raise InputError(
+                f"env {self.name!r} (env worker {self.rank}): observation images have shape "
+                f"{shape} dtype {dtype}, expected uint8 [{n}, {hw}, 3] (one RGB image per "
+                "environment, the same size every step)"
+            )
         self.image_hw = tuple(obs.images.shape[1:3])
         return obs
 
@@ -125,10 +107,7 @@ def _merge(results: list[Any]) -> EnvObservation | EnvStep:
 
 
 def _split(n: int, parts: int) -> list[int]:
-    sizes = [n // parts] * parts
-    for i in range(n % parts):
-        sizes[i] += 1
-    return sizes
+    return [len(a) for a in np.array_split(np.arange(n), parts)]
 
 
 class EnvGroup:
@@ -146,9 +125,7 @@ class EnvGroup:
 
     def rows(self, num_envs: int) -> list[np.ndarray]:
         """The env rows of each half for a batch of `num_envs` environments."""
-        sizes = _split(num_envs, len(self.halves))
-        starts = np.cumsum([0, *sizes])
-        return [np.arange(starts[i], starts[i + 1]) for i in range(len(self.halves))]
+        return np.array_split(np.arange(num_envs), len(self.halves))
 
     def _call(self, half: int, method: str, key: str, rows: Any) -> None:
         """`method` of every worker of `half` on its share of `rows` (non-blocking)."""
