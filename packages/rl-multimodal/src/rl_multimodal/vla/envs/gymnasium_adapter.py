@@ -29,16 +29,6 @@ PROPRIO_KEYS = ("agent_pos", "proprio", "state", "observation.state", "robot_sta
 SUCCESS_KEYS = ("is_success", "success")
 
 
-def _require_gymnasium() -> Any:
-    try:
-        import gymnasium
-    except ImportError as exc:  # pragma: no cover - the extra is in the dev env
-        raise ImportError(
-            "the Gymnasium adapter needs gymnasium: install rl-multimodal[vla]"
-        ) from exc
-    return gymnasium
-
-
 def _resize(image: np.ndarray, size: int | None) -> np.ndarray:
     image = np.asarray(image)
     if image.dtype != np.uint8:
@@ -79,7 +69,11 @@ class GymnasiumVectorEnv:
         image_size: int | None = None,
         max_chunk: int = 8,
     ):
-        gymnasium = _require_gymnasium()
+        try:
+            import gymnasium
+        except ImportError as exc:  # pragma: no cover - the extra is in the dev env
+            hint = "the Gymnasium adapter needs gymnasium: install rl-multimodal[vla]"
+            raise ImportError(hint) from exc
         self._vector = isinstance(envs, gymnasium.vector.VectorEnv)
         if self._vector:
             self.envs: list[Any] = []
@@ -117,7 +111,6 @@ class GymnasiumVectorEnv:
         self._success = np.zeros(self.num_envs, dtype=bool)
         self._instructions = [instruction or "" for _ in range(self.num_envs)]
 
-    # ---------------------------------------------------------------- observation parsing
     def _instruction(self, env: Any, info: dict[str, Any], i: int) -> str:
         for key in ("instruction", "task_description"):
             if key in info:
@@ -173,38 +166,30 @@ class GymnasiumVectorEnv:
 
     def _assemble(self, parsed: dict[int, tuple[np.ndarray, ...]]) -> EnvObservation:
         """Per-env observations: `parsed` where given, else the last observation."""
-        images, proprios = [], []
-        for i in range(self.num_envs):
-            if i in parsed:
-                images.append(parsed[i][0])
-                proprios.append(parsed[i][1])
-            else:
-                assert self._last is not None
-                images.append(self._last.images[i])
-                proprios.append(self._last.proprio[i])
+        last = self._last
+        rows = [
+            parsed[i] if i in parsed else (last.images[i], last.proprio[i])  # type: ignore[union-attr]
+            for i in range(self.num_envs)
+        ]
+        images, proprios = zip(*rows, strict=True)
         return EnvObservation(np.stack(images), np.stack(proprios), list(self._instructions))
 
-    # ------------------------------------------------------------------------- contract
     def reset(self, seeds: Sequence[int]) -> EnvObservation:
         seeds = [int(s) for s in seeds]
         if len(seeds) != self.num_envs:
             raise ValueError(f"seeds: {len(seeds)} values, expected {self.num_envs}")
+        self._done[:] = self._terminated[:] = self._truncated[:] = self._success[:] = False
         if self._vector:
             obs, info = self.vec.reset(seed=seeds)
             self._instructions = [self._instruction(None, info, i) for i in range(self.num_envs)]
+            parsed = self._parse_vector(obs, np.ones(self.num_envs, dtype=bool))
         else:
             pairs = [env.reset(seed=s) for env, s in zip(self.envs, seeds, strict=True)]
-            obs = [p[0] for p in pairs]
             self._instructions = [
                 self._instruction(env, p[1], i) for i, (env, p) in enumerate(zip(self.envs, pairs))
             ]
-        self._done[:] = self._terminated[:] = self._truncated[:] = self._success[:] = False
-        every = np.ones(self.num_envs, dtype=bool)
-        if self._vector:
-            parsed = self._parse_vector(obs, every)
-        else:
             parsed = {
-                i: self._parse(o, env.render) for i, (o, env) in enumerate(zip(obs, self.envs))
+                i: self._parse(p[0], e.render) for i, (p, e) in enumerate(zip(pairs, self.envs))
             }
         self._last = self._assemble(parsed)
         return self._last

@@ -1,20 +1,12 @@
 """``reach``: a built-in rendered 2-D reaching task, small enough to learn on a CPU.
 
-The arena is the unit square. The agent (a blue dot) starts at the centre; the target (a
-red dot) is drawn at ``distance`` from it in a direction from the seed. An action is a 2-D
-move in ``[-1, 1]^2``; the agent moves by ``step_size * action`` (clipped to the arena).
-The episode succeeds (and terminates) when the agent is within ``radius`` of the target;
-it is truncated after ``max_steps`` primitive actions. The step reward is 1 on success,
-plus ``progress_reward`` times the decrease of the distance to the target (0 by default).
-
-The default is the sparse reward on purpose: with distance shaping, an episode's return is
-``progress_reward * (d0 - d_end) + success``, and a random walk increases the distance in
-expectation, so in a group of episodes with no success the one that stands still scores
-best and group-normalised advantages teach the policy to stand still (the policy collapsed
-to one action and the greedy success rate fell to 0 with ``progress_reward=1``).
-
-Observations: a ``image_size`` RGB frame (PIL), proprioception = the agent's position,
-the instruction "reach the red dot". Pure numpy + PIL: no gymnasium needed.
+The agent (a blue dot) starts at the centre of the unit square, the target (a red dot)
+``distance`` away in a direction from the seed. An action in ``[-1, 1]^2`` moves the agent
+by ``step_size * action`` (clipped to the square). Within ``radius`` of the target the
+episode succeeds and terminates; it is truncated after ``max_steps`` primitive actions. Step
+reward: 1 on success plus ``progress_reward`` times the distance decrease (0 by default: why,
+the package README). Observations: an ``image_size`` RGB frame, the agent's position as
+proprio, the instruction. Pure numpy + PIL.
 """
 
 from __future__ import annotations

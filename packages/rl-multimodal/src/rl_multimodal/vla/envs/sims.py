@@ -1,16 +1,7 @@
-"""Real simulators from PyPI through the Gymnasium adapter (``rl-multimodal[sim]``).
-
-Both install with their assets and need no download at run time:
-
-* ``pusht``: ``gym-pusht`` (pymunk physics, pygame drawing: renders with no GL). Pixels
-  and the agent position from ``obs_type="pixels_agent_pos"``; the action is the target
-  position of the pusher in ``[0, 512]^2``; success is ``info["is_success"]`` (coverage of
-  the T's goal > 95%).
-* ``metaworld``: MetaWorld 3.1.1 (MuJoCo 3.3.0) single-task ``Meta-World/MT1`` envs with
-  ``render_mode="rgb_array"``. Rendering is headless through ``MUJOCO_GL`` (``egl`` by
-  default here; ``osmesa`` with Debian's ``libosmesa6``). The model's shadow map and
-  offscreen multisampling are switched off before the first render (10x faster on CPU).
-  Success is ``info["success"]``.
+"""Real simulators from PyPI through the Gymnasium adapter (``rl-multimodal[sim]``), assets
+included: ``pusht`` (``gym-pusht``: pymunk, pygame drawing, no GL) and ``metaworld``
+(MetaWorld 3.1.1 ``Meta-World/MT1``, headless through ``MUJOCO_GL``, ``egl`` by default).
+What they observe, act and count as success: the package README ("Simulators").
 """
 
 from __future__ import annotations
@@ -49,9 +40,7 @@ def make_pusht(
 
 
 def _seeded_task_reset(env: Any) -> Any:
-    """MetaWorld draws the episode's task from the env's generator *before* ``reset`` seeds
-    it, so equal seeds gave different goals; seed that generator first (GRPO groups need
-    ``reset(seed)`` to start the same episode)."""
+    """`env` whose ``reset(seed)`` seeds MetaWorld's task choice too (equal seeds, equal goals)."""
     import gymnasium
 
     class SeededTaskReset(gymnasium.Wrapper):
@@ -61,12 +50,6 @@ def _seeded_task_reset(env: Any) -> Any:
             return self.env.reset(seed=seed, options=options)
 
     return SeededTaskReset(env)
-
-
-def _fast_render(env: Any) -> None:
-    model = env.unwrapped.model
-    model.vis.quality.shadowsize = 0
-    model.vis.quality.offsamples = 0
 
 
 def make_metaworld(
@@ -80,9 +63,7 @@ def make_metaworld(
     benchmark_seed: int = 0,
 ) -> GymnasiumVectorEnv:
     """`num_envs` MetaWorld `task` envs rendering `camera_name` at `image_size` pixels."""
-    os.environ.setdefault("MUJOCO_GL", mujoco_gl or "egl")
-    if mujoco_gl:
-        os.environ["MUJOCO_GL"] = mujoco_gl
+    os.environ["MUJOCO_GL"] = mujoco_gl or os.environ.get("MUJOCO_GL", "egl")
     import gymnasium
     import metaworld  # noqa: F401 - registers Meta-World/*
 
@@ -98,7 +79,8 @@ def make_metaworld(
             max_episode_steps=max_episode_steps,
             seed=benchmark_seed,  # the same task list in every env
         )
-        _fast_render(env)
+        quality = env.unwrapped.model.vis.quality  # no shadows, no multisampling: 10x faster
+        quality.shadowsize = quality.offsamples = 0
         envs.append(_seeded_task_reset(env))
     instruction = task.removesuffix("-v3").replace("-", " ")
     return GymnasiumVectorEnv(envs, instruction=instruction, max_chunk=max_chunk)
