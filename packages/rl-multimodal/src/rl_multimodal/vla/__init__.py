@@ -1,11 +1,5 @@
-"""VLA reinforcement learning: environments, action tokenizer, policy, its rollout.
-
-The environment contract is `rl_core.env`; `rl train` runs VLA configs (an ``env`` naming
-a VLA environment) through the one trainer loop of rl-algos, whose VLA episode source
-steps the environments in a worker group of their own (`rl_multimodal.vla.env_group`) and
-asks the rollout for actions (`VLAPolicyGenerator`, the ``vla`` sequence generator). See
-the package README for plugging in a Gymnasium environment.
-"""
+"""VLA reinforcement learning: environments (`rl_core.env`), action tokenizer, policy, and
+the policy on a rollout engine (`VLAPolicyGenerator`) for rl-algos' one trainer loop."""
 
 from rl_multimodal.vla.action_tokenizer import ActionTokenizer
 from rl_multimodal.vla.policy import VLAPolicy, VLAPolicyConfig

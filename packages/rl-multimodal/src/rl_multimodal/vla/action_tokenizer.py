@@ -1,10 +1,7 @@
-"""Continuous actions <-> language-model tokens, the OpenVLA way.
-
-Each action dimension ``d`` is cut into ``n_bins`` equal-width bins over ``[low[d], high[d]]``;
-bin ``k`` is written as token ``token_ids[k]`` (by default the ``n_bins`` *last* ids of the
-vocabulary, the least used ones in byte-level BPE vocabularies, as OpenVLA does). Decoding
-returns the bin centre, so ``encode(decode(ids)) == ids`` exactly and ``decode(encode(a))``
-is within half a bin of ``clip(a, low, high)``.
+"""Continuous actions <-> language-model tokens, the OpenVLA way: per dimension ``n_bins``
+equal-width bins over ``[low, high]``, bin ``k`` written as ``token_ids[k]`` (by default the
+last ids of the vocabulary, as OpenVLA). Decoding gives the bin centre, so
+``encode(decode(ids)) == ids`` and ``decode(encode(a))`` is within half a bin of the clipped ``a``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The VLA policy on a rollout engine: the ``vla`` sequence generator (``rl.sequence_generators``).
 
-In each actor worker (colocated) the engine of ``rollout.backend`` (``hf``) holds the VLM in
-``rollout.dtype``; `VLAPolicyGenerator` puts the policy's heads on that model and acts: one
-call of ``generate_sequences`` per policy step (`rl_algos.trainer.vla_episodes`). Weights
-come by the LLM path (the worker's ``sync_weights`` -> `update_weights`). Rows in:
-``images``, ``proprio``, non-tensor ``instructions``, ``meta_info["greedy"]``; rows out:
-``env_actions``, ``prompt_ids`` / ``prompt_mask`` (left-padded), ``log_probs``, ``values``,
-``action_tokens`` (tokens head) or ``raw_actions`` (gaussian); never the frames.
+`VLAPolicyGenerator` puts the policy's heads on the VLM of the actor's colocated ``hf``
+engine (in ``rollout.dtype``) and acts, one ``generate_sequences`` per policy step; weights
+come by the LLM path (`update_weights`). Rows in: ``images``, ``proprio``, non-tensor
+``instructions``, ``meta_info["greedy"]``; out: ``env_actions``, left-padded ``prompt_ids`` /
+``prompt_mask``, ``log_probs``, ``values``, ``action_tokens`` or ``raw_actions`` (gaussian).
 """
 
 from __future__ import annotations

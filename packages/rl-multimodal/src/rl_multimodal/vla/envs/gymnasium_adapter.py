@@ -166,11 +166,8 @@ class GymnasiumVectorEnv:
 
     def _assemble(self, parsed: dict[int, tuple[np.ndarray, ...]]) -> EnvObservation:
         """Per-env observations: `parsed` where given, else the last observation."""
-        last = self._last
-        rows = [
-            parsed[i] if i in parsed else (last.images[i], last.proprio[i])  # type: ignore[union-attr]
-            for i in range(self.num_envs)
-        ]
+        last = self._last  # None only at the first reset, where `parsed` has every env
+        rows = [parsed.get(i) or (last.images[i], last.proprio[i]) for i in range(self.num_envs)]
         images, proprios = zip(*rows, strict=True)
         return EnvObservation(np.stack(images), np.stack(proprios), list(self._instructions))
 
