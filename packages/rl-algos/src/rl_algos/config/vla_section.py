@@ -67,10 +67,6 @@ class VLAConfig:
         check("{instruction}" in self.prompt and IMAGE_MARKUP in self.prompt, "prompt",
               self.prompt, f"a text with {{instruction}} and the image markup {IMAGE_MARKUP}")  # fmt: skip
 
-    @property
-    def val_seeds(self) -> list[int]:
-        return list(range(self.val_seed_start, self.val_seed_start + self.val_episodes))
-
 
 def is_vla_run(cfg: object) -> bool:
     """Whether `cfg` (an `RLConfig`) names VLA environments (``rl.vla_envs``)."""

@@ -178,14 +178,11 @@ def start_env_group(env: Any, nnodes: int, backend: str, timeout_s: float) -> En
         return EnvGroup(groups, timeout_s)
     from rl_core.single_controller.ray import RayWorkerGroup
 
+    cpus = env.cpus_per_worker or 1.0
     halves = []
     try:
         for i, size in enumerate(sizes):
-            pool = ResourcePool(
-                [size] * nnodes,
-                cpus_per_process=env.cpus_per_worker or 1.0,
-                accelerators_per_process=0,
-            )
+            pool = ResourcePool([size] * nnodes, cpus_per_process=cpus, accelerators_per_process=0)
             halves.append(
                 RayWorkerGroup(pool, spec, name_prefix=f"env{i}", call_timeout_s=timeout_s)
             )

@@ -376,21 +376,21 @@ class VLAPolicy(nn.Module):
             log_probs = logp_all.gather(-1, bins.unsqueeze(-1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         else:
-            state = self._state(inputs, features, bias)
-            dist = self._gaussian(state)
+            state, dist = self._gaussian(inputs, features, bias)
             log_probs = dist.log_prob(actions.float()).sum(-1, keepdim=True)
             entropy = dist.entropy().sum(-1, keepdim=True)
         values = self.value_head(state.float()).squeeze(-1)
         return log_probs, values, entropy
 
-    def _state(self, inputs: PolicyInputs, features: Any, bias: Any) -> torch.Tensor:
-        """``[B, H]``: the prompt's last hidden state (+ the image adapter's term)."""
+    def _gaussian(
+        self, inputs: PolicyInputs, features: Any, bias: Any
+    ) -> tuple[torch.Tensor, torch.distributions.Normal]:
+        """The prompt's last hidden state ``[B, H]`` (+ the image adapter's term) and the
+        gaussian head's action distribution on it."""
         state = self._hidden(inputs, None, features)[:, -1]
-        return state if bias is None else state + bias[:, 0]
-
-    def _gaussian(self, state: torch.Tensor) -> torch.distributions.Normal:
+        state = state if bias is None else state + bias[:, 0]
         mean = self.mean_head(state.float())
-        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+        return state, torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
 
     @torch.no_grad()
     def act(self, inputs: PolicyInputs, greedy: bool = False) -> PolicyOutput:
@@ -417,8 +417,7 @@ class VLAPolicy(nn.Module):
                 chosen = torch.cat([chosen, ids[k].unsqueeze(1)], dim=1)
             env_actions = self.action_tokenizer.decode(chosen)
             return PolicyOutput(env_actions, chosen, torch.cat(log_probs, -1), values)
-        state = self._state(inputs, features, bias)
-        dist = self._gaussian(state)
+        state, dist = self._gaussian(inputs, features, bias)
         raw = dist.mean if greedy else dist.sample()
         env_actions = torch.maximum(torch.minimum(raw, high), low).cpu().numpy().astype(np.float32)
         values = self.value_head(state.float()).squeeze(-1)
