@@ -64,18 +64,14 @@ class ActionTokenizer:
         k = np.arange(self.n_bins, dtype=np.float64)
         return self.low[:, None] + (k[None, :] + 0.5) * self.width[:, None]
 
-    def _check_actions(self, actions: np.ndarray) -> np.ndarray:
+    def bins(self, actions: np.ndarray) -> np.ndarray:
+        """Bin indices (int64, same shape): values outside [low, high] are clipped first."""
         arr = np.asarray(actions, dtype=np.float64)
         if arr.shape[-1:] != (self.action_dim,):
             raise ValueError(f"actions: shape {arr.shape}, expected [..., {self.action_dim}]")
         if not np.all(np.isfinite(arr)):
             raise ValueError("actions: contains NaN or infinite values")
-        return arr
-
-    def bins(self, actions: np.ndarray) -> np.ndarray:
-        """Bin indices (int64, same shape): values outside [low, high] are clipped first."""
-        arr = np.clip(self._check_actions(actions), self.low, self.high)
-        k = np.floor((arr - self.low) / self.width).astype(np.int64)
+        k = np.floor((np.clip(arr, self.low, self.high) - self.low) / self.width).astype(np.int64)
         return np.clip(k, 0, self.n_bins - 1)  # high itself falls in the last bin
 
     def encode(self, actions: np.ndarray) -> np.ndarray:

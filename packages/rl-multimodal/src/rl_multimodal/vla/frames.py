@@ -1,4 +1,4 @@
-"""Rollout frames as files people look at: a PNG strip (rows: episodes, columns: steps) and a GIF."""
+"""Rollout frames as files to look at: a PNG strip (rows: episodes, columns: steps) and a GIF."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def frame_strip(frames: Sequence[np.ndarray], max_envs: int = 8) -> np.ndarray:
 def save_frames(
     frames: Sequence[np.ndarray], directory: str | Path, name: str, max_envs: int = 8
 ) -> dict[str, Path]:
-    """Write ``<name>.png`` (the strip) and ``<name>.gif`` (episodes side by side) to `directory`."""
+    """Write `directory`/``<name>.png`` (the strip) and ``<name>.gif`` (episodes side by side)."""
     from PIL import Image
 
     directory = Path(directory)

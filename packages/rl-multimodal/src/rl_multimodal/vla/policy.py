@@ -45,8 +45,7 @@ class VLAPolicyConfig:
     image_grid: int = 0  # > 0: the image adapter over a pooled image_grid^2 grid (see above)
     freeze_vision: bool = False  # keep the vision tower's weights fixed (no grad)
     freeze_language_model: bool = False  # keep the LM and its head fixed (train the heads)
-    # the image last: the state the heads read is the token right after the image
-    prompt: str = "{instruction}:" + IMAGE_MARKUP
+    prompt: str = "{instruction}:" + IMAGE_MARKUP  # image last: the heads read the token after it
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:

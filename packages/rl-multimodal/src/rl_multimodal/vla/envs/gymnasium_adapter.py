@@ -1,20 +1,16 @@
 """Any ``gymnasium.Env`` (or a list of them) or ``gymnasium.vector.VectorEnv`` as a `VectorEnv`.
 
-`GymnasiumVectorEnv` reads, per environment:
-
-* the RGB image: ``obs[key]`` for the first of `IMAGE_KEYS` present in a dict observation,
-  otherwise ``env.render()`` (make the env with ``render_mode="rgb_array"``);
-* proprioception: ``obs[key]`` for the first of `PROPRIO_KEYS` in a dict observation, the
-  flattened observation when it is a plain array, else nothing (``P = 0``);
-* the instruction: ``info["instruction"]`` or ``info["task_description"]`` from ``reset``,
-  an ``instruction`` attribute of the (unwrapped) env, else the adapter's ``instruction``;
-* success: ``info["is_success"]`` or ``info["success"]`` (sticky within an episode).
-
-Images are resized to ``image_size`` (square, PIL bilinear) when it is given.
+Per environment: the RGB image is ``obs[key]`` for the first of `IMAGE_KEYS` in a dict
+observation, else ``env.render()`` (``render_mode="rgb_array"``), resized to ``image_size``
+(square, bilinear) when given; proprio ``obs[key]`` for the first of `PROPRIO_KEYS`, a plain
+array observation flattened, else none (``P = 0``); the instruction ``info["instruction"]``
+or ``info["task_description"]`` at reset, the unwrapped env's ``instruction``, else the
+adapter's; success ``info["is_success"]`` or ``info["success"]``, sticky in an episode.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -116,13 +112,12 @@ class GymnasiumVectorEnv:
             if key in info:
                 value = info[key]
                 return str(value[i] if self._vector else value)
-        target = getattr(env, "unwrapped", env) if env is not None else None
-        text = getattr(target, "instruction", None) if target is not None else None
+        text = getattr(getattr(env, "unwrapped", env), "instruction", None)  # env may be None
         if text:
             return str(text)
         if self.default_instruction:
             return self.default_instruction
-        spec = getattr(env, "spec", None) if env is not None else None
+        spec = getattr(env, "spec", None)
         return f"solve {spec.id}" if spec is not None else "solve the task"
 
     def _parse(self, obs: Any, frame: Callable[[], Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -151,12 +146,10 @@ class GymnasiumVectorEnv:
         return np.asarray(obs)[i]
 
     def _parse_vector(self, obs: Any, which: np.ndarray) -> dict[int, tuple[np.ndarray, ...]]:
-        frames: Any = None
+        render = functools.cache(self.vec.render)  # one render for every env, when needed
 
         def frame(i: int) -> Any:
-            nonlocal frames
-            if frames is None:
-                frames = self.vec.render()
+            frames = render()
             return None if frames is None else frames[i]
 
         return {
