@@ -27,11 +27,8 @@ from rl_core.single_controller import WorkerDiedError, WorkerTimeoutError
 
 __all__ = ["Episodes", "VLAEpisodeSource", "build_env", "play_episodes", "vla_policy_options"]
 
-POLICY_FIELDS = (
-    "head", "n_bins", "image_grid", "freeze_vision", "freeze_language_model", "hidden_mlp",
-    "init_log_std", "prompt",
-)  # fmt: skip
-ENV_FAILURES = (WorkerDiedError, WorkerTimeoutError)
+POLICY_FIELDS = ("head", "n_bins", "image_grid", "freeze_vision", "freeze_language_model",
+                 "hidden_mlp", "init_log_std", "prompt")  # fmt: skip
 
 
 def build_env(name: str, options: dict[str, Any], num_envs: int) -> Any:
@@ -46,9 +43,8 @@ def build_env(name: str, options: dict[str, Any], num_envs: int) -> Any:
     spec = getattr(env, "action_spec", None)
     if not isinstance(spec, ActionSpec):
         raise InputError(
-            f"env {name!r}: action_spec is {type(spec).__name__}, expected an "
-            "rl_core.env.ActionSpec (finite low < high per dimension: what the action "
-            "tokenizer bins)"
+            f"env {name!r}: action_spec is {type(spec).__name__}, expected an rl_core.env."
+            "ActionSpec (finite low < high per dimension: what the action tokenizer bins)"
         )
     return env
 
@@ -219,7 +215,7 @@ def _finish(envs: Any, ep: Episodes, rows: np.ndarray, h: int, t: int, obs, done
     te = time.perf_counter()
     try:
         res = envs.wait(h)
-    except ENV_FAILURES as exc:
+    except (WorkerDiedError, WorkerTimeoutError) as exc:
         for r in rows[~done[rows]]:
             ep.errors[r] = f"{type(exc).__name__}: {exc}"
         done[rows] = True

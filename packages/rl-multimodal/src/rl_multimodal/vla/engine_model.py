@@ -23,13 +23,12 @@ def build_vla_policy(config: Any, seed: int) -> VLAPolicy:
     from rl_multimodal.vlm.processor import load_processor
 
     spec, policy_config = split_options(config.builder_options, "ModelConfig.builder_options")
-    model = AutoModelForImageTextToText.from_pretrained(
-        config.path, dtype=getattr(torch, config.dtype)
-    )
+    dtype = getattr(torch, config.dtype)
+    model = AutoModelForImageTextToText.from_pretrained(config.path, dtype=dtype)
     policy = VLAPolicy(model, load_processor(config.path), spec, policy_config)
     if getattr(config, "lora", None) is not None:
         add_lora_adapters(policy, config.lora)
-    return policy.to(getattr(torch, config.dtype))
+    return policy.to(dtype)
 
 
 def add_lora_adapters(policy: VLAPolicy, lora: Any) -> None:

@@ -163,14 +163,12 @@ class EnvGroup:
 
 
 def start_env_group(env: Any, nnodes: int, backend: str, timeout_s: float) -> EnvGroup:
-    """The env workers of the config's `env` section: ``env.num_workers`` per node on
-    ``nnodes`` nodes (Ray actors reserving ``env.cpus_per_worker`` CPUs each), in two
-    halves when there are two or more per node; on ``local``, one in-process worker per
-    half."""
+    """``env.num_workers`` env workers per node (Ray actors of ``env.cpus_per_worker`` CPUs),
+    in two halves when there are two or more; on ``local``, one in-process worker per half."""
     spec = ClassWithInitArgs(VLAEnvWorker, env.name, dict(env.options))
     first = env.num_workers // 2
     sizes = [first, env.num_workers - first] if first else [env.num_workers]
-    if backend == "local":  # one in-process worker per half: the same loop, no processes
+    if backend == "local":
         groups = [
             LocalWorkerGroup(ResourcePool([1]), spec, name_prefix=f"env{i}")
             for i in range(len(sizes))

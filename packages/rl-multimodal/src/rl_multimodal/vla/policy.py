@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -183,9 +185,6 @@ class VLAPolicy(nn.Module):
     def from_exported(cls, path: str) -> VLAPolicy:
         """The policy `rl export` wrote to `path` (the VLM, ``vla_heads.safetensors``,
         ``rl_model.json``); it acts as the trained policy did. `ValueError` on a mismatch."""
-        import json
-        from pathlib import Path
-
         from safetensors.torch import load_file
 
         meta = json.loads((Path(path) / EXPORT_METADATA).read_text())
@@ -216,13 +215,8 @@ class VLAPolicy(nn.Module):
         pad = {} if isinstance(self.processor, ImageTextProcessor) else {"padding": True}
         out = self.processor(text=texts, images=images, return_tensors="pt", **pad)
         grid = out["image_grid_thw"]
-        sizes = grid.prod(-1).tolist()
-        return PolicyInputs(
-            out["input_ids"],
-            out["attention_mask"],
-            list(torch.split(out["pixel_values"], sizes)),
-            grid,
-        )
+        pixels = list(torch.split(out["pixel_values"], grid.prod(-1).tolist()))  # per row
+        return PolicyInputs(out["input_ids"], out["attention_mask"], pixels, grid)
 
     def _image_features(self, inputs: PolicyInputs) -> Any:
         """The vision tower's output (``pooler_output``: per row its image tokens), once per
