@@ -191,9 +191,17 @@ def test_a_teacher_with_another_vocabulary_stops_the_run_before_any_worker(make_
     tokenizer.save_pretrained(teacher)
     cfg = make_config("grpo", [f"distill.teacher_path={teacher}", "trainer.backend=local",
                               "trainer.num_workers=1"])  # fmt: skip
-    with pytest.raises(ConfigError, match=r"^distill\.teacher_path: .*cross-tokenizer") as err:
+    with pytest.raises(ConfigError, match=r"^distill\.teacher_path: .*distill\.token_map") as err:
         RLTrainer(cfg)
     assert "\n" not in str(err.value)
+    # with a token map the teacher is accepted: its superset vocabulary keeps the policy's ids
+    trainer = RLTrainer(make_config("grpo", [f"distill.teacher_path={teacher}",
+                                             "distill.token_map=by_text", "trainer.backend=local",
+                                             "trainer.num_workers=1"]))  # fmt: skip
+    try:
+        assert trainer.teacher_token_ids == list(range(len(trainer.tokenizer.get_vocab())))
+    finally:
+        trainer.close()
 
 
 def _say_rows(second_prompt_key: str) -> list[dict[str, Any]]:
@@ -341,3 +349,58 @@ def test_guided_samples_are_generated_after_the_guide_and_trained_after_the_own_
         want = logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
         got = batch.batch["old_log_probs"][i, :length].double()
         assert torch.allclose(got, want, atol=2e-4), (i, got, want)
+
+
+def _permuted_teacher(student_dir: str, out: Path) -> Path:
+    """The student under other token ids: its BPE vocabulary's ids reversed (the added
+    special tokens kept), the embedding and output rows moved with them."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(student_dir, out)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    fixed = {token["id"] for token in spec["added_tokens"]}
+    movable = sorted(set(spec["model"]["vocab"].values()) - fixed)
+    new_id = dict(zip(movable, reversed(movable), strict=True))
+    spec["model"]["vocab"] = {t: new_id.get(i, i) for t, i in spec["model"]["vocab"].items()}
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    weights = load_file(out / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows = torch.tensor([new_id.get(i, i) for i in range(len(weights[name]))])
+        moved = torch.empty_like(weights[name])
+        moved[rows] = weights[name]
+        weights[name] = moved
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_a_token_map_lets_a_teacher_with_other_ids_score_the_students_tokens(make_config, tmp_path):
+    """`distill.token_map: by_text`: a teacher that is the student itself under reordered
+    token ids gives every sampled token the student's own log-prob."""
+    from rl_algos.distill import TEACHER_LOG_PROB
+    from rl_algos.trainer.loop import RLTrainer
+    from rl_algos.trainer.model_source import resolve_model_path
+
+    student = resolve_model_path("tiny-random:qwen2")
+    teacher = _permuted_teacher(student, tmp_path / "teacher")
+    cfg = make_config("grpo", [f"distill.teacher_path={teacher}", "distill.token_map=by_text",
+                              "reward.rule_based=false", "trainer.backend=local",
+                              "trainer.num_workers=1", "trainer.total_steps=1",
+                              "trainer.save_every=0"], output_dir=tmp_path / "run")  # fmt: skip
+    trainer = RLTrainer(cfg)
+    scored = []
+    teacher_log_probs = trainer._teacher_log_probs
+    trainer._teacher_log_probs = lambda b: scored.append((b, teacher_log_probs(b))) or scored[-1][1]
+    try:
+        assert trainer.teacher_token_ids[4:] == list(range(99, 3, -1))
+        trainer.fit()
+        batch, out = scored[0]
+        student_log_probs = trainer.groups.actor.compute_ref_log_prob(batch)
+    finally:
+        trainer.close()
+    mask = batch.batch["response_mask"].bool()
+    theirs, mine = out.batch[TEACHER_LOG_PROB][mask], student_log_probs.batch["ref_log_prob"][mask]
+    assert mask.sum() > 10 and theirs.mean() < -1.0
+    torch.testing.assert_close(theirs, mine, rtol=0, atol=1e-5)

@@ -186,8 +186,35 @@ def test_a_teacher_with_another_vocabulary_is_refused_in_one_line():
             check_same_vocabulary(policy, teacher, "distill.teacher_path", "distillation teacher")
         message = str(err.value)
         assert message.startswith("distill.teacher_path: invalid value")
-        assert detail in message and "cross-tokenizer distillation is not supported" in message
+        assert detail in message
         assert "\n" not in message
         # both tokenizers named: model.path's (the policy's) and the teacher's
         assert f"model.path's tokenizer ({type(policy).__name__} " in message
         assert f"its tokenizer differs ({type(teacher).__name__} " in message
+
+
+def test_a_token_map_by_text_gives_the_teachers_id_of_each_policy_token():
+    from rl_algos.errors import ConfigError
+    from rl_algos.trainer.batch_ops import with_token_ids
+    from rl_algos.trainer.preflight import teacher_token_ids
+    from rl_core.protocol import DataProto
+
+    policy = _tokenizer(["<unk>", "<s>", "</s>", "a", "b", "c"])
+    teacher = _tokenizer(["<unk>", "<s>", "</s>", "c", "a", "b", "d"])  # reordered, one more
+    with pytest.raises(ConfigError, match=r"; or distill\.token_map: by_text\)$"):
+        teacher_token_ids(policy, teacher, None)  # no map: refused, the key named
+    table = teacher_token_ids(policy, teacher, "by_text")
+    assert table == [0, 1, 2, 4, 5, 3]  # a -> 4, b -> 5, c -> 3 by hand
+    ids = torch.tensor([[1, 3, 4, 5, 2]])
+    batch = DataProto.from_dict(
+        {"input_ids": ids, "responses": ids[:, 3:], "attention_mask": ids > 0}
+    )
+    mapped = with_token_ids(batch, table, ("input_ids", "responses"))
+    assert mapped.batch["input_ids"].tolist() == [[1, 4, 5, 3, 2]]
+    assert mapped.batch["responses"].tolist() == [[3, 2]]
+    assert torch.equal(mapped.batch["attention_mask"], ids > 0)
+    assert batch.batch["input_ids"].tolist() == [[1, 3, 4, 5, 2]]  # the student's batch kept
+    with pytest.raises(
+        ConfigError, match=r"^distill\.token_map: invalid value 'by_text'.*1 are not \(e\.g\. 'c'\)"
+    ):
+        teacher_token_ids(policy, _tokenizer(["<unk>", "<s>", "</s>", "a", "b"]), "by_text")

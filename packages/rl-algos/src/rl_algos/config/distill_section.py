@@ -19,14 +19,9 @@ own tokens, is trained one of two ways:
 
 Alone (``reward.rule_based: false`` and no reward model or judge: every task reward is 0)
 or mixed with a task reward (the estimator's advantage plus the distillation term).
-TRL's GKD (``lmbda``, ``beta``) mixes teacher-generated data and interpolates a full
-vocabulary JSD; here the data is always on-policy (GKD's ``lmbda=1``) and the divergence is
-the sampled-token reverse KL (GKD's ``beta=1``), which needs only the teacher's log-prob of
-each sampled token, not its whole distribution.
-
-    distill:
-      teacher_path: Qwen/Qwen2.5-7B-Instruct
-      coef: 1.0
+Unlike TRL's GKD (``lmbda``, ``beta``), the data is always on-policy (``lmbda=1``) and the
+divergence is the sampled-token reverse KL (``beta=1``): the teacher's log-prob of each
+sampled token suffices. A teacher with another tokenizer needs ``token_map``.
 
 Context distillation (``teacher_prompt_key``): the teacher reads each sample's response
 after a prompt of its own, a column of the training rows (e.g. the same problem after
@@ -54,7 +49,8 @@ class DistillConfig:
 
     teacher_path: str | None = None
     """The teacher model (any reference `model.path` takes; a different architecture and
-    size are fine, the vocabulary must be the policy's); null: no distillation."""
+    size are fine, the vocabulary must be the policy's or `token_map` set); null: no
+    distillation."""
     teacher_engine: str = "fsdp"
     """The inference-only engine that runs the teacher (with the actor's micro-batching)."""
     placement: Literal["split", "colocated"] = "split"
@@ -80,6 +76,9 @@ class DistillConfig:
     teacher_prompt_key: str | None = None
     """A prompt column of the training rows that the teacher reads instead of the
     student's prompt (context distillation, module docstring); null: the student's."""
+    token_map: Literal["by_text"] | None = None
+    """A teacher with another tokenizer: `by_text` gives each policy token the teacher's id
+    of the same token text (every policy token must be in its vocabulary); null: refused."""
 
     def __post_init__(self) -> None:
         check(

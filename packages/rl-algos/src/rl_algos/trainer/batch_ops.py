@@ -24,6 +24,7 @@ __all__ = [
     "trim_padding",
     "unguide_prompts",
     "with_prompts",
+    "with_token_ids",
 ]
 
 
@@ -170,6 +171,14 @@ def with_prompts(batch: DataProto, key: str, pad_token_id: int) -> DataProto:
     tensors["responses"] = batch.batch["responses"]
     tensors["response_mask"] = batch.batch["response_mask"]
     return DataProto.from_dict(tensors=tensors, meta_info=dict(batch.meta_info))
+
+
+def with_token_ids(batch: DataProto, table: Sequence[int], keys: Sequence[str]) -> DataProto:
+    """A copy of `batch` whose tensors `keys` (token ids) are replaced by ``table[ids]``."""
+    tensors = dict(batch.batch.items())
+    for key in keys:
+        tensors[key] = torch.as_tensor(table, device=tensors[key].device)[tensors[key]]
+    return DataProto.from_dict(tensors, dict(batch.non_tensor_batch), dict(batch.meta_info))
 
 
 # what a rollout computed after its prompt: meaningless once the prompt is another

@@ -54,6 +54,7 @@ from rl_algos.trainer.batch_ops import (
     trim_padding,
     unguide_prompts,
     with_prompts,
+    with_token_ids,
 )
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state, save_step
 from rl_algos.trainer.failover import FailoverPolicy, lost_worker
@@ -138,7 +139,7 @@ class RLTrainer(ValidationRuns):
         from transformers import AutoTokenizer
 
         from rl_algos.trainer.model_source import resolve_model_path
-        from rl_algos.trainer.preflight import check_same_tokenizer, check_same_vocabulary
+        from rl_algos.trainer.preflight import check_same_tokenizer, teacher_token_ids
 
         self.config = cfg = config
         # where start-up time goes (seconds per phase; the GRPO step benchmark prints it)
@@ -171,9 +172,11 @@ class RLTrainer(ValidationRuns):
                 check_same_tokenizer(
                     self.tokenizer, AutoTokenizer.from_pretrained(cfg.reward.model_path)
                 )
+            self.teacher_token_ids = None  # distill.token_map: the teacher reads its own ids
             if cfg.distill.enabled:
                 teacher = AutoTokenizer.from_pretrained(cfg.distill.teacher_path)
-                check_same_vocabulary(self.tokenizer, teacher, "distill.teacher_path", "teacher")
+                token_map = cfg.distill.token_map
+                self.teacher_token_ids = teacher_token_ids(self.tokenizer, teacher, token_map)
 
         self.env_source = None
         if cfg.env is not None and cfg.data.curriculum.enabled:
@@ -459,6 +462,8 @@ class RLTrainer(ValidationRuns):
         key = self.config.distill.teacher_prompt_key
         if key is not None:
             batch = with_prompts(batch, f"{key}_ids", self.train_set.pad_token_id)
+        if self.teacher_token_ids is not None:
+            batch = with_token_ids(batch, self.teacher_token_ids, ("input_ids", "responses"))
         return self.groups.teacher.compute_teacher_log_prob(batch)
 
     def train_step(self) -> dict[str, float]:

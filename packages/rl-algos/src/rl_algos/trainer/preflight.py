@@ -59,7 +59,7 @@ def _tokenizer_difference(policy: Any, other: Any, special_tokens: bool) -> str 
 
 
 def check_same_vocabulary(
-    policy: Any, other: Any, key: str, role: str, special_tokens: bool = True
+    policy: Any, other: Any, key: str, role: str, special_tokens: bool = True, hint: str = ""
 ) -> None:
     """``other`` (e.g. a teacher) scores the policy's token ids, so its vocabulary and
     special tokens must be the policy's; else a `ConfigError` naming ``key``."""
@@ -68,11 +68,28 @@ def check_same_vocabulary(
         theirs, mine = (f"{type(t).__name__} {t.name_or_path!r}" for t in (other, policy))
         same = "get_vocab() and special tokens" if special_tokens else "get_vocab()"
         raise ConfigError(key, f"a {role} with model.path's tokenizer ({mine}): the same {same}; "
-                          f"its tokenizer differs ({theirs} has {problem}; no token mapping: "
-                          "cross-tokenizer distillation is not supported)",
+                          f"its tokenizer differs ({theirs} has {problem}{hint})",
                           value=getattr(other, "name_or_path", None))  # fmt: skip
 
 
 def check_same_tokenizer(policy: Any, reward_model: Any) -> None:
     """The reward model reads the policy's token ids: every token maps to the same id."""
     check_same_vocabulary(policy, reward_model, "reward.model_path", "reward model", False)
+
+
+def teacher_token_ids(policy: Any, teacher: Any, token_map: str | None) -> list[int] | None:
+    """The teacher's id of each policy token id (``distill.token_map: by_text``: the same
+    token text), or None when the teacher reads the policy's ids (checked the same)."""
+    if token_map is None:
+        hint = "; or distill.token_map: by_text"
+        return check_same_vocabulary(policy, teacher, "distill.teacher_path", "teacher", hint=hint)
+    mine, theirs = policy.get_vocab(), teacher.get_vocab()
+    missing = sorted(token for token in mine if token not in theirs)
+    if missing:
+        raise ConfigError("distill.token_map", f"every token of model.path's tokenizer in the "
+                          f"teacher's; {len(missing)} are not (e.g. {missing[0]!r})",
+                          value="by_text")  # fmt: skip
+    table = [-1] * (max(mine.values()) + 1)
+    for token, i in mine.items():
+        table[i] = theirs[token]
+    return table
