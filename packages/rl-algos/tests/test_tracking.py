@@ -200,10 +200,15 @@ def _wandb_history(tmp_path) -> tuple[list[dict], list]:
     return history, records
 
 
-def test_wandb_offline_run_records_every_step(tmp_path, monkeypatch):
+@pytest.fixture
+def wandb_offline(monkeypatch):
+    """W&B installed (the trackers extra), writing its run files offline and quietly."""
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def test_wandb_offline_run_records_every_step(tmp_path, wandb_offline):
     _log_steps(MetricsLogger(["wandb"], tmp_path, project="proj", run_name="run-w"))
     history, records = _wandb_history(tmp_path)
     assert history == [{**m, "trainer/step": s} for s, m in STEPS.items()]
@@ -254,10 +259,7 @@ def test_tensorboard_hides_the_lost_timeline(tmp_path):
     assert got == [(1, pytest.approx(0.1)), (2, pytest.approx(0.2)), (3, 3.0), (4, 4.0), (5, 5.0)]
 
 
-def test_wandb_marks_the_replayed_steps(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def test_wandb_marks_the_replayed_steps(tmp_path, wandb_offline):
     _rewound(MetricsLogger(["wandb"], tmp_path, project="proj", run_name="run-r"))
     history, records = _wandb_history(tmp_path)
     rows = [
