@@ -202,3 +202,34 @@ def test_worked_demos_of_the_problems_own_kind_leave_the_problems_alone():
     )
     with pytest.raises(ValueError, match=r"demo_same_kind must be an integer 0\.\.8, got 9"):
         ArithmeticTask(demo_same_kind=9)
+
+
+def test_an_answer_hint_shows_the_worked_answer_in_every_guide_question_only():
+    import random
+
+    options = dict(digits=(1, 2), max_multiplier=9, teacher_few_shot=3, demo_steps=True)
+    plain, hinted = ArithmeticTask(**options), ArithmeticTask(**options, teacher_answer_hint=True)
+    rng_a, rng_b = random.Random(5), random.Random(5)
+    for _ in range(40):
+        (expression, row), (_, hinted_row) = plain.sample(rng_a), hinted.sample(rng_b)
+        assert hinted_row["prompt"] == row["prompt"]  # the trained prompt does not change
+        guide, unhinted = hinted_row["teacher_prompt"], row["teacher_prompt"]
+        assert [m["role"] for m in guide] == [m["role"] for m in unhinted]
+        for turn, (user, reply) in enumerate(zip(guide[0:-1:2], guide[1::2], strict=True)):
+            assert reply == unhinted[2 * turn + 1]  # the demo replies as they were
+            assert (
+                user["content"]
+                == f"{unhinted[2 * turn]['content']} (Worked answer: {reply['content']})"
+            )
+        answer = row["reward_model"]["ground_truth"]
+        worked = plain._demo_turns(expression, "q", answer)[1]["content"]
+        assert guide[-1]["content"] == f"{row['prompt'][-1]['content']} (Worked answer: {worked})"
+    # by hand: a negative difference's hint carries its steps and its answer
+    row = ArithmeticTask(**options, teacher_answer_hint=True)._demo_turns(
+        "7 - 45", "q?", "-38", hint=True
+    )
+    assert row[0]["content"] == "q? (Worked answer: 7 - 45 = -(45 - 7) = -38. \\boxed{-38})"
+    with pytest.raises(ValueError, match="teacher_answer_hint must be true or false, got 'yes'"):
+        ArithmeticTask(teacher_few_shot=1, teacher_answer_hint="yes")
+    with pytest.raises(ValueError, match="teacher_answer_hint needs teacher_few_shot >= 1"):
+        ArithmeticTask(teacher_answer_hint=True)

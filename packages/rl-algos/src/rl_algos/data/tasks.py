@@ -108,6 +108,7 @@ class ArithmeticTask:
     teacher_system_prompt: str | None = None
     demo_steps: bool = False
     demo_same_kind: int = 0
+    teacher_answer_hint: bool = False
 
     data_source = "arithmetic"
 
@@ -165,9 +166,15 @@ class ArithmeticTask:
                 "arithmetic: teacher_system_prompt needs teacher_few_shot >= 1 (there is no "
                 "teacher prompt without it)"
             )
-        if not isinstance(self.demo_steps, bool):
+        for name in ("demo_steps", "teacher_answer_hint"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"arithmetic: {name} must be true or false, got {getattr(self, name)!r}"
+                )
+        if self.teacher_answer_hint and not self.teacher_few_shot:
             raise ValueError(
-                f"arithmetic: demo_steps must be true or false, got {self.demo_steps!r}"
+                "arithmetic: teacher_answer_hint needs teacher_few_shot >= 1 (it hints the "
+                "teacher prompt)"
             )
         low = self.few_shot_min
         if low is not None:
@@ -207,8 +214,10 @@ class ArithmeticTask:
         row = _row(self.data_source, question, answer, self.system_prompt)
         if self.teacher_few_shot:  # the same problem after worked demos, for a teacher
             system = self.teacher_system_prompt or self.system_prompt
-            teacher = _row(self.data_source, question, answer, system)["prompt"]
-            teacher[-1:-1] = self._demos(expression, self.teacher_few_shot)
+            hint = self.teacher_answer_hint
+            asked = self._demo_turns(expression, question, answer, hint)[0]["content"]
+            teacher = _row(self.data_source, asked, answer, system)["prompt"]
+            teacher[-1:-1] = self._demos(expression, self.teacher_few_shot, hint=hint)
             row["teacher_prompt"] = teacher
         if self.few_shot:  # after the system prompt, before the problem
             row["prompt"][-1:-1] = self._demos(expression)
@@ -237,12 +246,17 @@ class ArithmeticTask:
             raise self._too_few_demos("")
         return self._fixed
 
-    def _demo_turns(self, expression: str, question: str, answer: str) -> list[dict[str, str]]:
-        reply = _DEMO_REPLIES[self.answer_format]
+    def _demo_turns(
+        self, expression: str, question: str, answer: str, hint: bool = False
+    ) -> list[dict[str, str]]:
         shown = _worked(expression, int(answer)) if self.demo_steps else expression
+        reply = _DEMO_REPLIES[self.answer_format].format(expression=shown, answer=answer)
         return [
-            {"role": "user", "content": question},
-            {"role": "assistant", "content": reply.format(expression=shown, answer=answer)},
+            {
+                "role": "user",
+                "content": f"{question} (Worked answer: {reply})" if hint else question,
+            },
+            {"role": "assistant", "content": reply},
         ]
 
     def _too_few_demos(self, expression: str) -> ValueError:
@@ -253,7 +267,9 @@ class ArithmeticTask:
             "few_shot 0"
         )
 
-    def _demos(self, expression: str, count: int | None = None) -> list[dict[str, str]]:
+    def _demos(
+        self, expression: str, count: int | None = None, hint: bool = False
+    ) -> list[dict[str, str]]:
         """`few_shot` (or `count`) worked demo turns on problems other than `expression`:
         the fixed ones, or drawn from an RNG seeded by the problem."""
         if count is None and self.few_shot_demos == "fixed":
@@ -275,7 +291,7 @@ class ArithmeticTask:
                 and arithmetic_kind(demo_expression, int(answer)) != kind
             ):
                 continue
-            demos += self._demo_turns(demo_expression, question, answer)
+            demos += self._demo_turns(demo_expression, question, answer, hint)
         raise self._too_few_demos(expression)
 
     def _demo_count(self, expression: str) -> int:
