@@ -52,6 +52,47 @@ def test_the_draw_shifts_towards_a_kind_near_half_and_away_as_it_saturates():
     assert c.observed == {"easy": 80, "hard": 80, "mid": 80}
 
 
+def test_guided_gap_draws_the_kinds_the_guide_solves_and_the_policy_does_not():
+    # q(1-p) by hand: learned (p 1), guide helps (q 1, p 0), hopeless (q 0, p 0), mid
+    p, q = np.array([1.0, 0.0, 0.0, 0.5]), np.array([1.0, 1.0, 0.0, 0.8])
+    assert learnability(p, "guided_gap", q=q).tolist() == pytest.approx([0, 1, 0, 0.4])
+    c = KindCurriculum(["guidable", "hopeless", "learned"], score="guided_gap", ema=1.0)
+    assert c.probabilities().tolist() == pytest.approx([1 / 3] * 3)  # 0.25 each at the prior
+    # 4 guided then 4 own samples per kind; only the guided ones solve "guidable"
+    guided = ([True] * 4 + [False] * 4) * 3
+    kinds = ["guidable"] * 8 + ["hopeless"] * 8 + ["learned"] * 8
+    c.update(kinds, [1.0] * 4 + [0.0] * 4 + [0.0] * 8 + [1.0] * 8, guided)
+    assert c.rate == {"guidable": 0.0, "hopeless": 0.0, "learned": 1.0}  # own samples only
+    assert c.guided_rate == {"guidable": 1.0, "hopeless": 0.0, "learned": 1.0}
+    assert c.probabilities().tolist() == pytest.approx([1 / 1.2, 0.1 / 1.2, 0.1 / 1.2])
+    # the policy learns the kind: its own samples right too, the draw goes back to uniform
+    c.update(kinds, [1.0] * 8 + [0.0] * 8 + [1.0] * 8, guided)
+    assert c.probabilities().tolist() == pytest.approx([1 / 3] * 3)
+    # resumed from its state: the same rates, guided ones included
+    again = KindCurriculum(c.kinds, score="guided_gap")
+    again.load_state_dict(c.state_dict())
+    assert again.probabilities().tolist() == c.probabilities().tolist()
+    assert again.guided_rate == c.guided_rate
+    with pytest.raises(ValueError, match="24 kinds for 24 successes, 3 guided"):
+        c.update(kinds, [1.0] * 24, [True] * 3)
+
+
+def test_guided_gap_is_refused_without_guided_samples(dataset, tokenizer):
+    from rl_algos.config import load_config
+
+    loader = CurriculumLoader(dataset, 2, CurriculumConfig(enabled=True, score="guided_gap"))
+    with pytest.raises(ValueError, match="score='guided_gap' needs guided samples"):
+        loader.observe(_scored(loader.next_batch(), {"easy": 1, "hard": 0, "mid": 0}))
+    from pathlib import Path
+
+    job = str(Path(__file__).parents[3] / "examples" / "grpo_smollm2_arithmetic.yaml")
+    with pytest.raises(
+        ConfigError,
+        match=r"data\.curriculum\.score.*'guided_gap'.*without rollout\.guide_prompt_key",
+    ):
+        load_config(job, ["rollout.guide_prompt_key=null", "rollout.guided_n=0"])
+
+
 def _rows(kinds: list[str]) -> list[dict]:
     return [
         {

@@ -123,6 +123,10 @@ def _check_consistency(cfg: RLConfig) -> None:
           "null with actor.loss.rollout_correction, async.max_staleness > 0 or "
           "actor.router_replay: a guided sample's rollout log-probs and routing belong to "
           "the guide's prompt, not to the prompt it trains on")  # fmt: skip
+    cur = cfg.data.curriculum
+    check(not cur.enabled or cur.score != "guided_gap" or guide is not None,
+          "data.curriculum.score", cur.score, "'variance' or 'informative' without "
+          "rollout.guide_prompt_key ('guided_gap' compares guided and own samples)")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)

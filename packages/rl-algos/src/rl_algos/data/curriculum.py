@@ -20,15 +20,22 @@ from rl_core import DataProto
 __all__ = ["CurriculumLoader", "KindCurriculum", "learnability", "success_values"]
 
 
-def learnability(p: np.ndarray, score: str, group_size: int = 8) -> np.ndarray:
-    """The learnability of kinds with success rates `p`, in [0, 1]: ``variance``
-    4p(1-p), or ``informative`` 1 - p^n - (1-p)^n (n = `group_size`)."""
+def learnability(
+    p: np.ndarray, score: str, group_size: int = 8, q: np.ndarray | None = None
+) -> np.ndarray:
+    """The learnability of kinds with success rates `p` (the policy's own samples), in
+    [0, 1]: ``variance`` 4p(1-p), ``informative`` 1 - p^n - (1-p)^n (n = `group_size`), or
+    ``guided_gap`` q(1-p) (q: the guided samples' success rates)."""
     p = np.asarray(p, dtype=np.float64)
     if score == "variance":
         return 4.0 * p * (1.0 - p)
     if score == "informative":
         return 1.0 - p**group_size - (1.0 - p) ** group_size
-    raise ValueError(f"curriculum score {score!r}; expected 'variance' or 'informative'")
+    if score == "guided_gap":
+        return np.asarray(p if q is None else q, dtype=np.float64) * (1.0 - p)
+    raise ValueError(
+        f"curriculum score {score!r}; expected 'variance', 'informative' or 'guided_gap'"
+    )
 
 
 def success_values(batch: Any, metric: str, threshold: float) -> np.ndarray:
@@ -60,33 +67,49 @@ class KindCurriculum:
         self.kinds = sorted(set(kinds))
         self.score, self.floor, self.ema, self.group_size = score, floor, ema, group_size
         learnability(np.zeros(1), score, group_size)  # names a bad score now
-        self.rate = dict.fromkeys(self.kinds, float(prior))
+        self.rate = dict.fromkeys(self.kinds, float(prior))  # the policy's own samples
+        self.guided_rate = dict.fromkeys(self.kinds, float(prior))  # guided samples
         self.observed = dict.fromkeys(self.kinds, 0)  # samples seen per kind
 
     def probabilities(self) -> np.ndarray:
         """Draw probability of each kind (in `kinds` order): w / sum(w), w = max(s(p), floor)."""
         p = np.array([self.rate[k] for k in self.kinds])
-        weights = np.maximum(learnability(p, self.score, self.group_size), self.floor)
+        q = np.array([self.guided_rate[k] for k in self.kinds])
+        weights = np.maximum(learnability(p, self.score, self.group_size, q), self.floor)
         return weights / weights.sum()
 
-    def update(self, kinds: Sequence[str], successes: Sequence[float]) -> None:
-        """Move each kind's rate towards its success rate among these samples."""
-        if len(kinds) != len(successes):
-            raise ValueError(f"{len(kinds)} kinds for {len(successes)} successes")
-        total: Counter[str] = Counter()
-        count: Counter[str] = Counter()
-        for kind, success in zip(kinds, successes, strict=True):
+    def update(
+        self,
+        kinds: Sequence[str],
+        successes: Sequence[float],
+        guided: Sequence[bool] | None = None,
+    ) -> None:
+        """Move each kind's rate towards its success rate among these samples: the rate of
+        its own samples, and of the `guided` ones (a mask; none when not given)."""
+        guided = [False] * len(kinds) if guided is None else list(guided)
+        if not len(kinds) == len(successes) == len(guided):
+            raise ValueError(
+                f"{len(kinds)} kinds for {len(successes)} successes, {len(guided)} guided"
+            )
+        total: Counter[tuple[str, bool]] = Counter()
+        count: Counter[tuple[str, bool]] = Counter()
+        for kind, success, is_guided in zip(kinds, successes, guided, strict=True):
             if kind not in self.rate:
                 raise KeyError(f"curriculum: kind {kind!r} is not one of {self.kinds}")
-            total[kind] += float(success)
-            count[kind] += 1
-        for kind in sorted(count):
-            rate = total[kind] / count[kind]
-            self.rate[kind] = (1.0 - self.ema) * self.rate[kind] + self.ema * rate
-            self.observed[kind] += count[kind]
+            total[kind, bool(is_guided)] += float(success)
+            count[kind, bool(is_guided)] += 1
+        for kind, is_guided in sorted(count):
+            rates = self.guided_rate if is_guided else self.rate
+            batch_rate = total[kind, is_guided] / count[kind, is_guided]
+            rates[kind] = (1.0 - self.ema) * rates[kind] + self.ema * batch_rate
+            self.observed[kind] += count[kind, is_guided]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rate": dict(self.rate), "observed": dict(self.observed)}
+        return {
+            "rate": dict(self.rate),
+            "guided_rate": dict(self.guided_rate),
+            "observed": dict(self.observed),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if sorted(state["rate"]) != self.kinds:
@@ -95,6 +118,8 @@ class KindCurriculum:
                 f"but this run's data has {self.kinds}"
             )
         self.rate = {k: float(v) for k, v in state["rate"].items()}
+        # a checkpoint from before the guided rates were kept: they restart at the prior
+        self.guided_rate.update({k: float(v) for k, v in state.get("guided_rate", {}).items()})
         self.observed = {k: int(v) for k, v in state["observed"].items()}
 
 
@@ -183,7 +208,13 @@ class CurriculumLoader:
         if self.kind_key not in batch.non_tensor_batch:
             raise KeyError(f"data.curriculum: the scored batch has no field {self.kind_key!r}")
         successes = success_values(batch, self.metric, self.threshold)
-        self.curriculum.update(list(batch.non_tensor_batch[self.kind_key]), successes)
+        guided = batch.non_tensor_batch.get("guided")  # rollout.guide_prompt_key's samples
+        if guided is None and self.curriculum.score == "guided_gap":
+            raise ValueError(
+                "data.curriculum.score='guided_gap' needs guided samples (rollout."
+                "guide_prompt_key and guided_n); this batch has none"
+            )
+        self.curriculum.update(list(batch.non_tensor_batch[self.kind_key]), successes, guided)
 
     def metrics(self, batch: DataProto) -> dict[str, float]:
         """``curriculum/{share,success,weight}/<kind>``: batch share, running success rate,
@@ -197,6 +228,8 @@ class CurriculumLoader:
         for kind, weight in zip(self.curriculum.kinds, self.probabilities(), strict=True):
             out[f"curriculum/share/{kind}"] = counts[kind] / max(len(kinds), 1)
             out[f"curriculum/success/{kind}"] = self.curriculum.rate[kind]
+            if self.curriculum.score == "guided_gap":
+                out[f"curriculum/guided_success/{kind}"] = self.curriculum.guided_rate[kind]
             out[f"curriculum/weight/{kind}"] = float(weight)
         return out
 
