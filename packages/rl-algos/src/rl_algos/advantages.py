@@ -155,11 +155,7 @@ def compute_dr_grpo_advantage(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor
 
 @torch.no_grad()
 def compute_rloo_advantage(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any = None,
-    **_: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the other samples of
     the same prompt; a group of one keeps its score."""
@@ -188,11 +184,7 @@ def _discounted_returns(
 
 @torch.no_grad()
 def compute_reinforce_plus_plus_advantage(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float = 1.0,
-    **_: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (arXiv:2501.03262): discounted token returns (`_discounted_returns`),
     whitened over all response tokens of the batch."""
@@ -204,11 +196,7 @@ def compute_reinforce_plus_plus_advantage(
 
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_advantage(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any = None,
-    **_: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: score minus its group mean, then whitened over the batch."""
     scores = _scores(token_level_rewards, response_mask, index, "reinforce_plus_plus_baseline")
@@ -239,11 +227,7 @@ def compute_remax_advantage(
 
 @torch.no_grad()
 def compute_opo_advantage(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any = None,
-    **_: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO (arXiv:2505.23585): A_i = R_i - sum_j |o_j| R_j / sum_j |o_j| over the group
     (|o_j|: response tokens of sample j)."""
@@ -262,11 +246,7 @@ def compute_opo_advantage(
 
 @torch.no_grad()
 def compute_gpg_advantage(
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any = None,
-    **_: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG (arXiv:2504.02546): A_i = (B / M) * (R_i - group mean), B samples, M of them
     with a non-zero score (at least 1), F_norm = 1, as verl computes it."""

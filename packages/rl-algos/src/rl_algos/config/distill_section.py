@@ -1,33 +1,14 @@
-"""The ``distill`` section: on-policy distillation from a teacher model.
+"""The ``distill`` section: on-policy distillation from a teacher model (README "On-policy
+distillation").
 
-The student (the policy) samples; the teacher, an inference-only model like the
-reference policy (any architecture and size the engine loads, with the student's exact
-vocabulary), gives the log-prob of every sampled token. The teacher is a worker group of
-its own (`placement: split`: `num_workers` processes, its own `dtype` and `parallel`) or
-a role in the actor's processes by choice (`colocated`). The per-token reverse KL
-KL(student || teacher), ``log pi_student(y_t) - log pi_teacher(y_t)`` on the student's
-own tokens, is trained one of two ways:
+The student samples; the teacher, an inference-only model, gives the log-prob of every
+sampled token. The per-token reverse KL ``log pi_student(y_t) - log pi_teacher(y_t)`` is
+trained as a dense advantage (``mode: advantage``, Thinking Machines' on-policy
+distillation) or as a KL loss term (``mode: loss``, verl's ``kl_loss_type`` names).
 
-* ``mode: advantage`` (the default; Thinking Machines' on-policy distillation, slime's
-  ``--opd-kl-coef``, prime-rl's ``teacher_tau``): each token's advantage becomes
-  ``A_t - coef * (log pi_old(y_t) - log pi_teacher(y_t))``, a dense per-token reward the
-  policy loss trains like any advantage; its expected gradient is the reverse KL's.
-* ``mode: loss``: ``coef * kl(log pi, log pi_teacher)`` is added to the actor loss, like
-  the KL-to-reference loss (verl's ``kl_loss_type`` names: ``k2``/``mse``, whose gradient
-  on the student's samples is the reverse KL's; ``k1``, ``k3``/``low_var_kl``,
-  the straight-through ``k3+``...).
-
-Alone (``reward.rule_based: false`` and no reward model or judge: every task reward is 0)
-or mixed with a task reward (the estimator's advantage plus the distillation term).
-Unlike TRL's GKD (``lmbda``, ``beta``), the data is always on-policy (``lmbda=1``) and the
-divergence is the sampled-token reverse KL (``beta=1``): the teacher's log-prob of each
-sampled token suffices. A teacher with another tokenizer needs ``token_map``.
-
-Context distillation (``teacher_prompt_key``): the teacher reads each sample's response
-after a prompt of its own, a column of the training rows (e.g. the same problem after
-worked demos, or with a hint), while the student is trained on its plain prompt. The
-teacher may be the student's own starting model: what the privileged prompt teaches is
-moved into the plain one, token by token, even where the task reward is sparse.
+Context distillation (``teacher_prompt_key``): the teacher reads each response after a
+prompt of its own, a column of the training rows, while the student trains on its plain
+prompt.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The ``reward.judge`` section: a generative reward model (an LLM judge).
 
-A judge model, served by any rollout backend (``hf``, ``vllm``, ``sglang`` or a third
-party's, by name) on a rollout pool of its own, or by OpenAI-compatible servers (never in
-the driver), reads each response through a prompt template and answers; a parser
-turns the answer into a score (`rl_algos.rewards.judge`). Its score, times `weight`, is
-added to the rule-based score and the scalar reward model's (verl's reward loop combines
-its reward sources the same way), or scores alone (``reward.rule_based: false``).
-
-    reward:
-      rule_based: true            # the task's own reward ...
-      judge:                      # ... plus the judge's, weighted
-        model_path: smollm2-135m-instruct
-        template: "Is this answer to '{prompt}' polite? Answer yes or no.\\n\\n{response}"
-        parser: verdict
-        verdicts: {"yes": 1.0, "no": 0.0}
-        weight: 0.5
-        on_failure: score         # an unparseable answer or a time-out scores ...
-        failure_score: 0.0        # ... this (counted in judge/unparseable, judge/timeouts)
+A judge model, served by any rollout backend on a rollout pool of its own or by
+OpenAI-compatible servers (never in the driver), reads each response through a prompt
+template; a parser turns its answer into a score (`rl_algos.rewards.judge`), added times
+`weight` to the other rewards, or alone (``reward.rule_based: false``). Example:
+``examples/genrm_tiny.yaml``.
 """
 
 from __future__ import annotations

@@ -650,10 +650,7 @@ class TrainerConfig:
               "send the run back to step 0): set trainer.snapshot_every >= 1 (in-memory "
               "snapshots) or trainer.save_every >= 1 (checkpoints), or trainer.max_restarts=0")  # fmt: skip
         check(
-            self.restart_backoff_s >= 0,
-            "restart_backoff_s",
-            self.restart_backoff_s,
-            ">= 0 seconds",
+            self.restart_backoff_s >= 0, "restart_backoff_s", self.restart_backoff_s, ">= 0 seconds"
         )
         check(
             self.heartbeat_timeout_s > 0,

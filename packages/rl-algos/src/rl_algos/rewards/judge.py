@@ -1,17 +1,9 @@
-"""A generative reward model: an LLM judge served by a rollout role of its own.
+"""A generative reward model: an LLM judge served by a rollout role of its own (README
+"Rewards"; config `rl_algos.config.judge_section`).
 
-`GenerativeJudge` fills the `reward.judge` template (`rl_algos.config.judge_section`) with
-each sample's prompt, decoded response and ground truth, sends the whole batch to the
-judge's rollout manager at once (a `SequenceGenerator` by name: `reward.judge.placement`
-split, its own pool of rollout replicas, a lost one replaced; or remote, OpenAI-compatible
-servers; each request limited to `timeout_s`, the batch to `batch_timeout_s`), and parses
-each answer into a score (`parse_judgment`). The driver holds the judge's tokenizer only.
-
-The judge's answers are untrusted model output: an answer without a score raises
-`JudgeParseError`, a judgment past its time `JudgeTimeoutError` (``on_failure: raise``),
-or it scores ``failure_score`` (``on_failure: score``); either way it is counted
-(``judge/unparseable``, ``judge/timeouts``, ``judge/errors``), never silently 0. A request
-past `timeout_s` ends the batch's judging: every judgment of that batch counts as a time-out.
+`GenerativeJudge` fills the template with each sample's prompt, response and ground truth,
+sends the batch to the judge's rollout manager at once and parses each answer into a score
+(`parse_judgment`). A failed judgment raises or scores ``failure_score``, always counted.
 """
 
 from __future__ import annotations

@@ -23,12 +23,7 @@ import torch
 
 from rl_core.protocol import DataProto
 
-__all__ = [
-    "AsyncRolloutBuffer",
-    "load_batches",
-    "save_batches",
-    "staleness_metrics",
-]
+__all__ = ["AsyncRolloutBuffer", "load_batches", "save_batches", "staleness_metrics"]
 
 
 class AsyncRolloutBuffer:

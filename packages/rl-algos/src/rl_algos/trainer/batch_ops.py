@@ -195,9 +195,7 @@ def guide_prompts(batch: DataProto, key: str, guided: np.ndarray) -> DataProto:
             f"{sorted(nt)}); the data must give every row that prompt"
         )
     out = DataProto.from_dict(
-        tensors=dict(batch.batch.items()),
-        non_tensors=dict(nt),
-        meta_info=dict(batch.meta_info),
+        tensors=dict(batch.batch.items()), non_tensors=dict(nt), meta_info=dict(batch.meta_info)
     )
     own = np.empty(len(batch), dtype=object)
     own[:] = [list(x) for x in nt["raw_prompt_ids"]]

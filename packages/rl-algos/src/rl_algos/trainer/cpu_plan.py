@@ -111,12 +111,7 @@ def plan_cpus(cfg: Any, cluster_cpus: float | None) -> CpuPlan:
 
 
 def _refuse(
-    cfg: Any,
-    cluster: float,
-    env_workers: int,
-    env_cpus: float | None,
-    others: float,
-    why: str,
+    cfg: Any, cluster: float, env_workers: int, env_cpus: float | None, others: float, why: str
 ) -> None:
     trainer, rollout = cfg.trainer, cfg.rollout
     parts = [

@@ -1,20 +1,5 @@
-"""Where the roles run: resource pools, colocated or split placement, worker configs.
-
-``critic.placement``:
-
-* ``colocated``: actor+rollout(+reference) and the critic share every worker process
-  (one Ray actor per process hosts all roles; the hybrid engine);
-* ``split``: the critic gets its own pool of ``critic.num_workers`` processes.
-
-``distill.placement``: the distillation teacher's pool (``split``, the default:
-``distill.num_workers`` processes of its own) or the actor's processes (``colocated``).
-
-``rollout.placement`` (see `rl_algos.trainer.rollout_client`): ``colocated`` puts a rollout
-engine into every actor worker; ``split`` and ``remote`` leave the actor workers without one.
-
-``trainer.backend``: ``ray`` (the default; embedded, or the cluster at ``RAY_ADDRESS``)
-or ``local`` (one in-process worker, for debugging).
-"""
+"""Where the roles run: resource pools, colocated or split placement (the ``placement`` of
+``critic``, ``distill`` and ``rollout``; ``trainer.backend``), the roles' worker configs."""
 
 from __future__ import annotations
 
@@ -256,18 +241,11 @@ def _inference_only(engine_config: EngineConfig) -> EngineConfig:
 
 
 def recomputes_old_log_probs(cfg: Any) -> bool:
-    """Whether the step needs a separate no-grad pass for the old log-probs.
-
-    It cannot change the result when the batch makes exactly one optimizer step (one
-    epoch, one mini-batch): the pass would run the weights the update starts from, so the
-    old log-probs equal the update's own log-probs, detached. That holds for stale samples
-    of async training too (``async.max_staleness`` > 0): their old log-probs are those of
-    the proximal policy, the trainer's current weights (decoupled PPO), while the policy
-    that generated them enters through ``rollout_log_probs`` (the behaviour weight, or
-    TIS). A KL penalty in the reward needs them before the update, and so does the
-    rollout correction's rejection (`actor.loss.rollout_correction`: rollout_rs, the veto);
-    ``actor.recompute_old_log_probs`` forces either way.
-    """
+    """Whether the step needs a separate no-grad pass for the old log-probs: not when the
+    batch makes exactly one optimizer step (they equal the update's own, detached; stale
+    async samples enter through ``rollout_log_probs``), unless a KL penalty in the reward
+    or the rollout correction's rejection needs them first; ``actor.recompute_old_log_probs``
+    forces either way."""
     forced = cfg.actor.recompute_old_log_probs
     if forced is not None:
         return bool(forced)

@@ -76,11 +76,7 @@ def build_tiny_vlm(arch: str, out: str | Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     image_processor = Qwen2VLImageProcessor(
-        patch_size=14,
-        merge_size=2,
-        temporal_patch_size=2,
-        min_pixels=28 * 28,
-        max_pixels=112 * 112,
+        patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=28 * 28, max_pixels=112 * 112
     )
     for part in (model, tokenizer, image_processor):
         part.save_pretrained(out)
