@@ -214,6 +214,13 @@ def test_a_token_map_by_text_gives_the_teachers_id_of_each_policy_token():
     assert mapped.batch["responses"].tolist() == [[3, 2]]
     assert torch.equal(mapped.batch["attention_mask"], ids > 0)
     assert batch.batch["input_ids"].tolist() == [[1, 3, 4, 5, 2]]  # the student's batch kept
+    # an id past the tokenizer (a larger embedding) or one without a token: refused, named
+    for bad, table_with_gap in ((6, table), (3, [0, 1, 2, -1, 5, 3])):
+        odd = DataProto.from_dict({"input_ids": torch.tensor([[1, bad]]), "responses": ids})
+        with pytest.raises(
+            ValueError, match=rf"^distill\.token_map: input_ids holds token id {bad},"
+        ):
+            with_token_ids(odd, table_with_gap, ("input_ids", "responses"))
     with pytest.raises(
         ConfigError, match=r"^distill\.token_map: invalid value 'by_text'.*1 are not \(e\.g\. 'c'\)"
     ):

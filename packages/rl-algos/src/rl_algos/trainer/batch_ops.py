@@ -174,10 +174,23 @@ def with_prompts(batch: DataProto, key: str, pad_token_id: int) -> DataProto:
 
 
 def with_token_ids(batch: DataProto, table: Sequence[int], keys: Sequence[str]) -> DataProto:
-    """A copy of `batch` whose tensors `keys` (token ids) are replaced by ``table[ids]``."""
+    """A copy of `batch` whose tensors `keys` (token ids) are replaced by ``table[ids]``
+    (``distill.token_map``); an id outside the table, or one it maps to -1, is refused."""
     tensors = dict(batch.batch.items())
     for key in keys:
-        tensors[key] = torch.as_tensor(table, device=tensors[key].device)[tensors[key]]
+        ids = tensors[key]
+        lookup = torch.as_tensor(table, device=ids.device)
+        inside = (ids >= 0) & (ids < len(table))
+        mapped = torch.where(inside, lookup[ids.clamp(0, len(table) - 1)], -1)
+        if (mapped < 0).any():
+            bad = int(ids[mapped < 0][0])
+            raise ValueError(
+                f"distill.token_map: {key} holds token id {bad}, which model.path's tokenizer "
+                f"has no token for (ids 0..{len(table) - 1}, gaps excluded); expected the "
+                "policy tokenizer's ids (a model whose embedding is larger than its tokenizer "
+                "can sample such ids)"
+            )
+        tensors[key] = mapped
     return DataProto.from_dict(tensors, dict(batch.non_tensor_batch), dict(batch.meta_info))
 
 
