@@ -56,6 +56,8 @@ def test_guided_gap_draws_the_kinds_the_guide_solves_and_the_policy_does_not():
     # q(1-p) by hand: learned (p 1), guide helps (q 1, p 0), hopeless (q 0, p 0), mid
     p, q = np.array([1.0, 0.0, 0.0, 0.5]), np.array([1.0, 1.0, 0.0, 0.8])
     assert learnability(p, "guided_gap", q=q).tolist() == pytest.approx([0, 1, 0, 0.4])
+    with pytest.raises(ValueError, match="'guided_gap' needs q"):
+        learnability(p, "guided_gap")
     c = KindCurriculum(["guidable", "hopeless", "learned"], score="guided_gap", ema=1.0)
     assert c.probabilities().tolist() == pytest.approx([1 / 3] * 3)  # 0.25 each at the prior
     # 4 guided then 4 own samples per kind; only the guided ones solve "guidable"

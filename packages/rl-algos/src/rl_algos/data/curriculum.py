@@ -32,7 +32,9 @@ def learnability(
     if score == "informative":
         return 1.0 - p**group_size - (1.0 - p) ** group_size
     if score == "guided_gap":
-        return np.asarray(p if q is None else q, dtype=np.float64) * (1.0 - p)
+        if q is None:
+            raise ValueError("curriculum score 'guided_gap' needs q, the guided samples' rates")
+        return np.asarray(q, dtype=np.float64) * (1.0 - p)
     raise ValueError(
         f"curriculum score {score!r}; expected 'variance', 'informative' or 'guided_gap'"
     )
@@ -66,7 +68,7 @@ class KindCurriculum:
             raise ValueError("a curriculum needs at least one kind")
         self.kinds = sorted(set(kinds))
         self.score, self.floor, self.ema, self.group_size = score, floor, ema, group_size
-        learnability(np.zeros(1), score, group_size)  # names a bad score now
+        learnability(np.zeros(1), score, group_size, np.zeros(1))  # names a bad score now
         self.rate = dict.fromkeys(self.kinds, float(prior))  # the policy's own samples
         self.guided_rate = dict.fromkeys(self.kinds, float(prior))  # guided samples
         self.observed = dict.fromkeys(self.kinds, 0)  # samples seen per kind
