@@ -247,6 +247,24 @@ def test_worked_demos_of_the_problems_own_kind_leave_the_problems_alone():
         ArithmeticTask(demo_same_kind=9)
 
 
+def test_demo_steps_by_operator_show_steps_only_for_the_listed_ones():
+    only_minus = ArithmeticTask(demo_steps=["-"])
+
+    def reply(task, expression, answer):
+        return task._demo_turns(expression, "q", answer)[1]["content"]
+
+    assert reply(only_minus, "7 - 45", "-38") == "7 - 45 = -(45 - 7) = -38. \\boxed{-38}"
+    assert reply(only_minus, "34 * 7", "238") == "34 * 7 = 238. \\boxed{238}"
+    assert reply(only_minus, "7 + 91", "98") == "7 + 91 = 98. \\boxed{98}"
+    both = ArithmeticTask(demo_steps=("*", "+"))
+    assert reply(both, "34 * 7", "238") == "34 * 7 = 210 + 28 = 238. \\boxed{238}"
+    assert reply(both, "7 - 45", "-38") == "7 - 45 = -38. \\boxed{-38}"
+    assert reply(ArithmeticTask(demo_steps=[]), "7 - 45", "-38") == "7 - 45 = -38. \\boxed{-38}"
+    for bad in ("yes", ["/"], 1):
+        with pytest.raises(ValueError, match=r"demo_steps must be true, false or a list of the"):
+            ArithmeticTask(demo_steps=bad)
+
+
 def test_an_answer_hint_shows_the_worked_answer_in_every_guide_question_only():
     import random
 

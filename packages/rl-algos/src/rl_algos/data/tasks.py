@@ -106,7 +106,7 @@ class ArithmeticTask:
     instruction_example: bool = True
     teacher_few_shot: int = 0
     teacher_system_prompt: str | None = None
-    demo_steps: bool = False
+    demo_steps: bool | tuple[str, ...] = False
     demo_same_kind: int = 0
     teacher_answer_hint: bool = False
 
@@ -166,11 +166,12 @@ class ArithmeticTask:
                 "arithmetic: teacher_system_prompt needs teacher_few_shot >= 1 (there is no "
                 "teacher prompt without it)"
             )
-        for name in ("demo_steps", "teacher_answer_hint"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"arithmetic: {name} must be true or false, got {getattr(self, name)!r}"
-                )
+        if not isinstance(self.teacher_answer_hint, bool):
+            raise ValueError(
+                f"arithmetic: teacher_answer_hint must be true or false, got "
+                f"{self.teacher_answer_hint!r}"
+            )
+        self._step_ops = _step_ops(self.demo_steps)
         if self.teacher_answer_hint and not self.teacher_few_shot:
             raise ValueError(
                 "arithmetic: teacher_answer_hint needs teacher_few_shot >= 1 (it hints the "
@@ -249,7 +250,7 @@ class ArithmeticTask:
     def _demo_turns(
         self, expression: str, question: str, answer: str, hint: bool = False
     ) -> list[dict[str, str]]:
-        shown = _worked(expression, int(answer)) if self.demo_steps else expression
+        shown = _worked(expression, int(answer), self._step_ops)
         reply = _DEMO_REPLIES[self.answer_format].format(expression=shown, answer=answer)
         return [
             {
@@ -414,10 +415,23 @@ def arithmetic_kind(expression: str, answer: int) -> str:
     return kind + ("<0" if answer < 0 else "")
 
 
-def _worked(expression: str, answer: int) -> str:
-    """`expression` with its `demo_steps` steps (see the README), or as it is."""
+def _step_ops(demo_steps: Any) -> tuple[str, ...]:
+    """The operators whose demos show steps: all for true, none for false, or those listed."""
+    if isinstance(demo_steps, bool):
+        return ("+", "-", "*") if demo_steps else ()
+    if isinstance(demo_steps, list | tuple) and all(op in ("+", "-", "*") for op in demo_steps):
+        return tuple(demo_steps)
+    raise ValueError(
+        f"arithmetic: demo_steps must be true, false or a list of the operators + - * whose "
+        f"demos show steps, got {demo_steps!r}"
+    )
+
+
+def _worked(expression: str, answer: int, step_ops: tuple[str, ...]) -> str:
+    """`expression` with its `demo_steps` steps (see the README) where its operator is in
+    `step_ops`, or as it is."""
     parts = expression.split()
-    if len(parts) != 3:
+    if len(parts) != 3 or parts[1] not in step_ops:
         return expression
     left, op, right = int(parts[0]), parts[1], int(parts[2])
     if op == "-" and answer < 0:
