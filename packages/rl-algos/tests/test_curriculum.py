@@ -56,7 +56,10 @@ def test_guided_gap_draws_the_kinds_the_guide_solves_and_the_policy_does_not():
     # q(1-p) by hand: learned (p 1), guide helps (q 1, p 0), hopeless (q 0, p 0), mid
     p, q = np.array([1.0, 0.0, 0.0, 0.5]), np.array([1.0, 1.0, 0.0, 0.8])
     assert learnability(p, "guided_gap", q=q).tolist() == pytest.approx([0, 1, 0, 0.4])
-    with pytest.raises(ValueError, match="'guided_gap' needs q"):
+    with pytest.raises(
+        ValueError,
+        match=r"'guided_gap' needs q \(the guided samples' success rate per kind\), got q=None",
+    ):
         learnability(p, "guided_gap")
     c = KindCurriculum(["guidable", "hopeless", "learned"], score="guided_gap", ema=1.0)
     assert c.probabilities().tolist() == pytest.approx([1 / 3] * 3)  # 0.25 each at the prior

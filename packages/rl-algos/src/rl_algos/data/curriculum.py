@@ -33,7 +33,10 @@ def learnability(
         return 1.0 - p**group_size - (1.0 - p) ** group_size
     if score == "guided_gap":
         if q is None:
-            raise ValueError("curriculum score 'guided_gap' needs q, the guided samples' rates")
+            raise ValueError(
+                "curriculum score 'guided_gap' needs q (the guided samples' success rate per "
+                "kind), got q=None"
+            )
         return np.asarray(q, dtype=np.float64) * (1.0 - p)
     raise ValueError(
         f"curriculum score {score!r}; expected 'variance', 'informative' or 'guided_gap'"
