@@ -199,4 +199,7 @@ def test_failed_episodes_are_dropped_counted_and_bounded(tmp_path):
         trainer.close()
     msg = str(err.value)
     assert "over env.max_failure_fraction=0.1" in msg
-    assert f"environment '{faulty}' turn 1: step(): the environment worker process died" in msg
+    assert "the environment worker process died (exit code 13); calls in flight: " in msg
+    # the episodes sharing the dead worker fail at whatever call they were in; each error
+    # lists every call then in flight (8 episodes: at most 8), so the culprit is named
+    assert f"step() of '{faulty}' at turn 1" in msg

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from rl_core.text_env import EnvCrashedError, EnvOutputError, EnvTimeoutError, ModelTurn
+from rl_core.text_env_config import in_flight_summary
 from rl_core.text_env_pool import TextEnvPool, TextEnvPoolConfig
 
 CASES = "text_env_cases"
@@ -89,6 +90,51 @@ def test_a_dead_worker_process_fails_its_episode_and_is_replaced():
         assert asyncio.run(play(pool, DIGITS))[1][-1].terminated  # a new worker
     finally:
         pool.shutdown()
+
+
+def test_a_dead_worker_names_every_call_in_flight_in_each_episode_error():
+    """Episodes sharing a worker all fail when one kills it; each error lists the calls in
+    flight at the death, so the culprit is named whichever episode reports it."""
+    die, hang = f"{CASES}:DieOnStep", f"{CASES}:HangOnStep"
+    pool = pool_of(die, hang)
+
+    async def both() -> tuple[BaseException, BaseException]:
+        bystander = await pool.open_episode(hang)
+        await bystander.reset({"word": "apple"}, 0)
+        waiting = asyncio.ensure_future(bystander.step(ModelTurn("1", [49], turn=1)))
+        await asyncio.sleep(0.2)  # its step is in the worker now
+        culprit = await pool.open_episode(die)
+        assert culprit.worker is bystander.worker  # one worker hosts both
+        await culprit.reset({"word": "pear"}, 0)
+        errors = await asyncio.gather(
+            culprit.step(ModelTurn("1", [49], turn=1)), waiting, return_exceptions=True
+        )
+        await culprit.close()
+        await bystander.close()
+        return errors
+
+    try:
+        errors = asyncio.run(both())
+        suspects = (
+            f"the environment worker process died (exit code 3); calls in flight: "
+            f"1x step() of '{hang}' at turn 1, 1x step() of '{die}' at turn 1"
+        )
+        assert [type(e) for e in errors] == [EnvCrashedError, EnvCrashedError]
+        assert str(errors[0]) == f"environment '{die}' turn 1: step(): {suspects}"
+        assert str(errors[1]) == f"environment '{hang}' turn 1: step(): {suspects}"
+    finally:
+        pool.shutdown()
+
+
+def test_in_flight_summary_counts_distinct_calls_most_frequent_first():
+    assert in_flight_summary([]) == "no call in flight"
+    labels = ["open() of 'a'", "step() of 'b' at turn 2", "step() of 'b' at turn 2"]
+    labels += [f"step() of 'c{k}' at turn 1" for k in range(4)]
+    assert in_flight_summary(labels, most=4) == (
+        "calls in flight: 2x step() of 'b' at turn 2, 1x open() of 'a', "
+        "1x step() of 'c0' at turn 1, 1x step() of 'c1' at turn 1 and 2 more"
+    )
+    assert in_flight_summary(labels).endswith("1x step() of 'c3' at turn 1")  # all of 6
 
 
 def test_a_hanging_step_times_out_and_the_worker_is_recycled():

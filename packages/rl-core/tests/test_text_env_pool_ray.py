@@ -63,6 +63,7 @@ def test_ray_actors_host_the_environments(ray_session):
         assert str(err.value).startswith(
             f"environment '{FAULTY}' turn 1: step(): the environment worker actor died"
         )
+        assert str(err.value).endswith(f"; calls in flight: 1x step() of '{FAULTY}' at turn 1")
         step, _ = asyncio.run(play(pool, DIGITS))  # a new actor where the old one died
         assert step.reward == 0.5
     finally:

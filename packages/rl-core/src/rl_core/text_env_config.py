@@ -45,14 +45,32 @@ class TextEnvPoolConfig:
 
 
 class EnvWorker:
-    """One worker as the client sees it: ``await call(method, args, timeout)``."""
+    """One worker as the client sees it: ``await call(method, args, timeout, label)``.
+
+    ``label`` names the call (environment, method, turn); when the worker dies, ``dead``
+    lists the calls that were in flight (`in_flight_summary`), so that every episode's
+    error names the suspects, whichever episode reports it."""
 
     generation: int
     hung: int = 0
     dead: str | None = None
 
-    async def call(self, method: str, args: tuple, timeout: float) -> Any:
+    async def call(self, method: str, args: tuple, timeout: float, label: str = "") -> Any:
         raise NotImplementedError
 
     def kill(self) -> None:
         raise NotImplementedError
+
+
+def in_flight_summary(labels: list[str], most: int = 8) -> str:
+    """``"calls in flight: 2x step() of 'a' at turn 1, 1x open() of 'b'"``: the distinct
+    labels with counts, most frequent first (ties by first seen), or "no call in flight"."""
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    if not counts:
+        return "no call in flight"
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    shown = ", ".join(f"{n}x {label}" for label, n in ranked[:most])
+    more = f" and {len(ranked) - most} more" if len(ranked) > most else ""
+    return f"calls in flight: {shown}{more}"

@@ -49,7 +49,7 @@ from rl_core.text_env import (
     TextEnvStep,
     resolve_text_env,
 )
-from rl_core.text_env_config import EnvWorker, TextEnvPoolConfig
+from rl_core.text_env_config import EnvWorker, TextEnvPoolConfig, in_flight_summary
 from rl_core.text_env_host import EnvHost
 
 __all__ = ["EnvEpisode", "EnvHost", "TextEnvPool", "TextEnvPoolConfig"]
@@ -121,7 +121,7 @@ class _ProcessWorker(EnvWorker):
         self.connected: concurrent.futures.Future = concurrent.futures.Future()
         self.conn: Any = None
         self.generation = generation
-        self.pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self.pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future, str]] = {}
         self.ids = itertools.count()
         self.lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True, name="rl-env-reader")
@@ -177,12 +177,14 @@ class _ProcessWorker(EnvWorker):
         except subprocess.TimeoutExpired:
             code = None
         with self.lock:
-            self.dead = self.dead or f"the environment worker process died (exit code {code})"
             pending, self.pending = self.pending, {}
-        for loop, future in pending.values():
+            suspects = in_flight_summary([label for _, _, label in pending.values()])
+            died = f"the environment worker process died (exit code {code}); {suspects}"
+            self.dead = self.dead or died
+        for loop, future, _ in pending.values():
             loop.call_soon_threadsafe(_resolve, future, False, RuntimeError(self.dead))
 
-    async def call(self, method: str, args: tuple, timeout: float) -> Any:
+    async def call(self, method: str, args: tuple, timeout: float, label: str = "") -> Any:
         if self.dead:
             raise RuntimeError(self.dead)
         if not self.connected.done():
@@ -197,7 +199,7 @@ class _ProcessWorker(EnvWorker):
         future = loop.create_future()
         call_id = next(self.ids)
         with self.lock:
-            self.pending[call_id] = (loop, future)
+            self.pending[call_id] = (loop, future, label or f"{method}()")
         try:
             with self.lock:
                 self.conn.send((call_id, method, args))
@@ -286,8 +288,9 @@ class TextEnvPool:
         timeout: float,
     ) -> Any:
         """One call with a time limit; every failure as a `TextEnvError` of `name`/`turn`."""
+        label = f"{method}() of '{name}'" + (f" at turn {turn}" if turn else "")
         try:
-            return await worker.call(method, args, timeout)
+            return await worker.call(method, args, timeout, label)
         except TextEnvError as exc:
             if exc.env_name == "?":
                 raise type(exc)(name, turn, exc.detail) from None
@@ -414,6 +417,5 @@ class EnvEpisode:
         if self.worker is None or self.worker.dead:
             return
         with contextlib.suppress(TimeoutError, TextEnvError, RuntimeError):
-            await self.worker.call(
-                "close", (self.episode_id,), min(5.0, self.pool.config.step_timeout_s)
-            )
+            limit = min(5.0, self.pool.config.step_timeout_s)
+            await self.worker.call("close", (self.episode_id,), limit, f"close() of '{self.name}'")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from typing import Any
 
 import ray
 
 from rl_core.single_controller.ray.lifecycle import ensure_ray
-from rl_core.text_env_config import EnvWorker, TextEnvPoolConfig
+from rl_core.text_env_config import EnvWorker, TextEnvPoolConfig, in_flight_summary
 from rl_core.text_env_host import EnvHost
 
 __all__ = ["RayEnvWorker"]
@@ -33,10 +34,14 @@ class RayEnvWorker(EnvWorker):
         )(_HostActor)
         self.actor = actor_cls.remote(config.envs)
         self.generation = generation
+        self._in_flight: dict[int, str] = {}
+        self._call_ids = itertools.count()
 
-    async def call(self, method: str, args: tuple, timeout: float) -> Any:
+    async def call(self, method: str, args: tuple, timeout: float, label: str = "") -> Any:
         if self.dead:
             raise RuntimeError(self.dead)
+        key = next(self._call_ids)
+        self._in_flight[key] = label or f"{method}()"
         try:
             ok, value = await asyncio.wait_for(
                 asyncio.wrap_future(self.actor.handle.remote(method, args).future()), timeout
@@ -45,8 +50,12 @@ class RayEnvWorker(EnvWorker):
             self.hung += 1
             raise
         except ray.exceptions.RayError as exc:
-            self.dead = f"the environment worker actor died ({type(exc).__name__})"
+            if not self.dead:  # the first call to see the death names every call then in flight
+                suspects = in_flight_summary(list(self._in_flight.values()))
+                self.dead = f"the environment worker actor died ({type(exc).__name__}); {suspects}"
             raise RuntimeError(self.dead) from exc
+        finally:
+            self._in_flight.pop(key, None)
         if not ok:
             raise value
         return value
