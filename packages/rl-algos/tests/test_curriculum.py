@@ -52,6 +52,22 @@ def test_the_draw_shifts_towards_a_kind_near_half_and_away_as_it_saturates():
     assert c.observed == {"easy": 80, "hard": 80, "mid": 80}
 
 
+def test_sharpness_raises_the_scores_to_a_power_above_the_floor():
+    # after one update (ema 0.5): easy p 0.75, hard 0.25 (s = 0.75), mid 0.5 (s = 1)
+    flat = KindCurriculum(["easy", "hard", "mid"], floor=0.1, ema=0.5)
+    sharp = KindCurriculum(["easy", "hard", "mid"], floor=0.1, sharpness=3, ema=0.5)
+    for c in (flat, sharp):
+        _update(c, 4)
+    assert flat.probabilities().tolist() == pytest.approx([0.75 / 2.5, 0.75 / 2.5, 1 / 2.5])
+    total = 2 * 0.75**3 + 1
+    assert sharp.probabilities().tolist() == pytest.approx([0.75**3 / total] * 2 + [1 / total])
+    # easy and hard at s = 0.4375: 0.4375^3 ~ 0.084 is below the floor, which holds
+    _update(sharp, 4)
+    assert sharp.probabilities().tolist() == pytest.approx([0.1 / 1.2, 0.1 / 1.2, 1 / 1.2])
+    with pytest.raises(ConfigError, match=r"sharpness.*0.*a number > 0"):
+        CurriculumConfig(sharpness=0)
+
+
 def test_guided_gap_draws_the_kinds_the_guide_solves_and_the_policy_does_not():
     # q(1-p) by hand: learned (p 1), guide helps (q 1, p 0), hopeless (q 0, p 0), mid
     p, q = np.array([1.0, 0.0, 0.0, 0.5]), np.array([1.0, 1.0, 0.0, 0.8])

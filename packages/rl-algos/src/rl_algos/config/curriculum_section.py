@@ -23,7 +23,7 @@ CURRICULUM_SCORES = ("variance", "informative", "guided_gap")
 class CurriculumConfig:
     """A curriculum by kind. Each training row names its kind (the row field `kind_key`).
     The sampler keeps a running success rate p per kind and draws each prompt's kind with
-    probability w_k / sum(w), w = max(s(p), floor), s the learnability: ``variance``
+    probability w_k / sum(w), w = max(s(p)^sharpness, floor), s the learnability: ``variance``
     4p(1-p), ``informative`` 1 - p^n - (1-p)^n (n = rollout.n: the chance that a group
     is mixed, so GRPO learns from it and ``algorithm.dynamic_sampling`` keeps it), or, with
     guided samples (``rollout.guide_prompt_key``), ``guided_gap`` q(1-p), q the guided
@@ -57,11 +57,20 @@ class CurriculumConfig:
     (e.g. ``reward_acc``, a reward function's ``acc``)."""
     success_threshold: float = 1.0
     """A sample succeeds when its `metric` is >= this."""
+    sharpness: float = 1.0
+    """The exponent on the learnability score, > 0: 2 squares the ratios between kinds, so
+    the most learnable kinds take a larger share of the batch (the floor still holds)."""
 
     def __post_init__(self) -> None:
         check(self.score in CURRICULUM_SCORES, "score", self.score, f"one of {CURRICULUM_SCORES}")
         check(0 < self.floor <= 1, "floor", self.floor, "a number in (0, 1]")
         check(0 < self.ema <= 1, "ema", self.ema, "a number in (0, 1]")
+        check(
+            isinstance(self.sharpness, int | float) and 0 < self.sharpness < float("inf"),
+            "sharpness",
+            self.sharpness,
+            "a number > 0",
+        )
         check(0 <= self.prior <= 1, "prior", self.prior, "a number in [0, 1]")
         check(
             isinstance(self.kind_key, str) and bool(self.kind_key),

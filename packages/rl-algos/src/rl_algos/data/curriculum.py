@@ -63,6 +63,7 @@ class KindCurriculum:
         *,
         score: str = "variance",
         floor: float = 0.1,
+        sharpness: float = 1.0,
         ema: float = 0.3,
         prior: float = 0.5,
         group_size: int = 8,
@@ -71,16 +72,19 @@ class KindCurriculum:
             raise ValueError("a curriculum needs at least one kind")
         self.kinds = sorted(set(kinds))
         self.score, self.floor, self.ema, self.group_size = score, floor, ema, group_size
+        self.sharpness = float(sharpness)
         learnability(np.zeros(1), score, group_size, np.zeros(1))  # names a bad score now
         self.rate = dict.fromkeys(self.kinds, float(prior))  # the policy's own samples
         self.guided_rate = dict.fromkeys(self.kinds, float(prior))  # guided samples
         self.observed = dict.fromkeys(self.kinds, 0)  # samples seen per kind
 
     def probabilities(self) -> np.ndarray:
-        """Draw probability of each kind (in `kinds` order): w / sum(w), w = max(s(p), floor)."""
+        """Draw probability of each kind (in `kinds` order): w / sum(w),
+        w = max(s(p)^sharpness, floor)."""
         p = np.array([self.rate[k] for k in self.kinds])
         q = np.array([self.guided_rate[k] for k in self.kinds])
-        weights = np.maximum(learnability(p, self.score, self.group_size, q), self.floor)
+        scores = learnability(p, self.score, self.group_size, q) ** self.sharpness
+        weights = np.maximum(scores, self.floor)
         return weights / weights.sum()
 
     def update(
@@ -162,6 +166,7 @@ class CurriculumLoader:
             list(by_kind),
             score=config.score,
             floor=config.floor,
+            sharpness=config.sharpness,
             ema=config.ema,
             prior=config.prior,
             group_size=group_size,
