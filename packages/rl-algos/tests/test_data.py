@@ -53,6 +53,29 @@ def test_generation_is_seeded():
     assert "####" in row["prompt"][1]["content"] and " * " in row["prompt"][1]["content"]
 
 
+def test_train_repeats_follow_the_task_distribution_and_keep_the_held_out_splits():
+    # digits [1, 2] with products capped at 9: a two-digit multiplier becomes 9, so about
+    # half of the generator's "ab * c" are "ab * 9", of which only 90 problems exist
+    task = ArithmeticTask(digits=[1, 2], max_multiplier=9, ops=("*",))
+    extra = {"plain": (ArithmeticTask(digits=[1, 2], max_multiplier=9, ops=("*",)), 30)}
+    distinct = make_splits(task, 600, 40, seed=4, extra=extra)
+    repeats = make_splits(task, 600, 40, seed=4, extra=extra, train_repeats=True)
+    for split in ("test", "plain"):  # drawn before train: row for row the same
+        assert repeats[split] == distinct[split]
+    held_out = {r["extra_info"]["expression"] for s in ("test", "plain") for r in repeats[s]}
+    train = [r["extra_info"]["expression"] for r in repeats["train"]]
+    assert len(train) == 600 and not held_out & set(train)
+    assert len(set(train)) < 600  # problems recur
+    assert len(set(r["extra_info"]["expression"] for r in distinct["train"])) == 600
+
+    def nine_share(rows: list[dict]) -> float:
+        products = [r for r in rows if r["kind"] == "ab*c"]
+        return sum(r["extra_info"]["expression"].endswith("* 9") for r in products) / len(products)
+
+    # the generator's share is 1/2 + 1/20; 90 - held-out problems cap the distinct split
+    assert nine_share(distinct["train"]) < 0.35 < 0.4 < nine_share(repeats["train"]) < 0.65
+
+
 def test_too_small_problem_space_fails_clearly():
     with pytest.raises(ValueError, match="distinct problems"):
         make_splits(ArithmeticTask(min_value=0, max_value=1, ops=("+",)), 10, 2)

@@ -96,7 +96,10 @@ class DataGenerateConfig:
     plain_test_size > 0 also writes a plain split (``plain_test``, disjoint from the others):
     the same task with `PLAIN_SPLIT_OPTIONS` (no system prompt, no demos, held-out
     phrasings) and then `plain_options` applied; it becomes ``data.extra_val_files.plain``
-    and is reported as ``val/plain_accuracy`` etc. (arithmetic only)."""
+    and is reported as ``val/plain_accuracy`` etc. (arithmetic only). train_repeats: a
+    training problem may recur (in another phrasing), so the training rows follow the task's
+    distribution: distinct rows under-represent kinds with few distinct problems (e.g. "ab x 9"
+    in arithmetic with ``digits: [1, 2]``); the held-out splits do not change."""
 
     task: str | None = None
     train_size: int = 1000
@@ -105,6 +108,7 @@ class DataGenerateConfig:
     options: dict[str, Any] = field(default_factory=dict)
     plain_test_size: int = 0
     plain_options: dict[str, Any] = field(default_factory=dict)
+    train_repeats: bool = False
 
     def __post_init__(self) -> None:
         _positive(self, "train_size", "test_size")

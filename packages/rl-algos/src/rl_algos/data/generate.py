@@ -24,10 +24,11 @@ def write_task(
     seed: int = 0,
     file_format: str = "parquet",
     extra_splits: dict[str, tuple[int, dict[str, Any]]] | None = None,
+    train_repeats: bool = False,
     **task_options: Any,
 ) -> dict[str, Path]:
     """Write `train`, `test` and one file per `extra_splits` entry (name -> (size, option
-    overrides), disjoint) under `out_dir`."""
+    overrides), disjoint) under `out_dir`; `train_repeats`: see `make_splits`."""
     factory = task_factory(task)
     if file_format not in ("parquet", "jsonl"):
         raise ValueError(f"unknown format {file_format!r}; expected 'parquet' or 'jsonl'")
@@ -35,7 +36,8 @@ def write_task(
         name: (factory(**{**task_options, **overrides}), size)
         for name, (size, overrides) in (extra_splits or {}).items()
     }
-    splits = make_splits(factory(**task_options), train_size, test_size, seed, extra)
+    task = factory(**task_options)
+    splits = make_splits(task, train_size, test_size, seed, extra, train_repeats)
     return {
         name: write_rows(rows, Path(out_dir) / f"{name}.{file_format}")
         for name, rows in splits.items()

@@ -488,15 +488,18 @@ def make_splits(
     test_size: int,
     seed: int = 0,
     extra: dict[str, tuple[Any, int]] | None = None,
+    train_repeats: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Disjoint `train`, `test` (drawn first) and `extra` splits (name -> (task, size),
-    drawn after test from the same RNG)."""
+    drawn after test from the same RNG). With `train_repeats` a training problem may recur
+    (so train follows the task's own distribution), never one of the other splits'."""
     rng = random.Random(seed)
     seen: set[str] = set()
     plan = [("test", task, test_size), *((n, t, k) for n, (t, k) in (extra or {}).items())]
     plan.append(("train", task, train_size))
     splits: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in plan}
     for split, source, size in plan:
+        held_out = frozenset(seen) if split == "train" and train_repeats else None
         attempts = 0
         while len(splits[split]) < size:
             attempts += 1
@@ -506,7 +509,7 @@ def make_splits(
                     f"{train_size} + {test_size} requested; widen the value ranges"
                 )
             key, row = source.sample(rng)
-            if key in seen:
+            if key in (seen if held_out is None else held_out):
                 continue
             seen.add(key)
             row["extra_info"].update(split=split, index=len(splits[split]))

@@ -56,6 +56,8 @@ def materialize_generated_task(cfg: Any, output_dir: Path) -> None:
         plain = {**PLAIN_SPLIT_OPTIONS, **tuples(gen.plain_options)}
         extra["plain_test"] = (gen.plain_test_size, plain)
         wanted_split.update(plain_test_size=gen.plain_test_size, plain_options=plain)
+    if gen.train_repeats:  # likewise
+        wanted_split["train_repeats"] = True
     wanted = json.loads(json.dumps(wanted_split, sort_keys=True))
     have = json.loads(record.read_text()) if record.is_file() else None
     plain_file = out / "plain_test.parquet"
@@ -82,6 +84,7 @@ def materialize_generated_task(cfg: Any, output_dir: Path) -> None:
                 gen.test_size,
                 gen.seed,
                 extra_splits=extra,
+                train_repeats=gen.train_repeats,
                 **options,
             )
         except (TypeError, ValueError) as exc:
