@@ -10,6 +10,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
 from rl_algos.config import load_config
 from rl_algos.data import read_rows
 from rl_algos.trainer.run_setup import materialize_generated_task
@@ -27,8 +29,10 @@ def _fingerprint(rows: list[dict]) -> str:
     return hashlib.sha256(json.dumps(pairs, sort_keys=True).encode()).hexdigest()
 
 
-def test_the_main_jobs_validation_splits_are_unchanged(tmp_path):
-    cfg = load_config(str(JOB), [f"trainer.output_dir={tmp_path}"])
+@pytest.mark.parametrize("train_repeats", [False, True])
+def test_the_main_jobs_validation_splits_are_unchanged(tmp_path, train_repeats):
+    overrides = [f"trainer.output_dir={tmp_path}", f"data.generate.train_repeats={train_repeats}"]
+    cfg = load_config(str(JOB), overrides)
     materialize_generated_task(cfg, tmp_path)
     data = tmp_path / "data" / "arithmetic"
     splits = {name: read_rows(data / f"{name}.parquet") for name in FINGERPRINTS}

@@ -96,10 +96,8 @@ class DataGenerateConfig:
     plain_test_size > 0 also writes a plain split (``plain_test``, disjoint from the others):
     the same task with `PLAIN_SPLIT_OPTIONS` (no system prompt, no demos, held-out
     phrasings) and then `plain_options` applied; it becomes ``data.extra_val_files.plain``
-    and is reported as ``val/plain_accuracy`` etc. (arithmetic only). train_repeats: a
-    training problem may recur (in another phrasing), so the training rows follow the task's
-    distribution: distinct rows under-represent kinds with few distinct problems (e.g. "ab x 9"
-    in arithmetic with ``digits: [1, 2]``); the held-out splits do not change."""
+    and is reported as ``val/plain_accuracy`` etc. (arithmetic only). train_repeats: training
+    problems may recur, following the task's distribution (`make_splits`)."""
 
     task: str | None = None
     train_size: int = 1000
