@@ -64,7 +64,9 @@ def test_sharpness_raises_the_scores_to_a_power_above_the_floor():
     # easy and hard at s = 0.4375: 0.4375^3 ~ 0.084 is below the floor, which holds
     _update(sharp, 4)
     assert sharp.probabilities().tolist() == pytest.approx([0.1 / 1.2, 0.1 / 1.2, 1 / 1.2])
-    with pytest.raises(ConfigError, match=r"sharpness.*0.*a number > 0"):
+    with pytest.raises(
+        ConfigError, match=r"sharpness: invalid value 0; expected a finite number > 0"
+    ):
         CurriculumConfig(sharpness=0)
 
 

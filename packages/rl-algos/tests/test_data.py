@@ -73,7 +73,8 @@ def test_train_repeats_follow_the_task_distribution_and_keep_the_held_out_splits
         return sum(r["extra_info"]["expression"].endswith("* 9") for r in products) / len(products)
 
     # the generator's share is 1/2 + 1/20; 90 - held-out problems cap the distinct split
-    assert nine_share(distinct["train"]) < 0.35 < 0.4 < nine_share(repeats["train"]) < 0.65
+    assert nine_share(distinct["train"]) < 0.35  # 12-13% on seeds 4-6
+    assert 0.4 < nine_share(repeats["train"]) < 0.65  # 46-50% on seeds 4-6
 
 
 def test_too_small_problem_space_fails_clearly():

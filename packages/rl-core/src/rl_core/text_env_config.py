@@ -4,6 +4,7 @@ worker interface. A leaf module, so that neither of them imports the other's mod
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -65,12 +66,9 @@ class EnvWorker:
 def in_flight_summary(labels: list[str], most: int = 8) -> str:
     """``"calls in flight: 2x step() of 'a' at turn 1, 1x open() of 'b'"``: the distinct
     labels with counts, most frequent first (ties by first seen), or "no call in flight"."""
-    counts: dict[str, int] = {}
-    for label in labels:
-        counts[label] = counts.get(label, 0) + 1
-    if not counts:
+    ranked = Counter(labels).most_common()
+    if not ranked:
         return "no call in flight"
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
     shown = ", ".join(f"{n}x {label}" for label, n in ranked[:most])
     more = f" and {len(ranked) - most} more" if len(ranked) > most else ""
     return f"calls in flight: {shown}{more}"

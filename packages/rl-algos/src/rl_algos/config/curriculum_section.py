@@ -65,7 +65,7 @@ class CurriculumConfig:
         check(self.score in CURRICULUM_SCORES, "score", self.score, f"one of {CURRICULUM_SCORES}")
         check(0 < self.floor <= 1, "floor", self.floor, "a number in (0, 1]")
         check(0 < self.ema <= 1, "ema", self.ema, "a number in (0, 1]")
-        check(0 < self.sharpness < float("inf"), "sharpness", self.sharpness, "a number > 0")
+        check(0 < self.sharpness < float("inf"), "sharpness", self.sharpness, "a finite number > 0")
         check(0 <= self.prior <= 1, "prior", self.prior, "a number in [0, 1]")
         check(
             isinstance(self.kind_key, str) and bool(self.kind_key),

@@ -36,8 +36,8 @@ def write_task(
         name: (factory(**{**task_options, **overrides}), size)
         for name, (size, overrides) in (extra_splits or {}).items()
     }
-    task = factory(**task_options)
-    splits = make_splits(task, train_size, test_size, seed, extra, train_repeats)
+    source = factory(**task_options)
+    splits = make_splits(source, train_size, test_size, seed, extra, train_repeats)
     return {
         name: write_rows(rows, Path(out_dir) / f"{name}.{file_format}")
         for name, rows in splits.items()

@@ -56,7 +56,7 @@ def materialize_generated_task(cfg: Any, output_dir: Path) -> None:
         plain = {**PLAIN_SPLIT_OPTIONS, **tuples(gen.plain_options)}
         extra["plain_test"] = (gen.plain_test_size, plain)
         wanted_split.update(plain_test_size=gen.plain_test_size, plain_options=plain)
-    if gen.train_repeats:  # likewise
+    if gen.train_repeats:  # recorded only when true: older records stay valid
         wanted_split["train_repeats"] = True
     wanted = json.loads(json.dumps(wanted_split, sort_keys=True))
     have = json.loads(record.read_text()) if record.is_file() else None
