@@ -152,8 +152,21 @@ def test_guided_samples_are_refused_where_they_cannot_work():
          "rollout.guide_prompt_key", "g", "belong to the guide's prompt"),
         (["rollout.guide_prompt_key=g", "rollout.guided_n=2", "actor.router_replay=true"],
          "rollout.guide_prompt_key", "g", "actor.router_replay"),
+        (["rollout.guided_temperature=0.3"], "rollout.guided_temperature", 0.3,
+         "null without guide_prompt_key"),
+        (["rollout.guide_prompt_key=g", "rollout.guided_n=2", "rollout.guided_temperature=-0.1"],
+         "rollout.guided_temperature", -0.1, "a finite number >= 0 (0: greedy)"),
+        (["rollout.guide_prompt_key=g", "rollout.guided_n=2", "rollout.guided_temperature=.inf"],
+         "rollout.guided_temperature", float("inf"), "expected a number or null"),
+        (["rollout.guide_prompt_key=g", "rollout.guided_n=2", "rollout.guided_temperature=0.3",
+          "rollout.generator=my_service"], "rollout.guided_temperature", 0.3,
+         "other than 'agent_loop'"),
     ):  # fmt: skip
         err = _error(overrides)
         assert (err.path, err.value) == (path, value) and words in str(err), str(err)
     cfg = load_config(TINY, ["rollout.guide_prompt_key=g", "rollout.guided_n=2"])
     assert (cfg.rollout.guide_prompt_key, cfg.rollout.guided_n) == ("g", 2)
+    assert cfg.rollout.guided_temperature is None
+    cfg = load_config(TINY, ["rollout.guide_prompt_key=g", "rollout.guided_n=2",
+                             "rollout.guided_temperature=0"])  # fmt: skip
+    assert cfg.rollout.guided_temperature == 0.0

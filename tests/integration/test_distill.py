@@ -279,13 +279,16 @@ def test_context_distillation_teacher_reads_its_own_prompt(make_config, tmp_path
     assert tokenizer.decode(batch.non_tensor_batch["teacher_prompt_ids"][0]).count("Say") == 2
 
 
+@pytest.mark.parametrize("guided_temperature", [None, 0.0])
 def test_guided_samples_are_generated_after_the_guide_and_trained_after_the_own_prompt(
-    make_config, tmp_path
+    make_config, tmp_path, guided_temperature
 ):
     """``rollout.guide_prompt_key``: the first ``guided_n`` samples of each group are
     generated after the row's guide prompt, then scored and trained as responses to the
     row's own prompt: the update's old log-probs of a guided response are those after the
-    own prompt (a single-process Hugging Face forward pass), not after the guide."""
+    own prompt (a single-process Hugging Face forward pass), not after the guide, at
+    ``rollout.temperature`` whatever ``rollout.guided_temperature`` (0: the guided
+    responses are the reference's greedy ones after the guide)."""
     from transformers import AutoModelForCausalLM
 
     from rl_algos.data import write_rows
@@ -300,6 +303,7 @@ def test_guided_samples_are_generated_after_the_guide_and_trained_after_the_own_
         "data.max_prompt_length=64",
         "rollout.guided_n=1", "actor.recompute_old_log_probs=true", "trainer.backend=local",
         "trainer.num_workers=1", "trainer.total_steps=1", "trainer.val_before_train=false",
+        f"rollout.guided_temperature={'null' if guided_temperature is None else guided_temperature}",
     ])  # fmt: skip
     trainer = RLTrainer(cfg)
     generated: list[tuple[Any, Any]] = []
@@ -330,8 +334,26 @@ def test_guided_samples_are_generated_after_the_guide_and_trained_after_the_own_
     assert metrics["rollout/guided_share"] == 0.25
     assert {"reward/guided_mean", "reward/own_mean"} <= set(metrics)
     assert "rollout_log_probs" not in set(batch.batch.keys())  # they belong to the guide
+    assert "temperature" not in batch.non_tensor_batch  # the sampling's, not the update's
+    want_temperature = [guided_temperature if g else None for g in guided]
+    if guided_temperature is None:
+        assert "temperature" not in nt
+    else:
+        assert nt["temperature"].tolist() == want_temperature
     reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     temperature = float(batch.meta_info["temperature"])
+    assert temperature == cfg.rollout.temperature == 1.0
+    greedy_rows = 0
+    for j in range(len(sampled)):  # guided at temperature 0: each token the guide's argmax
+        length = int(sampled.batch["response_mask"][j].sum())
+        if guided_temperature != 0.0 or not guided[j] or length == 0:
+            continue
+        guide, response = list(nt["guide_ids"][j]), sampled.batch["responses"][j, :length]
+        with torch.no_grad():
+            logits = reference(torch.tensor([guide + response.tolist()])).logits[0]
+        assert logits[len(guide) - 1 : -1].argmax(-1).tolist() == response.tolist(), j
+        greedy_rows += 1
+    assert greedy_rows == (int(guided.sum()) if guided_temperature == 0.0 else 0)
     mask = batch.batch["response_mask"].bool()
     rows_by_seed = {int(s): i for i, s in enumerate(sampled.non_tensor_batch["seed"])}
     for i in range(len(batch)):

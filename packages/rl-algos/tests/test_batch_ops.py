@@ -221,6 +221,11 @@ def test_guided_rows_read_the_guide_and_come_back_with_their_own_prompt():
         "reward/guided_mean": pytest.approx(0.5),
         "reward/own_mean": pytest.approx(0.25),
     }
+    hot = guide_prompts(prompts, "g_ids", np.array([True, False, True]), temperature=0.3)
+    assert hot.non_tensor_batch["temperature"].tolist() == [0.3, None, 0.3]  # guided rows only
+    assert "temperature" not in asked.non_tensor_batch  # none given: the rollout's for all
+    out.non_tensor_batch["temperature"] = hot.non_tensor_batch["temperature"]
+    assert "temperature" not in unguide_prompts(out, PAD).non_tensor_batch
     prompts.non_tensor_batch["g_ids"][2] = []
     with pytest.raises(ValueError, match=r"g_ids: row 2 has no token ids \(expected a non-empty"):
         guide_prompts(prompts, "g_ids", np.array([True, False, True]))

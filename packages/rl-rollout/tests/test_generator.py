@@ -120,6 +120,46 @@ def test_per_row_seeds_reproduce_samples_independently_of_batch_order(setup):
     assert again[0] == first[3] and again[1] == first[0] and again[3] == first[1]
 
 
+def test_per_row_temperature_overrides_the_batch_temperature_in_its_row_only(setup):
+    path, generator = setup
+    prompt = [5, 9, 17, 33]
+
+    def sample(temperatures: list[float | None] | None) -> list[list[int]]:
+        non_tensors = {"raw_prompt_ids": [prompt] * 4, "seed": [21, 22, 23, 24]}
+        if temperatures is not None:
+            non_tensors["temperature"] = temperatures
+        batch = DataProto.from_dict(
+            non_tensors=non_tensors, meta_info={"temperature": 1.5, "max_tokens": 6}
+        )
+        out = generator.generate_sequences(batch).batch
+        return [
+            out["responses"][i, : int(out["response_mask"][i].sum())].tolist() for i in range(4)
+        ]
+
+    hot = sample(None)
+    mixed = sample([0.0, None, 0.0, None])
+    greedy = _greedy_reference(path, prompt, 6)
+    assert mixed[0] == mixed[2] == greedy  # temperature 0 in the row: greedy
+    assert mixed[1] == hot[1] and mixed[3] == hot[3]  # None: the batch's 1.5, same seed
+    assert hot[0] != greedy or hot[2] != greedy  # at 1.5 the seeded rows are not greedy
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(-0.5, "-0.5"), (float("nan"), "nan"), ("0.3", "'0.3' \\(str\\)"), (True, "True \\(bool\\)")],
+)
+def test_a_bad_per_row_temperature_is_refused_naming_the_row(setup, value, shown):
+    _, generator = setup
+    batch = DataProto.from_dict(
+        non_tensors={"raw_prompt_ids": [[5, 9], [7, 8]], "temperature": [None, value]}
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"^temperature\[1\] is {shown}.*expected None or a finite number >= 0 \(0: greedy\)$",
+    ):
+        generator.generate_sequences(batch)
+
+
 def test_prompt_length_in_meta_info_fixes_the_prompt_width(setup):
     _, generator = setup
     batch = _batch()

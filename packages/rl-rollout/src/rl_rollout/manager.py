@@ -14,7 +14,8 @@ request of the row to the engine. A non-tensor
 ``agent_name`` picks the loop per row (default: ``config.agent_loop``). Sampling parameters
 come from ``config.sampling``, overridden by ``meta_info`` keys of the same names
 (``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop_token_ids``, ``seed``); a
-non-tensor ``seed`` gives a row its own seed. ``meta_info["prompt_length"]`` fixes the prompt
+non-tensor ``seed`` gives a row its own seed and a non-tensor ``temperature`` its own
+temperature (None in a row: the batch's). ``meta_info["prompt_length"]`` fixes the prompt
 width P (at least the longest prompt) so outputs of several calls concatenate.
 
 Several samples per prompt: repeat the batch first (``batch.repeat(n, interleave=True)``);
@@ -40,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import threading
 import time
@@ -400,7 +402,11 @@ class RolloutManager:
             if "seed" in nt and nt["seed"][i] is not None:
                 # Per-row seeds make sampling reproducible independently of batch order and
                 # of the engine's RNG history (exact resume), while rows stay distinct.
-                row_params = dataclasses.replace(params, seed=int(nt["seed"][i]))
+                row_params = dataclasses.replace(row_params, seed=int(nt["seed"][i]))
+            if "temperature" in nt and nt["temperature"][i] is not None:
+                row_params = dataclasses.replace(
+                    row_params, temperature=_row_temperature(nt["temperature"][i], i)
+                )
             mm = None if multi_modal is None else multi_modal[i]
             if mm is not None and not isinstance(mm, Mapping):
                 raise ValueError(
@@ -721,6 +727,20 @@ def _env_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
     for name in sorted({o.env_name for o in episodes}):
         metrics[f"env/failed_episodes/{name}"] = float(sum(o.env_name == name for o in failed))
     return metrics
+
+
+def _row_temperature(value: Any, i: int) -> float:
+    """Row `i`'s non-tensor ``temperature``, checked: a finite number >= 0 (0: greedy)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise ValueError(
+            f"temperature[{i}] is {value!r} ({type(value).__name__}): expected None or a "
+            "finite number >= 0 (0: greedy)"
+        )
+    if not math.isfinite(float(value)) or value < 0:
+        raise ValueError(
+            f"temperature[{i}] is {value!r}: expected None or a finite number >= 0 (0: greedy)"
+        )
+    return float(value)
 
 
 def _env_seed(nt: Mapping[str, Any], i: int) -> int:

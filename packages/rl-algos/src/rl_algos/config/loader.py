@@ -123,6 +123,10 @@ def _check_consistency(cfg: RLConfig) -> None:
           "null with actor.loss.rollout_correction, async.max_staleness > 0 or "
           "actor.router_replay: a guided sample's rollout log-probs and routing belong to "
           "the guide's prompt, not to the prompt it trains on")  # fmt: skip
+    hot = cfg.rollout.guided_temperature
+    check(hot is None or cfg.rollout.generator == "agent_loop", "rollout.guided_temperature",
+          hot, "null with rollout.generator other than 'agent_loop' (rl-rollout's manager "
+          "reads a row's own temperature; another generator may sample at the batch's)")  # fmt: skip
     cur = cfg.data.curriculum
     check(not cur.enabled or cur.score != "guided_gap" or guide is not None,
           "data.curriculum.score", cur.score, "'variance' or 'informative' without "

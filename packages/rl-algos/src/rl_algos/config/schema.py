@@ -5,6 +5,7 @@ raises `ConfigError` naming the field. Optimizer and parallelism are rl-core's e
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -311,6 +312,9 @@ class RolloutSectionConfig:
     biased gradient, by design. null: off."""
     guided_n: int = 0
     """How many of each prompt's `n` samples are guided (1..n with `guide_prompt_key`)."""
+    guided_temperature: float | None = None
+    """The guided samples' sampling temperature (0: greedy); null: `temperature`, like the
+    model's own samples. The update's log-probs stay at `temperature` for every sample."""
 
     def __post_init__(self) -> None:
         _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
@@ -333,6 +337,13 @@ class RolloutSectionConfig:
             "guided_n",
             self.guided_n,
             "0 without rollout.guide_prompt_key (which prompt column guides the samples?)",
+        )
+        check(
+            self.guided_temperature is None
+            or (self.guide_prompt_key is not None and 0 <= self.guided_temperature < math.inf),
+            "guided_temperature",
+            self.guided_temperature,
+            "null without guide_prompt_key, else a finite number >= 0 (0: greedy)",
         )
         check(self.cpus_per_replica > 0, "cpus_per_replica", self.cpus_per_replica, "> 0")
         check(self.gpus_per_replica >= 0, "gpus_per_replica", self.gpus_per_replica, ">= 0")

@@ -198,9 +198,12 @@ def with_token_ids(batch: DataProto, table: Sequence[int], keys: Sequence[str]) 
 PROMPT_BOUND_TENSORS = ("rollout_log_probs", ROUTED_EXPERTS)
 
 
-def guide_prompts(batch: DataProto, key: str, guided: np.ndarray) -> DataProto:
+def guide_prompts(
+    batch: DataProto, key: str, guided: np.ndarray, temperature: float | None = None
+) -> DataProto:
     """Prompt rows for generation, the `guided` rows (bool mask) prompted by their field
-    `key` (token ids); their own ids are kept in ``own_prompt_ids``."""
+    `key` (token ids); their own ids are kept in ``own_prompt_ids``. A `temperature` is
+    the guided rows' own (the rollout's per-row non-tensor ``temperature``)."""
     nt = batch.non_tensor_batch
     if key not in nt:
         raise KeyError(
@@ -219,17 +222,22 @@ def guide_prompts(batch: DataProto, key: str, guided: np.ndarray) -> DataProto:
     out.non_tensor_batch["own_prompt_ids"] = own
     out.non_tensor_batch["raw_prompt_ids"] = ids
     out.non_tensor_batch["guided"] = np.asarray(guided, dtype=bool)
+    if temperature is not None:
+        row_temperature = np.full(len(batch), None, dtype=object)
+        row_temperature[np.asarray(guided, dtype=bool)] = float(temperature)
+        out.non_tensor_batch["temperature"] = row_temperature
     return out
 
 
 def unguide_prompts(batch: DataProto, pad_token_id: int) -> DataProto:
     """Undo `guide_prompts` on the rollout `batch`: own prompts, responses kept, without the
-    tensors bound to the guide's prompt (`PROMPT_BOUND_TENSORS`)."""
+    tensors bound to the guide's prompt (`PROMPT_BOUND_TENSORS`) and the rows' sampling
+    temperatures (the update's log-probs are at the batch's)."""
     nt = batch.non_tensor_batch
     own = nt["own_prompt_ids"]
     tensors = {k: v for k, v in batch.batch.items() if k not in PROMPT_BOUND_TENSORS}
     tensors.update(_prompt_layout(batch, _row_ids(own, "own_prompt_ids"), pad_token_id))
-    non_tensors = {k: v for k, v in nt.items() if k != "own_prompt_ids"}
+    non_tensors = {k: v for k, v in nt.items() if k not in ("own_prompt_ids", "temperature")}
     non_tensors["raw_prompt_ids"] = own
     return DataProto.from_dict(
         tensors=tensors, non_tensors=non_tensors, meta_info=dict(batch.meta_info)

@@ -315,7 +315,7 @@ class RLTrainer(ValidationRuns):
         guide = cfg.rollout.guide_prompt_key
         if guide is not None:  # the first guided_n samples of each group read the guide
             guided = np.arange(len(batch)) % cfg.rollout.n < cfg.rollout.guided_n
-            batch = guide_prompts(batch, f"{guide}_ids", guided)
+            batch = guide_prompts(batch, f"{guide}_ids", guided, cfg.rollout.guided_temperature)
         out = self.rollout.generate_sequences(batch)
         if guide is not None:
             out = unguide_prompts(out, self.train_set.pad_token_id)
