@@ -146,7 +146,12 @@ def test_per_row_temperature_overrides_the_batch_temperature_in_its_row_only(set
 
 @pytest.mark.parametrize(
     ("value", "shown"),
-    [(-0.5, "-0.5"), (float("nan"), "nan"), ("0.3", "'0.3' \\(str\\)"), (True, "True \\(bool\\)")],
+    [
+        (-0.5, "-0.5 \\(float\\)"),
+        (float("nan"), "nan \\(float\\)"),
+        ("0.3", "'0.3' \\(str\\)"),
+        (True, "True \\(bool\\)"),
+    ],
 )
 def test_a_bad_per_row_temperature_is_refused_naming_the_row(setup, value, shown):
     _, generator = setup

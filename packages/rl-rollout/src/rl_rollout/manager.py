@@ -731,14 +731,11 @@ def _env_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
 
 def _row_temperature(value: Any, i: int) -> float:
     """Row `i`'s non-tensor ``temperature``, checked: a finite number >= 0 (0: greedy)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+    number = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+    if not (number and math.isfinite(float(value)) and value >= 0):
         raise ValueError(
             f"temperature[{i}] is {value!r} ({type(value).__name__}): expected None or a "
             "finite number >= 0 (0: greedy)"
-        )
-    if not math.isfinite(float(value)) or value < 0:
-        raise ValueError(
-            f"temperature[{i}] is {value!r}: expected None or a finite number >= 0 (0: greedy)"
         )
     return float(value)
 
