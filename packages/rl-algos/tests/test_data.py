@@ -224,13 +224,13 @@ def test_a_guide_prompt_is_held_to_max_prompt_length_the_teachers_is_not(tokeniz
     assert own <= limit < guides[-1]
     taught = PromptDataset(rows, tokenizer, limit, extra_prompt_keys=["teacher_prompt"])
     assert len(taught) == 20  # a teacher's prompt is read, not generated after
-    guided = PromptDataset(rows, tokenizer, limit, generation_prompt_keys=["teacher_prompt"])
+    guided = PromptDataset(rows, tokenizer, limit, generation_prompt_keys=["teacher_prompt"],
+                           filter_overlong_prompts=True)  # fmt: skip
     assert 0 < len(guided) < 20 and guided.num_filtered == 20 - len(guided)
     assert all(len(i["teacher_prompt_ids"]) <= limit for i in guided)
     with pytest.raises(DataError, match=rf"column 'teacher_prompt': \d+ tokens > "
                        rf"data.max_prompt_length={limit} \(the rollout generates after it"):  # fmt: skip
-        PromptDataset(rows, tokenizer, limit, generation_prompt_keys=["teacher_prompt"],
-                      filter_overlong_prompts=False)  # fmt: skip
+        PromptDataset(rows, tokenizer, limit, generation_prompt_keys=["teacher_prompt"])
 
 
 def test_generate_command_takes_the_new_arithmetic_options(tmp_path):
@@ -313,10 +313,10 @@ def rows_of_length(lengths):
     ]
 
 
-def test_dataset_applies_the_chat_template_and_filters_long_prompts(tokenizer):
+def test_dataset_applies_the_chat_template_and_refuses_or_filters_long_prompts(tokenizer):
     # the template adds 19 tokens around the content (one per character here)
     dataset = PromptDataset(
-        rows_of_length([1, 5, 30, 2]), tokenizer, max_prompt_length=34, name="train"
+        rows_of_length([1, 5, 30, 2]), tokenizer, 34, name="train", filter_overlong_prompts=True
     )
     assert len(dataset) == 3 and dataset.num_filtered == 1
     assert dataset.stats() == {
@@ -331,9 +331,9 @@ def test_dataset_applies_the_chat_template_and_filters_long_prompts(tokenizer):
     with pytest.raises(
         ValueError, match=r"row 2: prompt has 49 tokens > data\.max_prompt_length=34"
     ):
-        PromptDataset(rows_of_length([1, 5, 30]), tokenizer, 34, filter_overlong_prompts=False)
+        PromptDataset(rows_of_length([1, 5, 30]), tokenizer, 34)  # the default: refused
     with pytest.raises(ValueError, match="no prompts left"):
-        PromptDataset(rows_of_length([30]), tokenizer, 34)
+        PromptDataset(rows_of_length([30]), tokenizer, 34, filter_overlong_prompts=True)
 
 
 def test_dataset_input_errors_and_plain_text(tokenizer):

@@ -102,3 +102,16 @@ def test_dataset_from_files_and_batch_layout(vlm_dirs, tmp_path, fmt):
     assert mm[0]["pixel_values"] is not mm[3]["pixel_values"]
     json.dumps(repeated.non_tensor_batch["reward_model"].tolist())  # plain fields stay plain
     assert isinstance(repeated.non_tensor_batch["multi_modal_data"], np.ndarray)
+
+
+def test_image_tokens_count_towards_max_prompt_length(vlm_dirs):
+    tokenizer = AutoTokenizer.from_pretrained(vlm_dirs["qwen2_5_vl"])
+    small = shapes_rows(1)[0]
+    fits = len(VLMPromptDataset([small], tokenizer, 256)[0]["raw_prompt_ids"])
+    # the same text with a 112x112 image: 8x8 patches, 16 merged tokens instead of 4
+    large = {**small, "images": [{"bytes": _png(size=(112, 112))}]}
+    with pytest.raises(ValueError, match=rf"data row 1: prompt has {fits + 12} tokens \(image "
+                       rf"tokens included\) > data.max_prompt_length={fits} \(raise it"):  # fmt: skip
+        VLMPromptDataset([small, large], tokenizer, fits)  # refused by default
+    kept = VLMPromptDataset([small, large], tokenizer, fits, filter_overlong_prompts=True)
+    assert len(kept) == 1 and kept.num_filtered == 1 and kept[0]["index"] == 0

@@ -139,8 +139,9 @@ class DataConfig:
     train_batch_size: prompts per step (each sampled `rollout.n` times).
     dataset: the prompt dataset by name (``rl.datasets``): ``prompt``, or ``vlm`` (rows with
     images, from rl-multimodal).
-    max_prompt_length: longer prompts are dropped (counted) or rejected
-    (`filter_overlong_prompts: false`); max_response_length: generation budget.
+    max_prompt_length: a longer prompt is refused, naming its file and row;
+    filter_overlong_prompts: drop such prompts instead (warned of, counted in
+    ``data/<split>_filtered_overlong``); max_response_length: generation budget.
     extra_val_files: named validation sets besides `val_files` (name -> files); each is
     validated with it and reported as ``val/<name>_<metric>`` (e.g. ``val/plain_accuracy``).
     curriculum: draw training prompts by kind after what the policy can learn
@@ -157,7 +158,7 @@ class DataConfig:
     seed: int = 0
     apply_chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    filter_overlong_prompts: bool = True
+    filter_overlong_prompts: bool = False
     dataset: str = "prompt"
     generate: DataGenerateConfig = field(default_factory=DataGenerateConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)

@@ -25,8 +25,8 @@ def _ground_truth(row: dict[str, Any]) -> Any:
 
 class PromptDataset:
     """Rows with their prompt token ids (`raw_prompt_ids`, chat template applied, or plain
-    text as is / as one user message), tokenized once at load. Overlong prompts are dropped
-    and counted (`num_filtered`) or raise; `require_ground_truth` raises `DataError` on a
+    text as is / as one user message), tokenized once at load. An overlong prompt raises
+    (`filter_overlong_prompts`: dropped and counted in `num_filtered`); `require_ground_truth` raises `DataError` on a
     row without one. `extra_prompt_keys` and `generation_prompt_keys` (held to
     `max_prompt_length`) are further prompt columns rendered into ``<key>_ids``."""
 
@@ -39,7 +39,7 @@ class PromptDataset:
         prompt_key: str = "prompt",
         apply_chat_template: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
-        filter_overlong_prompts: bool = True,
+        filter_overlong_prompts: bool = False,
         require_ground_truth: bool = False,
         extra_prompt_keys: Sequence[str] = (),
         generation_prompt_keys: Sequence[str] = (),
@@ -67,7 +67,7 @@ class PromptDataset:
                 if not filter_overlong_prompts:
                     raise ValueError(
                         f"{name} row {index}: prompt has {len(prompt_ids)} tokens > "
-                        f"data.max_prompt_length={max_prompt_length} (set "
+                        f"data.max_prompt_length={max_prompt_length} (raise it, or set "
                         "data.filter_overlong_prompts=true to drop such prompts)"
                     )
                 continue

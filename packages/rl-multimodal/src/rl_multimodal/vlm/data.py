@@ -63,7 +63,7 @@ class VLMPromptDataset(PromptDataset):
         prompt_key: str = "prompt",
         apply_chat_template: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
-        filter_overlong_prompts: bool = True,
+        filter_overlong_prompts: bool = False,
         require_ground_truth: bool = False,
         name: str = "data",
         processor: Any = None,
@@ -90,7 +90,8 @@ class VLMPromptDataset(PromptDataset):
                 if not filter_overlong_prompts:
                     raise ValueError(
                         f"{name} row {index}: prompt has {len(ids)} tokens (image tokens "
-                        f"included) > data.max_prompt_length={max_prompt_length}"
+                        f"included) > data.max_prompt_length={max_prompt_length} (raise it, or "
+                        "set data.filter_overlong_prompts=true to drop such prompts)"
                     )
                 continue
             row.pop(image_key, None)  # the decoded images travel in multi_modal_data
