@@ -35,18 +35,7 @@ def tiny_moe_config(**overrides: Any) -> dict[str, Any]:
 
 
 def save_tiny_moe(directory: str, value_head: bool = False, seed: int = 0) -> str:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
-
-    fields = tiny_moe_config()
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    torch.manual_seed(seed)
-    if value_head:
-        config.num_labels = 1
-        config.classifier_dropout = 0.0
-        model = AutoModelForTokenClassification.from_config(config)
-    else:
-        model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(directory)
+    save_tiny_model(directory, "qwen3_moe", value_head, seed, fields=tiny_moe_config())
     # transformers' default grouped-GEMM experts reject float64, which the suite's
     # reference forward uses; the eager experts compute the same function
     path = os.path.join(directory, "config.json")
