@@ -14,7 +14,8 @@ One step (`RLTrainer.train_step`)::
 
 Every worker call is an RPC to an SPMD group; the trainer never touches a model. Generation
 goes through a `RolloutClient` whatever the placement; async generation is
-`rl_algos.trainer.async_rollout`, failover `rl_algos.trainer.failover`.
+`rl_algos.trainer.async_rollout`; checkpoints, snapshots and failover are
+`rl_algos.trainer.recovery`'s.
 """
 
 from __future__ import annotations
