@@ -8,34 +8,26 @@ from typing import Any
 
 import torch
 
-from rl_core.testing.train_engine import VOCAB, save_tiny_model, tiny_hf_config
+from rl_core.testing.train_engine import save_tiny_model, tiny_hf_config
+
+# Qwen3-MoE over the suite's tiny dense config: 4 experts, top-2, renormalised, QK norm
+MOE_FIELDS: dict[str, Any] = {
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "head_dim": 16,
+    "router_aux_loss_coef": 0.0,
+}
 
 
 def tiny_moe_config(**overrides: Any) -> dict[str, Any]:
     """Qwen3-MoE: 4 experts, top-2, renormalised, QK norm, untied embeddings."""
-    config = {
-        "model_type": "qwen3_moe",
-        "vocab_size": VOCAB,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "moe_intermediate_size": 32,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "norm_topk_prob": True,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-        "router_aux_loss_coef": 0.0,
-    }
-    config.update(overrides)
-    return config
+    return tiny_hf_config("qwen3_moe", **{**MOE_FIELDS, **overrides})
 
 
 def save_tiny_moe(directory: str, value_head: bool = False, seed: int = 0) -> str:
-    save_tiny_model(directory, "qwen3_moe", value_head, seed, fields=tiny_moe_config())
+    save_tiny_model(directory, "qwen3_moe", value_head, seed, **MOE_FIELDS)
     # transformers' default grouped-GEMM experts reject float64, which the suite's
     # reference forward uses; the eager experts compute the same function
     path = os.path.join(directory, "config.json")

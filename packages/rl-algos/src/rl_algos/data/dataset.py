@@ -26,8 +26,8 @@ def _ground_truth(row: dict[str, Any]) -> Any:
 class PromptDataset:
     """Rows with their prompt token ids (`raw_prompt_ids`, chat template applied, or plain
     text as is / as one user message), tokenized once at load. An overlong prompt raises
-    (`filter_overlong_prompts`: dropped and counted in `num_filtered`); `require_ground_truth` raises `DataError` on a
-    row without one. `extra_prompt_keys` and `generation_prompt_keys` (held to
+    (`filter_overlong_prompts`: dropped, counted in `num_filtered`); `require_ground_truth`
+    raises `DataError` on a row without one. `extra_prompt_keys` and `generation_prompt_keys` (held to
     `max_prompt_length`) are further prompt columns rendered into ``<key>_ids``."""
 
     def __init__(

@@ -38,17 +38,13 @@ def tiny_hf_config(model_type: str, **overrides: Any) -> dict[str, Any]:
 
 
 def save_tiny_model(
-    directory: str,
-    model_type: str,
-    value_head: bool = False,
-    seed: int = 0,
-    fields: dict[str, Any] | None = None,
+    directory: str, model_type: str, value_head: bool = False, seed: int = 0, **overrides: Any
 ) -> str:
     """Save a random tiny causal LM (or a 1-label token-classification model) to ``directory``;
-    `fields`: its config's fields (default: ``tiny_hf_config(model_type)``)."""
+    `overrides`: config fields over `tiny_hf_config`'s."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    fields = dict(tiny_hf_config(model_type) if fields is None else fields)
+    fields = tiny_hf_config(model_type, **overrides)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(seed)
     if value_head:
