@@ -170,3 +170,29 @@ def test_guided_samples_are_refused_where_they_cannot_work():
     cfg = load_config(TINY, ["rollout.guide_prompt_key=g", "rollout.guided_n=2",
                              "rollout.guided_temperature=0"])  # fmt: skip
     assert cfg.rollout.guided_temperature == 0.0
+
+
+def test_reference_samples_are_refused_where_they_cannot_work():
+    ref = ["rollout.reference_key=answer", "rollout.n=4"]
+    for overrides, path, value, words in (
+        (ref, "rollout.reference_n", 0, "in 1..rollout.n - 1 - guided_n (3)"),
+        ([*ref, "rollout.reference_n=4"], "rollout.reference_n", 4, "one of the model's own"),
+        ([*ref, "rollout.reference_n=2", "rollout.guide_prompt_key=g", "rollout.guided_n=2"],
+         "rollout.reference_n", 2, "in 1..rollout.n - 1 - guided_n (1)"),
+        (["rollout.reference_n=1"], "rollout.reference_n", 1, "0 without rollout.reference_key"),
+        ([*ref, "rollout.reference_n=1", "async.max_staleness=1"], "rollout.reference_key",
+         "answer", "a reference sample has no rollout log-probs"),
+        ([*ref, "rollout.reference_n=1", "actor.router_replay=true"], "rollout.reference_key",
+         "answer", "actor.router_replay"),
+        ([*ref, "rollout.reference_n=1", "actor.loss.rollout_correction.rollout_is=token"],
+         "rollout.reference_key", "answer", "actor.loss.rollout_correction"),
+    ):  # fmt: skip
+        err = _error(overrides)
+        assert (err.path, err.value) == (path, value) and words in str(err), str(err)
+    cfg = load_config(TINY, [*ref, "rollout.reference_n=1", "rollout.guide_prompt_key=g",
+                             "rollout.guided_n=2"])  # fmt: skip
+    assert (cfg.rollout.reference_key, cfg.rollout.reference_n) == ("answer", 1)
+    # the curriculum's guided_gap compares the references with the model's own samples
+    cfg = load_config(TINY, [*ref, "rollout.reference_n=1", "data.curriculum.enabled=true",
+                             "data.curriculum.score=guided_gap"])  # fmt: skip
+    assert cfg.data.curriculum.score == "guided_gap"

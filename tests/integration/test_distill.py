@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -371,6 +372,76 @@ def test_guided_samples_are_generated_after_the_guide_and_trained_after_the_own_
         want = logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
         got = batch.batch["old_log_probs"][i, :length].double()
         assert torch.allclose(got, want, atol=2e-4), (i, got, want)
+
+
+def test_reference_samples_are_not_generated_and_are_trained_after_the_own_prompt(
+    make_config, tmp_path
+):
+    """``rollout.reference_key``: the first ``reference_n`` samples of each group are the
+    row's reference answer (tokenized, with EOS), never sent to the generator; the next
+    ``guided_n`` read the guide; all are scored and trained after the own prompt, the
+    references' old log-probs those of a single-process float64 forward pass."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl_algos.data import write_rows
+    from rl_algos.trainer.loop import RLTrainer
+    from rl_algos.trainer.model_source import resolve_model_path
+
+    rows = [{**row, "answer": "12"} for row in _say_rows("guide")]
+    rows[2]["answer"] = "= 12"  # another reply per row
+    train = write_rows(rows, tmp_path / "train.jsonl")
+    model = resolve_model_path("tiny-random:qwen2")
+    cfg = make_config("grpo", [
+        f"data.train_files=[{train}]", "rollout.guide_prompt_key=guide", "rollout.n=4",
+        "rollout.guided_n=1", "rollout.reference_key=answer", "rollout.reference_n=1",
+        "data.max_prompt_length=64", "actor.recompute_old_log_probs=true",
+        "trainer.backend=local", "trainer.num_workers=1", "trainer.total_steps=1",
+        "trainer.val_before_train=false",
+    ])  # fmt: skip
+    trainer = RLTrainer(cfg)
+    asked: list[Any] = []
+    generate = trainer.rollout.generate_sequences
+    trainer.rollout.generate_sequences = lambda b: (asked.append(b), generate(b))[1]
+    updates: list[Any] = []
+    update_actor = trainer.groups.actor.update_actor
+    trainer.groups.actor.update_actor = lambda b: (updates.append(b), update_actor(b))[1]
+    try:
+        (metrics,) = trainer.fit()
+    finally:
+        trainer.close()
+    (sent,), (batch,) = asked, updates
+    prompts = len(batch) // 4
+    assert len(sent) == 3 * prompts  # the references were not generated
+    assert sent.non_tensor_batch["guided"].tolist() == [i % 3 == 0 for i in range(len(sent))]
+    nt = batch.non_tensor_batch
+    assert nt["reference"].tolist() == [i % 4 == 0 for i in range(len(batch))]
+    assert nt["guided"].tolist() == [i % 4 < 2 for i in range(len(batch))]
+    assert metrics["rollout/guided_share"] == 0.5
+    assert {"reward/guided_mean", "reward/own_mean"} <= set(metrics)
+    assert "rollout_log_probs" not in set(batch.batch.keys())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    mask = batch.batch["response_mask"].bool()
+    answers = {r["prompt"][0]["content"]: r["answer"] for r in rows}
+    scores = []  # the reward file's: the share of the answer's characters that are digits
+    for i in np.flatnonzero(nt["reference"]):
+        prompt = list(nt["raw_prompt_ids"][i])
+        text = tokenizer.decode(prompt)
+        answer = next(a for q, a in answers.items() if q in text)
+        scores.append(sum(ch in "0123456789" for ch in answer) / len(answer))
+        want_ids = [*tokenizer(answer, add_special_tokens=False)["input_ids"],
+                    tokenizer.eos_token_id]  # fmt: skip
+        response = batch.batch["responses"][i, : int(mask[i].sum())].tolist()
+        assert response == want_ids, i
+        real = batch.batch["attention_mask"][i, : batch.batch["prompts"].shape[1]].bool()
+        assert batch.batch["prompts"][i][real].tolist() == prompt
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + response])).logits[0].double()
+        logp = logits[len(prompt) - 1 : -1].log_softmax(-1)
+        want = logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+        got = batch.batch["old_log_probs"][i, : len(response)].double()
+        assert torch.allclose(got, want, atol=2e-4), (i, got, want)
+    assert 0.5 in scores and metrics["reward/reference_mean"] == pytest.approx(np.mean(scores))
 
 
 def _permuted_teacher(student_dir: str, out: Path) -> Path:

@@ -15,6 +15,7 @@ from rl_algos.trainer.batch_ops import (
     tool_metrics,
     trim_padding,
     unguide_prompts,
+    with_reference_responses,
 )
 from rl_core.protocol import DataProto
 
@@ -229,3 +230,62 @@ def test_guided_rows_read_the_guide_and_come_back_with_their_own_prompt():
     prompts.non_tensor_batch["g_ids"][2] = []
     with pytest.raises(ValueError, match=r"g_ids: row 2 has no token ids \(expected a non-empty"):
         guide_prompts(prompts, "g_ids", np.array([True, False, True]))
+
+
+def test_reference_rows_join_the_generated_ones_laid_out_as_generated_responses():
+    """5 rows, rows 0 and 3 references; rows 1, 2 and 4 generated (`_rollout_batch`'s)."""
+    batch = DataProto.from_dict(
+        tensors={"input_ids": torch.zeros(5, 1, dtype=torch.long)},
+        non_tensors={
+            "raw_prompt_ids": [[41, 42, 43, 44], [11, 12], [21, 22, 23], [51], [31]],
+            "ref_ids": [[61, 62, 2], [9], [9], [71, 72, 73, 2], [9]],
+            "uid": ["r", "a", "b", "s", "c"],
+        },
+    )
+    reference = np.array([True, False, False, True, False])
+    generated = _rollout_batch()
+    del generated.batch["token_level_scores"], generated.batch["row_scalar"]
+    generated.non_tensor_batch.update(
+        finish_reason=np.array(["stop", "length", "stop"], dtype=object),
+        num_turns=np.array([1, 1, 1]),
+        raw_prompt_ids=batch.non_tensor_batch["raw_prompt_ids"][~reference],
+    )
+    out = with_reference_responses(batch, generated, reference, "ref_ids", PAD)
+    t, nt = out.batch, out.non_tensor_batch
+    assert t["responses"].tolist() == [
+        [61, 62, 2, PAD], [13, PAD, PAD, PAD], [24, 25, PAD, PAD], [71, 72, 73, 2],
+        [PAD, PAD, PAD, PAD],
+    ]  # fmt: skip
+    assert t["response_mask"].tolist() == [
+        [1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]
+    ]  # fmt: skip
+    # own prompts, left-padded to the longest (4); the responses right after them
+    assert t["prompts"].tolist() == [
+        [41, 42, 43, 44], [PAD, PAD, 11, 12], [PAD, 21, 22, 23], [PAD, PAD, PAD, 51],
+        [PAD, PAD, PAD, 31],
+    ]  # fmt: skip
+    assert torch.equal(t["input_ids"], torch.cat([t["prompts"], t["responses"]], dim=1))
+    assert t["attention_mask"][0].tolist() == [1, 1, 1, 1, 1, 1, 1, 0]
+    assert t["attention_mask"][2].tolist() == [0, 1, 1, 1, 1, 1, 0, 0]
+    assert t["position_ids"][3].tolist() == [0, 0, 0, 0, 1, 2, 3, 4]
+    assert "rollout_log_probs" not in set(t.keys())  # a reference was never sampled
+    assert nt["uid"].tolist() == ["r", "a", "b", "s", "c"]
+    assert nt["finish_reason"].tolist() == ["stop", "stop", "length", "stop", "stop"]
+    assert nt["num_turns"].dtype == np.int64 and nt["num_turns"].tolist() == [1] * 5
+    assert nt["reference"].tolist() == reference.tolist()
+    assert nt["guided"].tolist() == reference.tolist()  # no guided rows among the generated
+    out.batch["token_level_scores"] = torch.zeros(5, 4)
+    out.batch["token_level_scores"][[0, 1, 3], 0] = torch.tensor([1.0, 0.5, 1.0])
+    assert guided_metrics(out) == {
+        "rollout/guided_share": pytest.approx(0.4),
+        "reward/reference_mean": pytest.approx(1.0),
+        "reward/own_mean": pytest.approx(0.5 / 3),
+    }
+    with pytest.raises(ValueError, match="3 generated rows for 2 rows that are not references"):
+        with_reference_responses(batch, generated, ~reference & True, "ref_ids", PAD)
+    batch.non_tensor_batch["ref_ids"][3] = [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match=r"ref_ids: row 3 has 5 tokens; expected 1..4"):
+        with_reference_responses(batch, generated, reference, "ref_ids", PAD)
+    generated.batch["routed_experts"] = torch.zeros(3, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"carry \['routed_experts'\], which a reference"):
+        with_reference_responses(batch, generated, reference, "ref_ids", PAD)

@@ -286,6 +286,20 @@ def test_demo_steps_by_operator_show_steps_only_for_the_listed_ones():
             ArithmeticTask(demo_steps=bad)
 
 
+def test_partial_product_steps_name_each_partial_product():
+    task = ArithmeticTask(demo_steps=True, product_steps="partial")
+    reply = task._demo_turns("67 * 9", "q", "603")[1]["content"]
+    assert reply == "67 * 9 = 60 * 9 + 7 * 9 = 540 + 63 = 603. \\boxed{603}"
+    assert task._demo_turns("60 * 9", "q", "540")[1]["content"] == "60 * 9 = 540. \\boxed{540}"
+    assert (
+        task._demo_turns("7 + 91", "q", "98")[1]["content"] == "7 + 91 = 91 + 7 = 98. \\boxed{98}"
+    )
+    no_steps = ArithmeticTask(product_steps="partial")  # steps only where demo_steps asks
+    assert no_steps._demo_turns("67 * 9", "q", "603")[1]["content"] == "67 * 9 = 603. \\boxed{603}"
+    with pytest.raises(ValueError, match=r"product_steps 'tens'; expected 'sum' .* or 'partial'"):
+        ArithmeticTask(product_steps="tens")
+
+
 def test_an_answer_hint_shows_the_worked_answer_in_every_guide_question_only():
     import random
 

@@ -233,6 +233,35 @@ def test_a_guide_prompt_is_held_to_max_prompt_length_the_teachers_is_not(tokeniz
         PromptDataset(rows, tokenizer, limit, generation_prompt_keys=["teacher_prompt"])
 
 
+def test_reference_answers_become_response_ids_ended_with_eos(tokenizer):
+    task = ArithmeticTask(digits=(2,), ops=("*",), max_multiplier=9, demo_steps=True,
+                          product_steps="partial")  # fmt: skip
+    rows = make_splits(task, 6, 0, seed=3)["train"]
+    for row in rows:  # the reply a demo of the problem gives, steps included
+        expression = row["extra_info"]["expression"]
+        want = task._demo_turns(expression, "q", row["reward_model"]["ground_truth"])[1]
+        assert row["worked_answer"] == want["content"]
+    assert any(row["worked_answer"].count(" = ") == 3 for row in rows)  # partial products
+    data = PromptDataset(rows, tokenizer, 256)
+    data.tokenize_references("worked_answer", 64)
+    for item in data:
+        text = tokenizer.decode(item["worked_answer_ids"][:-1])
+        assert text == item["worked_answer"]
+        assert item["worked_answer_ids"][-1] == tokenizer.eos_token_id
+    longest = max(len(item["worked_answer_ids"]) for item in data)
+    data.tokenize_references("worked_answer", longest)  # fits exactly
+    with pytest.raises(DataError, match=rf"column 'worked_answer': {longest} tokens with EOS > "
+                       rf"data.max_response_length={longest - 1} \(a cut reference"):  # fmt: skip
+        data.tokenize_references("worked_answer", longest - 1)
+    for bad in ("", "  ", None, 12):
+        broken = [dict(rows[0]), {**rows[1], "worked_answer": bad}]
+        with pytest.raises(DataError, match=r"row 1, column 'worked_answer': .*non-empty string"):
+            PromptDataset(broken, tokenizer, 256).tokenize_references("worked_answer", 64)
+    del rows[2]["worked_answer"]
+    with pytest.raises(DataError, match=r"row 2, column 'worked_answer': None: expected"):
+        PromptDataset(rows, tokenizer, 256).tokenize_references("worked_answer", 64)
+
+
 def test_generate_command_takes_the_new_arithmetic_options(tmp_path):
     out = tmp_path / "arith"
     args = ["arithmetic", "--out", str(out), "--train-size", "30", "--test-size", "5"]

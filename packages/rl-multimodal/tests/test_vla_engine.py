@@ -176,6 +176,11 @@ def test_gae_and_vf_coef_are_refused_in_one_line(tmp_path, capsys):
     assert "algorithm.adv_estimator" in err and "went with the VLA trainer" in err, err
     assert _run(tmp_path, "vla.vf_coef=0.5") == 2
     assert "vla.vf_coef" in capsys.readouterr().err
+    row_columns = {"rollout.guide_prompt_key": "guided_n", "rollout.reference_key": "reference_n"}
+    for key, count in row_columns.items():  # a VLA run has no prompt rows to read them from
+        assert _run(tmp_path, f"{key}=answer", f"rollout.{count}=1") == 2
+        err = capsys.readouterr().err
+        assert key in err and "null in a VLA run" in err, err
 
 
 def test_lora_on_the_vla_policy_trains_adapters_and_heads_and_exports_merged(tmp_path):

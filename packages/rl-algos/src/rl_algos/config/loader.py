@@ -115,22 +115,27 @@ def _check_consistency(cfg: RLConfig) -> None:
     key = cfg.distill.teacher_prompt_key
     check(key is None or cfg.distill.enabled, "distill.teacher_prompt_key", key,
           "null unless distill.teacher_path names the teacher that reads it")  # fmt: skip
-    guide = cfg.rollout.guide_prompt_key
-    check(guide is None or (cfg.actor.loss.rollout_correction is None
-                            and cfg.async_.max_staleness == 0
-                            and not cfg.actor.router_replay),
-          "rollout.guide_prompt_key", guide,
-          "null with actor.loss.rollout_correction, async.max_staleness > 0 or "
-          "actor.router_replay: a guided sample's rollout log-probs and routing belong to "
-          "the guide's prompt, not to the prompt it trains on")  # fmt: skip
+    guide, reference = cfg.rollout.guide_prompt_key, cfg.rollout.reference_key
+    not_generated = {"guide_prompt_key": "a guided sample's rollout log-probs and routing "
+                     "belong to the guide's prompt, not to the prompt it trains on",
+                     "reference_key": "a reference sample has no rollout log-probs or "
+                     "routing (it is not generated)"}  # fmt: skip
+    for name, why in not_generated.items():
+        value = getattr(cfg.rollout, name)
+        check(value is None or (cfg.actor.loss.rollout_correction is None
+                                and cfg.async_.max_staleness == 0
+                                and not cfg.actor.router_replay),
+              f"rollout.{name}", value, "null with actor.loss.rollout_correction, "
+              f"async.max_staleness > 0 or actor.router_replay: {why}")  # fmt: skip
     hot = cfg.rollout.guided_temperature
     check(hot is None or cfg.rollout.generator == "agent_loop", "rollout.guided_temperature",
           hot, "null with rollout.generator other than 'agent_loop' (rl-rollout's manager "
           "reads a row's own temperature; another generator may sample at the batch's)")  # fmt: skip
     cur = cfg.data.curriculum
-    check(not cur.enabled or cur.score != "guided_gap" or guide is not None,
+    check(not cur.enabled or cur.score != "guided_gap" or guide or reference,
           "data.curriculum.score", cur.score, "'variance' or 'informative' without "
-          "rollout.guide_prompt_key ('guided_gap' compares guided and own samples)")  # fmt: skip
+          "rollout.guide_prompt_key or rollout.reference_key ('guided_gap' compares guided "
+          "or reference samples with the model's own)")  # fmt: skip
     for loss in (cfg.actor.loss, cfg.critic.loss):
         if loss.agg_norm_constant is None:
             loss.agg_norm_constant = float(max_len)
@@ -148,6 +153,7 @@ def _check_text_env_run(cfg: RLConfig) -> None:
         ("data.generate.task", cfg.data.generate.task),
         ("reward.function_path", cfg.reward.function_path),
         ("rollout.guide_prompt_key", cfg.rollout.guide_prompt_key),
+        ("rollout.reference_key", cfg.rollout.reference_key),
     ):
         if value:
             raise _conflict(key, value, "empty with an env section: episodes and rewards "
@@ -174,6 +180,9 @@ def _check_vla(cfg: RLConfig) -> None:
         cfg.vla = VLAConfig()
     check(not cfg.data.train_files, "data.train_files", cfg.data.train_files,
           "empty in a VLA run (episodes come from env)")  # fmt: skip
+    for key in ("guide_prompt_key", "reference_key"):  # prompt rows' columns
+        check(getattr(cfg.rollout, key) is None, f"rollout.{key}", getattr(cfg.rollout, key),
+              "null in a VLA run (episodes come from env, not prompt rows)")  # fmt: skip
     alg = cfg.algorithm.adv_estimator
     check(alg in VLA_ESTIMATORS, "algorithm.adv_estimator", alg,
           f"one of {list(VLA_ESTIMATORS)} in a VLA run (gae, PPO with the policy's value "

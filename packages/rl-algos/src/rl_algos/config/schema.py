@@ -316,6 +316,18 @@ class RolloutSectionConfig:
     guided_temperature: float | None = None
     """The guided samples' sampling temperature (0: greedy); null: `temperature`, like the
     model's own samples. The update's log-probs stay at `temperature` for every sample."""
+    reference_key: str | None = None
+    """Reference samples: `reference_n` of each prompt's `n` samples are not generated but
+    the row's reference answer, the text in column `reference_key` (e.g. the arithmetic
+    task's ``worked_answer``) tokenized and ended with EOS (at most
+    `data.max_response_length` tokens, else the data is refused). They are scored by the
+    reward like the others and trained as responses to the row's own prompt, so GRPO weighs
+    the demonstration against the model's own answers within the group (off-policy
+    guidance, as in LUFFY: imitated where the model fails, ignored where it already
+    succeeds). Marked ``guided`` for the metrics and the curriculum. null: off."""
+    reference_n: int = 0
+    """How many of each prompt's `n` samples are the reference (the group's first; 1..n-1
+    with `reference_key`, with `guided_n` at most n-1 together)."""
 
     def __post_init__(self) -> None:
         _positive(self, "n", "val_n", "tensor_parallel_size", "max_turns", "max_parallel_calls")
@@ -338,6 +350,20 @@ class RolloutSectionConfig:
             "guided_n",
             self.guided_n,
             "0 without rollout.guide_prompt_key (which prompt column guides the samples?)",
+        )
+        check(
+            self.reference_key is None or 1 <= self.reference_n <= self.n - 1 - self.guided_n,
+            "reference_n",
+            self.reference_n,
+            f"in 1..rollout.n - 1 - guided_n ({self.n - 1 - self.guided_n}) with "
+            f"reference_key {self.reference_key!r}: each group keeps one of the model's "
+            "own samples at least",
+        )
+        check(
+            self.reference_key is not None or self.reference_n == 0,
+            "reference_n",
+            self.reference_n,
+            "0 without rollout.reference_key (which column holds the reference answer?)",
         )
         check(
             self.guided_temperature is None

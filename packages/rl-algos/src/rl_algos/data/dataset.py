@@ -111,6 +111,33 @@ class PromptDataset:
         for item, prompt_ids in zip(self.items, ids, strict=True):
             item[f"{key}_ids"] = list(prompt_ids)
 
+    def tokenize_references(self, key: str, max_response_length: int) -> None:
+        """``<key>_ids`` of every row: its reference answer (column `key`, a string) as
+        response tokens, ended with the tokenizer's EOS (``rollout.reference_key``). A
+        missing, empty or non-string answer, or one over `max_response_length` tokens,
+        raises `DataError` naming the row."""
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError(
+                f"rollout.reference_key={key!r}: the tokenizer has no eos_token_id to end the "
+                "reference answers with"
+            )
+        for item in self.items:
+            text = item.get(key)
+            if not isinstance(text, str) or not text.strip():
+                raise DataError(
+                    self.name, item["index"], key,
+                    f"{text!r}: expected the reference answer as a non-empty string",
+                )  # fmt: skip
+            ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], eos]
+            if len(ids) > max_response_length:
+                raise DataError(
+                    self.name, item["index"], key,
+                    f"{len(ids)} tokens with EOS > data.max_response_length="
+                    f"{max_response_length} (a cut reference would teach a cut answer)",
+                )  # fmt: skip
+            item[f"{key}_ids"] = ids
+
     def _count_filtered(self) -> None:
         """Set ``num_filtered`` (overlong rows dropped), warn, and refuse an empty dataset."""
         self.num_filtered = self.num_rows - len(self.items)

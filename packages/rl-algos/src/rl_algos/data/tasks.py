@@ -109,6 +109,7 @@ class ArithmeticTask:
     demo_steps: bool | tuple[str, ...] = False
     demo_same_kind: int = 0
     teacher_answer_hint: bool = False
+    product_steps: str = "sum"
 
     data_source = "arithmetic"
 
@@ -172,6 +173,11 @@ class ArithmeticTask:
                 f"{self.teacher_answer_hint!r}"
             )
         self._step_ops = _step_ops(self.demo_steps)
+        if self.product_steps not in ("sum", "partial"):
+            raise ValueError(
+                f"arithmetic: product_steps {self.product_steps!r}; expected 'sum' "
+                "(34 * 7 = 210 + 28) or 'partial' (34 * 7 = 30 * 7 + 4 * 7 = 210 + 28)"
+            )
         if self.teacher_answer_hint and not self.teacher_few_shot:
             raise ValueError(
                 "arithmetic: teacher_answer_hint needs teacher_few_shot >= 1 (it hints the "
@@ -224,6 +230,8 @@ class ArithmeticTask:
             row["prompt"][-1:-1] = self._demos(expression)
         row["extra_info"] = {"expression": expression}
         row["kind"] = arithmetic_kind(expression, int(answer))
+        # the reply a demo would give (rollout.reference_key): steps as the demos have them
+        row["worked_answer"] = self._demo_turns(expression, question, answer)[1]["content"]
         return expression, row
 
     def _fixed_demos(self) -> tuple[set[str], list[dict[str, str]]]:
@@ -250,7 +258,7 @@ class ArithmeticTask:
     def _demo_turns(
         self, expression: str, question: str, answer: str, hint: bool = False
     ) -> list[dict[str, str]]:
-        shown = _worked(expression, int(answer), self._step_ops)
+        shown = _worked(expression, int(answer), self._step_ops, self.product_steps)
         reply = _DEMO_REPLIES[self.answer_format].format(expression=shown, answer=answer)
         return [
             {
@@ -427,9 +435,12 @@ def _step_ops(demo_steps: Any) -> tuple[str, ...]:
     )
 
 
-def _worked(expression: str, answer: int, step_ops: tuple[str, ...]) -> str:
+def _worked(
+    expression: str, answer: int, step_ops: tuple[str, ...], product_steps: str = "sum"
+) -> str:
     """`expression` with its `demo_steps` steps (see the README) where its operator is in
-    `step_ops`, or as it is."""
+    `step_ops`, or as it is; a product's steps name its partial products with
+    ``product_steps="partial"``."""
     parts = expression.split()
     if len(parts) != 3 or parts[1] not in step_ops:
         return expression
@@ -437,8 +448,9 @@ def _worked(expression: str, answer: int, step_ops: tuple[str, ...]) -> str:
     if op == "-" and answer < 0:
         return f"{expression} = -({right} - {left})"
     if op == "*" and left >= 10 and 0 <= right <= 9 and left % 10:
-        tens = left - left % 10
-        return f"{expression} = {tens * right} + {left % 10 * right}"
+        tens, ones = left - left % 10, left % 10
+        partial = f" = {tens} * {right} + {ones} * {right}" if product_steps == "partial" else ""
+        return f"{expression}{partial} = {tens * right} + {ones * right}"
     if op == "+" and len(parts[0]) < len(parts[2]):
         return f"{expression} = {right} + {left}"
     return expression

@@ -24,6 +24,7 @@ __all__ = [
     "trim_padding",
     "unguide_prompts",
     "with_prompts",
+    "with_reference_responses",
     "with_token_ids",
 ]
 
@@ -129,19 +130,31 @@ def tool_metrics(batch: DataProto, prefix: str) -> dict[str, float]:
     return metrics
 
 
+_PROMPT_LAYOUT = ("prompts", "input_ids", "attention_mask", "position_ids")
+
+
 def _prompt_layout(
     batch: DataProto, ids: Sequence[Sequence[int]], pad_token_id: int
 ) -> dict[str, torch.Tensor]:
     """`batch`'s prompt-dependent tensors with row ``i``'s prompt replaced by ``ids[i]``."""
-    t = batch.batch
+    responses = batch.batch["responses"]
+    response_attn = batch.batch["attention_mask"][:, -responses.shape[1] :]
+    return _layout(ids, responses, response_attn, pad_token_id)
+
+
+def _layout(
+    ids: Sequence[Sequence[int]],
+    responses: torch.Tensor,
+    response_attn: torch.Tensor,
+    pad_token_id: int,
+) -> dict[str, torch.Tensor]:
+    """Prompt-dependent tensors of prompts `ids` (left-padded) before `responses`."""
     rows, width = len(ids), max(len(x) for x in ids)
-    prompts = torch.full((rows, width), pad_token_id, dtype=t["prompts"].dtype)
-    prompt_mask = torch.zeros((rows, width), dtype=t["attention_mask"].dtype)
+    prompts = torch.full((rows, width), pad_token_id, dtype=responses.dtype)
+    prompt_mask = torch.zeros((rows, width), dtype=response_attn.dtype)
     for i, row in enumerate(ids):
         prompts[i, width - len(row) :] = torch.tensor(row, dtype=prompts.dtype)
         prompt_mask[i, width - len(row) :] = 1
-    responses = t["responses"]
-    response_attn = t["attention_mask"][:, -responses.shape[1] :]
     attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
     return {
         "prompts": prompts,
@@ -244,13 +257,93 @@ def unguide_prompts(batch: DataProto, pad_token_id: int) -> DataProto:
     )
 
 
+_VERSIONS = ("policy_version", "rollout_weight_versions")  # the rollout's, per row and token
+# what a reference row gets for the generator's per-sample fields
+_REFERENCE_FIELDS = {"num_turns": 1, "num_tool_calls": 0, "num_tool_errors": 0,
+                     "finish_reason": "stop"}  # fmt: skip
+
+
+def with_reference_responses(
+    batch: DataProto, generated: DataProto, reference: np.ndarray, key: str, pad_token_id: int
+) -> DataProto:
+    """The rollout of every row of `batch`: the `generated` rollout (of the rows where the
+    bool mask `reference` is False, own prompts) with, in the other rows, the response
+    token ids of non-tensor field `key` (``rollout.reference_key``'s), laid out as a
+    generated response (right-padded to the same width). Reference rows are marked in
+    ``reference`` and ``guided``; the rollout's log-probs are dropped (a reference has none);
+    its policy versions are the batch's newest (staleness 0)."""
+    reference = np.asarray(reference, dtype=bool)
+    if int((~reference).sum()) != len(generated):
+        raise ValueError(
+            f"with_reference_responses: {len(generated)} generated rows for "
+            f"{int((~reference).sum())} rows that are not references"
+        )
+    t, nt = generated.batch, generated.non_tensor_batch
+    extra = sorted(set(t.keys()) - {*_PROMPT_LAYOUT, *_VERSIONS, "responses",
+                                    "response_mask", "rollout_log_probs"})  # fmt: skip
+    if extra:
+        raise ValueError(
+            f"rollout.reference_key: the generated rows carry {extra}, which a reference "
+            "sample (not generated) cannot have"
+        )
+    rows, width = len(batch), t["responses"].shape[1]
+    made = torch.from_numpy(np.flatnonzero(~reference))
+    responses = torch.full((rows, width), pad_token_id, dtype=t["responses"].dtype)
+    response_attn = torch.zeros((rows, width), dtype=t["attention_mask"].dtype)
+    response_mask = torch.zeros((rows, width), dtype=t["response_mask"].dtype)
+    responses[made] = t["responses"]
+    response_attn[made] = t["attention_mask"][:, -width:]
+    response_mask[made] = t["response_mask"]
+    answers = batch.non_tensor_batch[key]
+    for row in np.flatnonzero(reference):
+        ids = [int(x) for x in answers[row]]
+        if not 0 < len(ids) <= width:
+            raise ValueError(
+                f"{key}: row {row} has {len(ids)} tokens; expected 1..{width} (the response "
+                "width, data.max_response_length)"
+            )
+        responses[row, : len(ids)] = torch.tensor(ids, dtype=responses.dtype)
+        response_attn[row, : len(ids)] = 1
+        response_mask[row, : len(ids)] = 1
+    own_ids = _row_ids(batch.non_tensor_batch["raw_prompt_ids"], "raw_prompt_ids")
+    tensors = _layout(own_ids, responses, response_attn, pad_token_id)
+    tensors.update(responses=responses, response_mask=response_mask)
+    if set(_VERSIONS) <= set(t.keys()):  # a reference counts as of the newest policy
+        newest = int(t["policy_version"].max()) if len(generated) else -1
+        tensors["policy_version"] = torch.full((rows,), newest, dtype=torch.long)
+        tensors["policy_version"][made] = t["policy_version"]
+        versions = torch.where(response_mask.bool(), newest, -1)
+        versions[made] = t["rollout_weight_versions"]
+        tensors["rollout_weight_versions"] = versions
+    non_tensors: dict[str, np.ndarray] = {}
+    for name in dict.fromkeys([*batch.non_tensor_batch, *nt]):
+        values = batch.non_tensor_batch.get(name)
+        if name in nt:  # the generator's rows; the batch's or a default for references
+            fill = values[reference] if values is not None else _REFERENCE_FIELDS.get(name)
+            dtype = nt[name].dtype if values is not None or name in _REFERENCE_FIELDS else object
+            values = np.empty(rows, dtype=dtype)
+            values[~reference], values[reference] = nt[name], fill
+        non_tensors[name] = values
+    guided = np.asarray(nt.get("guided", np.zeros(len(generated), dtype=bool)), dtype=bool)
+    non_tensors["guided"] = np.ones(rows, dtype=bool)
+    non_tensors["guided"][~reference] = guided
+    non_tensors["reference"] = reference.copy()
+    return DataProto.from_dict(
+        tensors=tensors, non_tensors=non_tensors, meta_info=dict(generated.meta_info)
+    )
+
+
 def guided_metrics(batch: DataProto) -> dict[str, float]:
-    """Mean score of the guided samples and of the model's own (`guide_prompts`' rows,
-    scored): how much the guide's context helps, and what the update pushes towards."""
+    """Mean score of the guided samples, the reference ones and the model's own
+    (`guide_prompts`' and `with_reference_responses`' rows, scored): how much the guide's
+    context helps, and what the update pushes towards. ``rollout/guided_share`` counts
+    both guided and reference samples."""
     guided = np.asarray(batch.non_tensor_batch["guided"], dtype=bool)
+    reference = np.asarray(batch.non_tensor_batch.get("reference", np.zeros_like(guided)), bool)
     scores = batch.batch["token_level_scores"].sum(-1)
     metrics = {"rollout/guided_share": float(guided.mean())}
-    for name, rows in (("guided", guided), ("own", ~guided)):
+    parts = (("guided", guided & ~reference), ("reference", reference), ("own", ~guided))
+    for name, rows in parts:
         if rows.any():
             metrics[f"reward/{name}_mean"] = float(scores[torch.from_numpy(rows)].mean())
     return metrics

@@ -48,6 +48,7 @@ from rl_algos.trainer.batch_ops import (
     trim_padding,
     unguide_prompts,
     with_prompts,
+    with_reference_responses,
     with_token_ids,
 )
 from rl_algos.trainer.checkpoints import find_resume_checkpoint, read_state
@@ -239,6 +240,10 @@ class RLTrainer(ValidationRuns, Recovery):
             self.train_set = dataset(
                 list(data.train_files), name="data.train_files", **common, **extra_keys
             )
+            if cfg.rollout.reference_key:
+                self.train_set.tokenize_references(
+                    cfg.rollout.reference_key, data.max_response_length
+                )
             if data.curriculum.enabled:  # kinds drawn by what the policy can learn
                 from rl_algos.data.curriculum import CurriculumLoader
 
@@ -305,13 +310,23 @@ class RLTrainer(ValidationRuns, Recovery):
         # the sampling temperature is the generator's own (rollout.temperature)
         batch.meta_info.update(prompt_length=cfg.data.max_prompt_length)
         version = self.rollout.version
-        guide = cfg.rollout.guide_prompt_key
-        if guide is not None:  # the first guided_n samples of each group read the guide
-            guided = np.arange(len(batch)) % cfg.rollout.n < cfg.rollout.guided_n
-            batch = guide_prompts(batch, f"{guide}_ids", guided, cfg.rollout.guided_temperature)
-        out = self.rollout.generate_sequences(batch)
+        guide, reference_key = cfg.rollout.guide_prompt_key, cfg.rollout.reference_key
+        # each group: reference_n references (not generated), guided_n guided, then its own
+        slot = np.arange(len(batch)) % cfg.rollout.n - cfg.rollout.reference_n
+        reference = slot < 0
+        wanted = batch[~reference] if reference_key is not None else batch
+        if guide is not None:  # these samples are generated after the guide's prompt
+            guided = (slot >= 0) & (slot < cfg.rollout.guided_n)
+            wanted = guide_prompts(
+                wanted, f"{guide}_ids", guided[~reference], cfg.rollout.guided_temperature
+            )
+        out = self.rollout.generate_sequences(wanted)
         if guide is not None:
             out = unguide_prompts(out, self.train_set.pad_token_id)
+        if reference_key is not None:
+            out = with_reference_responses(
+                batch, out, reference, f"{reference_key}_ids", self.train_set.pad_token_id
+            )
         out.meta_info["rollout_version"] = version
         failover = {  # rollout failover counters (split/remote pools), once there was a loss
             k: v
@@ -325,7 +340,7 @@ class RLTrainer(ValidationRuns, Recovery):
         if cfg.algorithm.adv_estimator == "remax":
             out.batch["reward_baselines"] = self._greedy_baselines(prompts, out, index, round_index)
             metrics["reward/baseline_mean"] = float(out.batch["reward_baselines"].mean())
-        if guide is not None:
+        if guide is not None or reference_key is not None:
             metrics.update(guided_metrics(out))
         if hasattr(self.train_loader, "observe"):  # data.curriculum: every scored round
             self.train_loader.observe(out)
