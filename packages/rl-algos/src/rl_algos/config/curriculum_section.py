@@ -26,10 +26,10 @@ class CurriculumConfig:
     probability w_k / sum(w), w = max(s(p)^sharpness, floor), s the learnability: ``variance``
     4p(1-p), ``informative`` 1 - p^n - (1-p)^n (n = rollout.n: the chance that a group
     is mixed, so GRPO learns from it and ``algorithm.dynamic_sampling`` keeps it), or, with
-    guided samples (``rollout.guide_prompt_key``), ``guided_gap`` q(1-p), q the guided
-    samples' running success rate: the chance that a guided sample is right where the
-    policy's own is wrong (0 for a kind the policy has learned, and for one the guide
-    cannot solve either). p counts the policy's own samples only. The
+    guided or reference samples (``rollout.guide_prompt_key``, ``rollout.reference_key``),
+    ``guided_gap`` q(1-p), q their running success rate: the chance that a guided or
+    reference sample is right where the policy's own is wrong (0 for a kind the policy has
+    learned, and for one the guide cannot solve either). p counts the policy's own samples only. The
     floor keeps every kind drawn; with every kind always or never solved the draw is
     uniform. After each scored generation round (with dynamic sampling: every round,
     dropped groups included), p <- (1 - ema) p + ema * (the kind's success rate in it); a
@@ -45,7 +45,8 @@ class CurriculumConfig:
     score: Literal["variance", "informative", "guided_gap"] = "variance"
     """The learnability score of a kind with running success rate p: ``variance``
     4p(1-p), ``informative`` 1 - p^n - (1-p)^n (n = rollout.n), or ``guided_gap`` q(1-p)
-    (q: the guided samples' rate; needs rollout.guide_prompt_key)."""
+    (q: the guided or reference samples' rate; needs rollout.guide_prompt_key or
+    rollout.reference_key)."""
     floor: float = 0.1
     """The least weight of a kind, in (0, 1]: 1 draws uniformly."""
     ema: float = 0.3

@@ -218,11 +218,12 @@ class CurriculumLoader:
         if self.kind_key not in batch.non_tensor_batch:
             raise KeyError(f"data.curriculum: the scored batch has no field {self.kind_key!r}")
         successes = success_values(batch, self.metric, self.threshold)
-        guided = batch.non_tensor_batch.get("guided")  # rollout.guide_prompt_key's samples
+        guided = batch.non_tensor_batch.get("guided")  # guided and reference samples
         if guided is None and self.curriculum.score == "guided_gap":
             raise ValueError(
                 "data.curriculum.score='guided_gap' needs guided samples (rollout."
-                "guide_prompt_key and guided_n); this batch has none"
+                "guide_prompt_key and guided_n, or reference_key and reference_n); this batch "
+                "has none"
             )
         self.curriculum.update(list(batch.non_tensor_batch[self.kind_key]), successes, guided)
 
