@@ -111,9 +111,10 @@ def test_guided_gap_is_refused_without_guided_samples(dataset, tokenizer):
     job = str(Path(__file__).parents[3] / "examples" / "grpo_smollm2_arithmetic.yaml")
     with pytest.raises(
         ConfigError,
-        match=r"data\.curriculum\.score.*'guided_gap'.*without rollout\.guide_prompt_key",
+        match=r"data\.curriculum\.score.*'guided_gap'.*without rollout\.guide_prompt_key or "
+        r"rollout\.reference_key",
     ):
-        load_config(job, ["rollout.guide_prompt_key=null", "rollout.guided_n=0"])
+        load_config(job, ["rollout.reference_key=null", "rollout.reference_n=0"])
 
 
 def _rows(kinds: list[str]) -> list[dict]:
