@@ -282,7 +282,7 @@ def test_reference_rows_join_the_generated_ones_laid_out_as_generated_responses(
         "reward/own_mean": pytest.approx(0.5 / 3),
     }
     with pytest.raises(ValueError, match="3 generated rows for 2 rows that are not references"):
-        with_reference_responses(batch, generated, ~reference & True, "ref_ids", PAD)
+        with_reference_responses(batch, generated, ~reference, "ref_ids", PAD)
     batch.non_tensor_batch["ref_ids"][3] = [1, 2, 3, 4, 5]
     with pytest.raises(ValueError, match=r"ref_ids: row 3 has 5 tokens; expected 1..4"):
         with_reference_responses(batch, generated, reference, "ref_ids", PAD)
