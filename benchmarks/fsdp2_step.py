@@ -237,7 +237,29 @@ def _plain_accelerator_step(shape: dict[str, Any], batch: Any, micro: int):
     return step, sum(p.numel() for p in params)
 
 
-def mfu(steps: int, packed: bool) -> str:
+def _profile(step, label: str, out_dir: str | None) -> None:
+    """One more ``step`` under torch.profiler: its ops by device time, to
+    ``out_dir/profile-<label>.txt`` (nothing without ``out_dir``)."""
+    if not out_dir:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    from rl_core.platform import get_platform
+
+    device_type = get_platform().device_type
+    activities = [ProfilerActivity.CPU]
+    if device_type in ("cuda", "xpu"):
+        activities.append(getattr(ProfilerActivity, device_type.upper()))
+    with profile(activities=activities) as prof:
+        step()
+    sort = f"self_{device_type}_time_total" if len(activities) > 1 else "self_cpu_time_total"
+    os.makedirs(out_dir, exist_ok=True)
+    name = "".join(c if c.isalnum() else "-" for c in label)
+    with open(os.path.join(out_dir, f"profile-{name}.txt"), "w") as f:
+        f.write(prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
+
+
+def mfu(steps: int, packed: bool, profile_dir: str | None = None) -> str:
     """Engine vs plain loop, bf16, on a Qwen2-0.5B shape on one accelerator."""
     from rl_core.engine import build_engine
     from rl_core.platform import get_platform
@@ -265,6 +287,7 @@ def mfu(steps: int, packed: bool) -> str:
     plain_step, params = _plain_accelerator_step(shape, batch, micro)
     plain_s = statistics.median(_timed(plain_step, steps)["times"])
     rows.append(("plain PyTorch (autocast bf16, fused AdamW)", plain_s))
+    _profile(plain_step, "plain", profile_dir)
     del plain_step
     platform.empty_cache()
     variants = [("engine", {})]
@@ -284,6 +307,7 @@ def mfu(steps: int, packed: bool) -> str:
             platform.synchronize()
 
         rows.append((label, statistics.median(_timed(step, steps)["times"])))
+        _profile(step, label, profile_dir)
         engine.close()
         del engine
         platform.empty_cache()
@@ -308,8 +332,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (best kept)")
     parser.add_argument("--mfu", action="store_true", help="accelerator MFU of a ~0.5B model")
     parser.add_argument("--packed", action="store_true", help="--mfu: also padding-free")
+    parser.add_argument("--profile", metavar="DIR", help="--mfu: each loop's ops to DIR")
     args = parser.parse_args()
-    table = mfu(args.steps, args.packed) if args.mfu else cpu_table(args.steps, args.rounds)
+    if args.mfu:
+        table = mfu(args.steps, args.packed, args.profile)
+    else:
+        table = cpu_table(args.steps, args.rounds)
     print(table, flush=True)
 
 

@@ -33,6 +33,7 @@ def test_a_rocm_build_is_not_cuda(monkeypatch):
     cuda = CudaPlatform()
     assert cuda.is_available() is False
     assert "'rocm' platform" in cuda.unavailable_reason()
+    assert cuda.matches_torch_build() is False
 
 
 def test_memory_and_attention_when_a_gpu_is_present(monkeypatch):

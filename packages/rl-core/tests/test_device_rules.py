@@ -139,6 +139,26 @@ def test_ambiguous_gpu_platforms_must_be_named(node_gpus_registered, monkeypatch
         PLATFORMS.unregister("other-gpus")
 
 
+def test_the_torch_build_breaks_a_tie_between_gpu_platforms(node_gpus_registered, monkeypatch):
+    class _OtherBuild(_NodeGpus):
+        name = "other-build-gpus"
+
+        def matches_torch_build(self) -> bool:
+            return False
+
+    for name in PLATFORMS.names():  # installed GPU plugins would join the tie
+        if name != "node-gpus" and PLATFORMS.get(name).ray_resource == "GPU":
+            monkeypatch.setattr(PLATFORMS.get(name), "ray_resource", None)
+    PLATFORMS.register("other-build-gpus", _OtherBuild)
+    try:
+        assert platform_for_cluster({"CPU": 8.0, "GPU": 1.0}) == "node-gpus"
+        monkeypatch.setattr(_NodeGpus, "matches_torch_build", lambda self: False)
+        with pytest.raises(ValueError, match="name one explicitly"):  # neither: still a tie
+            platform_for_cluster({"GPU": 1.0})
+    finally:
+        PLATFORMS.unregister("other-build-gpus")
+
+
 def test_unknown_platform_name_lists_the_installed_ones():
     with pytest.raises(Exception, match="cpu"):
         platform_for_cluster({}, "no-such-platform")

@@ -41,6 +41,9 @@ class RocmPlatform(Platform):
         except Exception:
             return False
 
+    def matches_torch_build(self) -> bool:
+        return torch.version.hip is not None
+
     def unavailable_reason(self) -> str:
         if torch.version.hip is None:
             return (

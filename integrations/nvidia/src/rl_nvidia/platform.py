@@ -34,6 +34,9 @@ class CudaPlatform(Platform):
         except Exception:
             return False
 
+    def matches_torch_build(self) -> bool:
+        return torch.version.cuda is not None and torch.version.hip is None
+
     def unavailable_reason(self) -> str:
         if torch.version.hip is not None:
             return (

@@ -94,6 +94,15 @@ class Platform(ABC):
     def device_count(self) -> int:
         """Number of devices this process can see (0 when unavailable)."""
 
+    def matches_torch_build(self) -> bool:
+        """Whether this process's torch build can drive this platform's devices at all.
+
+        Unlike `is_available` it needs no device here: a CUDA build cannot drive ROCm GPUs
+        on any node. `platform_for_cluster` uses it to pick between platforms that claim the
+        same Ray resource.
+        """
+        return True
+
     def unavailable_reason(self) -> str:
         """Why `is_available()` is False, for error messages."""
         return f"no {self.device_type} device is visible to torch {torch.__version__}"
@@ -411,8 +420,10 @@ def platform_for_cluster(resources: Mapping[str, float], name: str | None = None
 
     The workers' nodes decide, not the driver's hardware: ``name`` (a config's explicit
     choice, e.g. ``trainer.platform``) wins; else the one installed platform whose Ray
-    resource the cluster offers (``GPU`` -> cuda or rocm, ``NPU`` -> npu); else CPU. Two
-    installed platforms claiming the same offered resource need an explicit ``name``.
+    resource the cluster offers (``GPU`` -> cuda or rocm, ``NPU`` -> npu); else CPU. Of
+    several installed platforms claiming the same offered resource, the one whose
+    `Platform.matches_torch_build` holds wins (a CUDA build of torch means cuda, not rocm);
+    when that leaves more than one, an explicit ``name`` is needed.
     """
     if name is not None:
         PLATFORMS.get(name)  # an unknown name fails here, listing the installed ones
@@ -428,6 +439,9 @@ def platform_for_cluster(resources: Mapping[str, float], name: str | None = None
             offered.setdefault(resource, []).append(candidate)
     if not offered:
         return "cpu"
+    for resource, names in offered.items():
+        if len(names) > 1:  # e.g. cuda and rocm both claim "GPU": the torch build decides
+            offered[resource] = [n for n in names if _instance(n).matches_torch_build()] or names
     if len(offered) > 1 or any(len(names) > 1 for names in offered.values()):
         raise ValueError(
             f"the cluster offers {sorted(offered)} and several installed platforms match "

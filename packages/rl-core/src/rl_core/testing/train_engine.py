@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from rl_core.platform import get_platform
 from rl_core.testing import train_engine_distributed as dist_checks
 from rl_core.testing.spawn import SpawnRunner
 from rl_core.testing.train_engine_checks import (
@@ -141,6 +142,7 @@ class TrainEngineConformance:
         spec = _spawn_spec(self, model_dirs["lm"])
         if not self.distributed:
             pytest.skip(f"{type(self).__name__} sets distributed = False")
+        _require_devices(2)
         if case == "gradient_sync":
             results = SpawnRunner.shared(2).run(dist_checks.check_gradient_sync, spec)
             dist_checks.assert_same_weights(results, "after one step at world size 2")
@@ -153,6 +155,18 @@ class TrainEngineConformance:
         loaded = SpawnRunner.shared(1).run(dist_checks.check_reshard_load, spec)[0]
         if spec["supports_resharding"]:
             dist_checks.assert_resumed_alike(saved[0], loaded, "saved at world size 2, loaded at 1")
+
+
+def _require_devices(world_size: int) -> None:
+    """Skip unless each of ``world_size`` ranks can have a device of its own: NCCL refuses
+    two ranks on one GPU ("Duplicate GPU detected"). On CPU any number of ranks runs."""
+    platform = get_platform()
+    if platform.device_type != "cpu" and platform.device_count() < world_size:
+        pytest.skip(
+            f"world size {world_size} on {platform.name} needs {world_size} devices, this "
+            f"machine shows {platform.device_count()} (the stand-in device suite, "
+            "nox -s tests-device, runs these ranks on CPU)"
+        )
 
 
 def _spawn_spec(suite: Any, model_dir: str) -> dict[str, Any]:
