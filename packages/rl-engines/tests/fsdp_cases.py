@@ -56,6 +56,7 @@ def train_steps(
     result = {
         "metrics": metrics,
         "reshards_after_forward": reshards_after_forward(engine),
+        "fsdp_units": fsdp_units(engine),
         "global_step": engine.global_step,
         "weights": weights if engine.dp_rank == 0 else None,
         "pid": os.getpid(),
@@ -64,14 +65,31 @@ def train_steps(
     return result
 
 
+def num_layers(model_dir: str) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir).num_hidden_layers
+
+
+def fsdp_units(engine) -> int:
+    """How many modules of the engine's model are FSDP units (the root included)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return sum(isinstance(m, FSDPModule) for m in engine.model.modules())
+
+
 def reshards_after_forward(engine) -> list[bool]:
-    """Per FSDP-wrapped transformer layer: whether it frees its gathered parameters after
-    forward (FSDP2 keeps a post-forward mesh only when it does)."""
+    """Per transformer layer that is an FSDP unit of its own: whether it frees its gathered
+    parameters after forward (FSDP2 keeps a post-forward mesh only when it does). Empty
+    when the layers are not units (a single rank: the root is the one unit)."""
+    from torch.distributed.fsdp import FSDPModule
+
     layers = [m for m in engine.model.modules() if type(m).__name__.endswith("DecoderLayer")]
     assert layers, "no decoder layers found"
     return [
         layer._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None
         for layer in layers
+        if isinstance(layer, FSDPModule)
     ]
 
 
@@ -207,3 +225,20 @@ def shared_prompt_round(model_dir: str, share: bool) -> dict[str, Any]:
     }
     engine.close()
     return result
+
+
+def optimizer_kernels(model_dir: str, path: str) -> dict[str, Any]:
+    """The AdamW kernel a fresh engine picks, and the one an engine keeps after loading a
+    checkpoint whose param groups name another (as one written on a device without the
+    fused kernel would)."""
+    engine = build_engine("fsdp", engine_config(model_dir, {}, optim=OPTIM))
+    built = {k: engine.optimizer.param_groups[0][k] for k in ("fused", "foreach")}
+    engine.train_batch(batch_for_step(0), pg_loss)
+    for group in engine.optimizer.param_groups:
+        group["fused"], group["foreach"] = None, False
+    engine.save(path)
+    other = build_engine("fsdp", engine_config(model_dir, {}, optim=OPTIM))
+    other.load(path)
+    loaded = {k: other.optimizer.param_groups[0][k] for k in ("fused", "foreach")}
+    metrics = other.train_batch(batch_for_step(1), pg_loss)
+    return {"built": built, "loaded": loaded, "loss": metrics["loss"]}

@@ -4,6 +4,8 @@ checkpointing; and exact resume across processes."""
 
 from __future__ import annotations
 
+import math
+
 import fsdp_cases
 import pytest
 import torch
@@ -72,13 +74,18 @@ def test_world2_matches_plain_loop(case, runner2, model_dir, reference):
     results = runner2.run(fsdp_cases.train_steps, model_dir, CASES[case], range(3))
     assert results[0]["metrics"] == results[1]["metrics"]  # identical on every rank
     assert set(results[0]["reshards_after_forward"]) == {RESHARDS.get(case, True)}
+    assert results[0]["fsdp_units"] == fsdp_cases.num_layers(model_dir) + 1  # layers + root
     _compare(results[0], reference)
 
 
 @pytest.mark.parametrize("case", ["fsdp", "reshard"])
 def test_world1_matches_plain_loop(case, runner1, model_dir, reference):
     (result,) = runner1.run(fsdp_cases.train_steps, model_dir, CASES[case], range(3))
-    assert set(result["reshards_after_forward"]) == {RESHARDS.get(case, False)}
+    # one rank: the root is the only FSDP unit, unless resharding after forward is asked for
+    want = {True} if case == "reshard" else set()
+    assert set(result["reshards_after_forward"]) == want
+    layers = fsdp_cases.num_layers(model_dir)
+    assert result["fsdp_units"] == (layers + 1 if case == "reshard" else 1)
     _compare(result, reference)
 
 
@@ -99,3 +106,12 @@ def test_resume_in_a_new_process_is_exact(qwen2_dir, runner2, tmp_path):
     assert first[0]["metrics"] + second[0]["metrics"] == straight[0]["metrics"]
     for name, tensor in straight[0]["weights"].items():
         assert torch.equal(second[0]["weights"][name], tensor), name
+
+
+def test_adamw_runs_fused_and_keeps_its_kernel_across_a_load(qwen2_dir, runner1, tmp_path):
+    """One fused kernel for the update (the engine was launch-bound on an H200 with one
+    kernel per parameter); a checkpoint's param groups do not switch it back."""
+    (result,) = runner1.run(fsdp_cases.optimizer_kernels, qwen2_dir, str(tmp_path / "ckpt"))
+    assert result["built"] == {"fused": True, "foreach": None}
+    assert result["loaded"] == {"fused": True, "foreach": None}
+    assert math.isfinite(result["loss"])

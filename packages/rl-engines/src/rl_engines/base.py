@@ -92,6 +92,23 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 value.zero_()
 
 
+# Device types whose fused AdamW kernel takes our parameters (DTensors included). One
+# kernel for the whole update instead of a dozen per parameter: on an H200 the step of a
+# 0.5B model is launch-bound without it.
+FUSED_ADAMW_DEVICES = frozenset({"cuda", "xpu", "cpu"})
+
+
+def fused_adamw_supported(params: Sequence[Tensor]) -> bool:
+    """Whether AdamW can run fused over ``params``: floating point, all on one device type
+    in `FUSED_ADAMW_DEVICES`."""
+    types = {p.device.type for p in params}
+    return (
+        len(types) == 1
+        and types <= FUSED_ADAMW_DEVICES
+        and all(torch.is_floating_point(p) for p in params)
+    )
+
+
 def _local(tensor: Tensor) -> Tensor:
     """This rank's part of a tensor (a DTensor's local shard), detached."""
     to_local = getattr(tensor, "to_local", None)
@@ -112,6 +129,8 @@ class EngineBase(TrainEngine):
 
     engine_name: ClassVar[str]  # the checkpoint's ``meta.json`` "engine"
     supports_snapshots: ClassVar[bool] = True  # `snapshot_view` / `restore_snapshot`
+    #: AdamW's fused kernel where the device has one (`fused_adamw_supported`)
+    fused_adamw: ClassVar[bool] = True
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config.validate()
@@ -125,6 +144,8 @@ class EngineBase(TrainEngine):
         #: outputs a custom model (``ModelConfig.builder``) offers; None: by `value_model`
         self.allowed_outputs: tuple[str, ...] | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        #: the AdamW kernel choice (``fused``, ``foreach``) `_build_optimizer` made
+        self._optimizer_impl: dict[str, bool | None] | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._step = 0
         self._offloaded = False
@@ -150,8 +171,16 @@ class EngineBase(TrainEngine):
         if self.config.inference_only:
             return
         opt = self.config.optim
+        params = list(params)
+        fused = self.fused_adamw and fused_adamw_supported(params)
+        self._optimizer_impl = {"fused": fused or None, "foreach": None}
         self.optimizer = torch.optim.AdamW(
-            list(params), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+            params,
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+            **self._optimizer_impl,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, opt.lr_factor)
 
@@ -341,6 +370,14 @@ class EngineBase(TrainEngine):
         """This rank's step, LR schedule and RNG states, for its checkpoint file."""
         return {"step": self._step, "scheduler": self.scheduler.state_dict(), "rng": rng_state()}
 
+    def _keep_optimizer_impl(self) -> None:
+        """After loading param groups (a checkpoint, a snapshot), keep this engine's own
+        kernel choice: a checkpoint written on another device type may name a fused
+        kernel this one lacks."""
+        if self._optimizer_impl is not None and self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group.update(self._optimizer_impl)
+
     def _restore_train_state(self, path: str, state: dict[str, Any], meta: dict[str, Any]) -> None:
         """Check the checkpoint ``path``'s ``meta`` fits this engine and restore the
         `_train_state` it saved (RNG states only where it has them)."""
@@ -354,6 +391,7 @@ class EngineBase(TrainEngine):
                 f"checkpoint {path!r} has value_model={meta.get('value_model')}, this engine "
                 f"value_model={self.value_model}"
             )
+        self._keep_optimizer_impl()
         self._step = int(state["step"])
         self.scheduler.load_state_dict(state["scheduler"])
         if "rng" in state:
@@ -427,6 +465,7 @@ class EngineBase(TrainEngine):
                 target.copy_(tensors[name])
         for group, saved in zip(self.optimizer.param_groups, state["param_groups"], strict=True):
             group.update(saved)
+        self._keep_optimizer_impl()
         self._step = int(state["step"])
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.nn.utils import get_total_norm
 
 from rl_core.config import check
 from rl_core.engine import (
@@ -345,20 +346,14 @@ class FSDPEngine(EngineBase):
     def _grad_norm(self) -> float:
         """Global L2 norm of the sharded gradients: local shards' squares summed over the
         ``dp_shard`` ranks (replicas along ``dp_replicate`` hold the same shards)."""
-        norms = [
-            torch.linalg.vector_norm(
-                p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad, dtype=torch.float32
-            )
-            .double()
-            .to(self.device)
+        grads = [
+            p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             for p in self.model.parameters()
             if p.grad is not None
         ]
-        squares = (
-            torch.stack(norms).pow(2).sum()
-            if norms
-            else torch.zeros((), dtype=torch.float64, device=self.device)
-        )
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        if grads:  # one foreach kernel per device and dtype, not one norm per parameter
+            squares = get_total_norm(grads, 2.0, foreach=True).to(self.device).double().pow(2)
         if self.mesh.size() > 1:
             group = self.mesh["dp_shard"].get_group()
             all_reduce(squares, dist.ReduceOp.SUM, "the gradient norm", group)

@@ -66,6 +66,12 @@ def shard_model(
     dimension has more than one rank; with one rank resharding saves no communication and
     costs a copy per layer in backward). The root keeps FSDP's default (not resharded: it
     is needed first in backward).
+
+    A single rank gets one FSDP unit, the root, unless it offloads to the CPU or asks to
+    reshard after forward (both save memory layer by layer): there is nothing to shard,
+    gather or overlap, and per-layer units only add hooks (on an H200 they made a 0.5B
+    model's step launch-bound). Memory is the same: such a rank reshards no layer before
+    backward anyway.
     """
     if reshard_after_forward is None:
         reshard_after_forward = mesh["dp_shard"].size() > 1
@@ -76,6 +82,8 @@ def shard_model(
     offload: OffloadPolicy = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     layer_classes = _layer_classes(model)
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if mesh.size() == 1 and not cpu_offload and not reshard_after_forward:
+        layers = []  # one unit (see above)
     for layer in layers:
         fully_shard(
             layer,

@@ -91,6 +91,9 @@ class MegatronEngine(EngineBase):
     #: a checkpoint loads at another data-parallel size (world size); the model-parallel
     #: layout (TP, PP, EP, expert-TP, virtual stages) must be the saving one
     supports_resharding: ClassVar[bool] = True
+    # the full AdamW of the non-distributed path is the bit-exact reference of
+    # `DistributedAdamW`, whose arithmetic is the per-parameter AdamW's, not the fused one's
+    fused_adamw: ClassVar[bool] = False
 
     options_class: ClassVar[type] = MegatronConfig
 
