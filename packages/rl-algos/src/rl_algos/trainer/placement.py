@@ -54,6 +54,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# longest wait for the colocated rollout engines to stop at shutdown; well inside the CLI's
+# grace period after a stop signal (`rl_algos.cli.SHUTDOWN_GRACE_S`)
+ROLLOUT_SHUTDOWN_S = 8.0
+
 
 @dataclass
 class RoleGroups:
@@ -112,10 +116,13 @@ class RoleGroups:
         _init_models({r: views[r] for r in roles}, {} if timing is None else timing)
 
     def shutdown(self) -> None:
-        try:
-            self.actor.shutdown_rollout()  # colocated engines (a no-op elsewhere)
-        except Exception as exc:  # the group may already be gone
-            log.warning("rollout shutdown failed: %s", exc)
+        """Stop the colocated rollout engines (at most `ROLLOUT_SHUTDOWN_S`: after a stop
+        signal the workers may still run a step, and the call waits behind it), then
+        every worker process, then Ray if this run started it."""
+        try:  # colocated engines (a no-op elsewhere)
+            self.actor.shutdown_rollout().result(timeout_s=ROLLOUT_SHUTDOWN_S)
+        except Exception as exc:  # the group may be gone, or busy: its processes are killed
+            log.warning("rollout shutdown did not finish, the workers are killed: %s", exc)
         for group in self.views().values():
             group.shutdown()
         if self.owned_ray:

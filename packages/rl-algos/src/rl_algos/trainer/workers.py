@@ -323,8 +323,10 @@ class ActorRolloutWorker(_TrainedRole):
                 pass
         return time.perf_counter() - start
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def shutdown_rollout(self) -> None:
+        """Stop the colocated rollout engine (non-blocking: a caller stopping on a signal
+        does not wait behind a step still running in this process)."""
         if self.generator is not None:
             self.generator.shutdown()
             self.generator = None
