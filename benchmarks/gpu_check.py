@@ -195,8 +195,11 @@ def check_grpo(dry: bool) -> Outcome:
     steps = [m for m in _metrics(out / "metrics.jsonl") if "actor/loss" in m]
     finite = [m for m in steps if math.isfinite(m["actor/loss"])]
     syncs = [m["timing/sync_weights_s"] for m in steps if "timing/sync_weights_s" in m]
-    model_dirs = [p.parent for p in out.rglob("config.json") if any(p.parent.glob("*.safetensors"))]
-    nbytes = _sync_bytes(str(model_dirs[0]), "bfloat16") if model_dirs else 0
+    from rl_algos.config import load_config
+    from rl_algos.trainer.model_source import resolve_model_path
+
+    config = load_config(str(ROOT / "examples" / "grpo_tiny.yaml"), overrides)
+    nbytes = _sync_bytes(resolve_model_path(config.model.path), "bfloat16")
     sync = f"sync {statistics.mean(syncs):.3f} s" if syncs else "no sync timing"
     result = (
         f"exit {code} in {seconds:.0f} s; {len(finite)}/3 steps finite; {sync}, "
