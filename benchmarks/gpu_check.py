@@ -195,10 +195,10 @@ def check_grpo(dry: bool) -> Outcome:
     steps = [m for m in _metrics(out / "metrics.jsonl") if "actor/loss" in m]
     finite = [m for m in steps if math.isfinite(m["actor/loss"])]
     syncs = [m["timing/sync_weights_s"] for m in steps if "timing/sync_weights_s" in m]
-    from rl_algos.config import load_config
+    from rl_algos.cli import _load
     from rl_algos.trainer.model_source import resolve_model_path
 
-    config = load_config(str(ROOT / "examples" / "grpo_tiny.yaml"), overrides)
+    config = _load(str(ROOT / "examples" / "grpo_tiny.yaml"), overrides)
     nbytes = _sync_bytes(resolve_model_path(config.model.path), "bfloat16")
     sync = f"sync {statistics.mean(syncs):.3f} s" if syncs else "no sync timing"
     result = (

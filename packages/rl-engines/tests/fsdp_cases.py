@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from rl_core.engine import build_engine
 from rl_core.testing.train_engine import engine_config, make_rl_batch, pg_loss
@@ -73,8 +74,6 @@ def num_layers(model_dir: str) -> int:
 
 def fsdp_units(engine) -> int:
     """How many modules of the engine's model are FSDP units (the root included)."""
-    from torch.distributed.fsdp import FSDPModule
-
     return sum(isinstance(m, FSDPModule) for m in engine.model.modules())
 
 
@@ -82,8 +81,6 @@ def reshards_after_forward(engine) -> list[bool]:
     """Per transformer layer that is an FSDP unit of its own: whether it frees its gathered
     parameters after forward (FSDP2 keeps a post-forward mesh only when it does). Empty
     when the layers are not units (a single rank: the root is the one unit)."""
-    from torch.distributed.fsdp import FSDPModule
-
     layers = [m for m in engine.model.modules() if type(m).__name__.endswith("DecoderLayer")]
     assert layers, "no decoder layers found"
     return [
