@@ -66,6 +66,47 @@ def train_steps(
     return result
 
 
+def gradient_reductions(model_dir: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One step profiled: how many times FSDP reduced gradients (its
+    ``FSDP::post_backward_reduce`` ranges) and how many micro-batches the step had."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = build_engine("fsdp", engine_config(model_dir, options, optim=OPTIM))
+    batch = batch_for_step(0).chunk(engine.dp_size)[engine.dp_rank]
+    engine.train_batch(batch, pg_loss)  # warm-up: FSDP's lazy init
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        metrics = engine.train_batch(batch, pg_loss)
+    reduces = sum(e.name.startswith("FSDP::post_backward_reduce") for e in prof.events())
+    engine.close()
+    return {"reduces": reduces, "micro_batches": metrics["num_micro_batches"]}
+
+
+def steps_after_failed_step(model_dir: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Step 0's loss raises in its second micro-batch; steps 1 and 2 then train. Returns
+    their metrics and the weights (to compare with an engine that never ran step 0)."""
+    engine = build_engine("fsdp", engine_config(model_dir, options, optim=OPTIM))
+
+    def failing_loss(outputs, mb, ctx):
+        if ctx.micro_batch_index == 1:
+            raise RuntimeError("loss failed")
+        return pg_loss(outputs, mb, ctx)
+
+    batch = batch_for_step(0).chunk(engine.dp_size)[engine.dp_rank]
+    try:
+        engine.train_batch(batch, failing_loss)
+    except RuntimeError as error:
+        assert "loss failed" in str(error)
+    else:
+        raise AssertionError("the failing loss did not raise")
+    metrics = [
+        engine.train_batch(batch_for_step(step).chunk(engine.dp_size)[engine.dp_rank], pg_loss)
+        for step in (1, 2)
+    ]
+    weights = _weights(engine)
+    engine.close()
+    return {"metrics": metrics, "weights": weights}
+
+
 def num_layers(model_dir: str) -> int:
     from transformers import AutoConfig
 

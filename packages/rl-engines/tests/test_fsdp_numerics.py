@@ -78,7 +78,7 @@ def test_world2_matches_plain_loop(case, runner2, model_dir, reference):
     _compare(results[0], reference)
 
 
-@pytest.mark.parametrize("case", ["fsdp", "reshard"])
+@pytest.mark.parametrize("case", ["fsdp", "reshard", "micro"])
 def test_world1_matches_plain_loop(case, runner1, model_dir, reference):
     (result,) = runner1.run(fsdp_cases.train_steps, model_dir, CASES[case], range(3))
     # one rank: the root is the only FSDP unit, unless resharding after forward is asked for
@@ -87,6 +87,29 @@ def test_world1_matches_plain_loop(case, runner1, model_dir, reference):
     layers = fsdp_cases.num_layers(model_dir)
     assert result["fsdp_units"] == (layers + 1 if case == "reshard" else 1)
     _compare(result, reference)
+
+
+@pytest.mark.parametrize("case", ["micro", "micro-reshard"])
+def test_world1_reduces_gradients_once_per_step(case, runner1, model_dir):
+    """One rank, one FSDP unit: the micro-batches accumulate on the unsharded parameters
+    and only the last reduces. Per-layer units (resharding asked for) reduce every unit
+    after every micro-batch."""
+    options = {**CASES["micro"], **(CASES["reshard"] if case == "micro-reshard" else {})}
+    (result,) = runner1.run(fsdp_cases.gradient_reductions, model_dir, options)
+    assert result["micro_batches"] == 8
+    units = 1 if case == "micro" else fsdp_cases.num_layers(model_dir) + 1
+    per_step = 1 if case == "micro" else 8 * units
+    assert result["reduces"] == per_step
+
+
+def test_world1_failed_step_leaves_no_gradients_behind(runner1, model_dir):
+    """A loss that raises in the second micro-batch: the first one's accumulated gradients
+    are dropped, so the next steps train exactly as on an engine that never ran it."""
+    (failed,) = runner1.run(fsdp_cases.steps_after_failed_step, model_dir, CASES["micro"])
+    (clean,) = runner1.run(fsdp_cases.train_steps, model_dir, CASES["micro"], range(1, 3))
+    assert failed["metrics"] == clean["metrics"]
+    for name, tensor in failed["weights"].items():
+        torch.testing.assert_close(tensor, clean["weights"][name], atol=0, rtol=0)
 
 
 @pytest.fixture(scope="module")

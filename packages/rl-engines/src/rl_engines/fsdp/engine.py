@@ -196,6 +196,11 @@ class FSDPEngine(EngineBase):
             reshard_after_forward=config.parallel.reshard_after_forward,
             device=self.device,
         )
+        # One rank, one FSDP unit (shard_model): the micro-batches of a step accumulate
+        # their gradients on the unsharded parameters (in reduce_dtype) and keep the
+        # compute-dtype copy of the weights; only the last one reduces and reshards
+        units = sum(isinstance(m, FSDPModule) for m in self.model.modules())
+        self.accumulate_unsharded = units == 1 and self.mesh.size() == 1
         if sources is not None:
             on_host = config.parallel.cpu_offload or self.device_type == "cpu"
             fill_sharded_model(self.model, sources, torch.device("cpu") if on_host else self.device)
@@ -306,11 +311,49 @@ class FSDPEngine(EngineBase):
         micro_batches = split_micro_batches(batch, self.config.micro_batch, num_micro)
 
         self.model.train()
+        probe = self.router_probe  # MoE: routing statistics, load-balancing loss
+        step_counts = (num_tokens, num_seqs, num_micro)
+        try:
+            loss_sum, nonfinite, metric_sums = self._train_micro_batches(
+                micro_batches, loss_fn, outputs, temperature, step_counts
+            )
+        except BaseException:
+            self._drop_partial_gradients()
+            raise
+        keys = sorted(metric_sums)
+        reduced = torch.tensor(
+            [loss_sum.item(), nonfinite.item(), *(metric_sums[k] for k in keys)],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
+        grad_norm = self._grad_norm()
+        moe_metrics = probe.step_metrics(num_micro, self.device) if probe else {}
+        if self.router_replay is not None:  # this rank's share of changed selections
+            moe_metrics.update(self.router_replay.counts.take())
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        return self._finish_train_batch(reduced, keys, grad_norm, params, step_counts, moe_metrics)
+
+    def _train_micro_batches(
+        self,
+        micro_batches: list[tuple[DataProto, list[int]]],
+        loss_fn: LossFn,
+        outputs: tuple[str, ...],
+        temperature: float,
+        counts: tuple[int, int, int],
+    ) -> tuple[Tensor, Tensor, dict[str, float]]:
+        """Forward, loss and backward of every micro-batch; returns this rank's float64
+        loss sum, its count of non-finite losses and the loss metrics' sums."""
+        num_tokens, num_seqs, num_micro = counts
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         nonfinite = torch.zeros((), dtype=torch.float64, device=self.device)
         metric_sums: dict[str, float] = {}
-        probe = self.router_probe  # MoE: routing statistics, load-balancing loss
+        probe = self.router_probe
         for index, (micro_batch, _) in enumerate(micro_batches):
+            if self.accumulate_unsharded:  # reduce and reshard after the last one only
+                last = index == num_micro - 1
+                self.model.set_requires_gradient_sync(last)
+                self.model.set_reshard_after_backward(last)
             ctx = LossContext(num_tokens, num_seqs, self.dp_size, index, num_micro, temperature)
             micro_batch = micro_batch.to(self.device)  # the loss sees it on our device
             mask = micro_batch.batch["attention_mask"]
@@ -327,21 +370,22 @@ class FSDPEngine(EngineBase):
             nonfinite += (~torch.isfinite(loss.detach())).double()
             for key, value in metrics.items():
                 metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+        return loss_sum, nonfinite, metric_sums
 
-        keys = sorted(metric_sums)
-        reduced = torch.tensor(
-            [loss_sum.item(), nonfinite.item(), *(metric_sums[k] for k in keys)],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        all_reduce(reduced, dist.ReduceOp.SUM, "the loss and metrics")
-        grad_norm = self._grad_norm()
-        moe_metrics = probe.step_metrics(num_micro, self.device) if probe else {}
-        if self.router_replay is not None:  # this rank's share of changed selections
-            moe_metrics.update(self.router_replay.counts.take())
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        step_counts = (num_tokens, num_seqs, num_micro)
-        return self._finish_train_batch(reduced, keys, grad_norm, params, step_counts, moe_metrics)
+    def _drop_partial_gradients(self) -> None:
+        """After a failed micro-batch: drop the gradients of the step's earlier
+        micro-batches (reduced or still accumulating on the unsharded parameters) and
+        reshard, so the next step starts clean."""
+        if self.accumulate_unsharded:
+            self.model.set_requires_gradient_sync(True)
+            self.model.set_reshard_after_backward(True)
+            for param_group in self.model._get_fsdp_state()._fsdp_param_groups:
+                for fsdp_param in param_group.fsdp_params:
+                    unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                    if unsharded is not None:
+                        unsharded.grad = None
+            self.model.reshard()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _grad_norm(self) -> float:
         """Global L2 norm of the sharded gradients: local shards' squares summed over the
