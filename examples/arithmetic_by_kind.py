@@ -130,7 +130,12 @@ def main() -> None:
     parser.add_argument("model", help="Hugging Face model directory")
     parser.add_argument("data", help="a test split (parquet) of the arithmetic task")
     parser.add_argument("--batch-size", type=int, default=50)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=32,
+        help="the main job's data.max_response_length (its worked differences need ~25)",
+    )
     args = parser.parse_args()
     import pyarrow.parquet as pq
 
