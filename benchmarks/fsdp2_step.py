@@ -93,12 +93,31 @@ def _timed(step, steps: int) -> dict[str, Any]:
     return {"times": times, "peak_rss_gb": _peak_rss_gb()}
 
 
+def plain_backward(model, t: dict[str, Any], micro: int, autocast: str | None = None) -> None:
+    """The plain loops' forward, policy-gradient loss and backward over micro-batches of
+    ``micro`` rows (the loss normalised by the whole batch's tokens, as the engine's);
+    ``autocast``: the device type to run the forward in bf16 autocast on."""
+    from rl_core.engine import token_log_probs
+
+    total = t["response_mask"].float().sum()
+    for start in range(0, t["input_ids"].shape[0], micro):
+        rows = slice(start, start + micro)
+        with torch.autocast(autocast or "cpu", torch.bfloat16, enabled=autocast is not None):
+            logits = model(
+                input_ids=t["input_ids"][rows],
+                attention_mask=t["attention_mask"][rows],
+                position_ids=t["position_ids"][rows],
+                logits_to_keep=RESPONSE_LEN + 1,
+            ).logits[:, :-1]
+        logp = token_log_probs(logits, t["responses"][rows])
+        mask = t["response_mask"][rows].float()
+        (-(logp * t["advantages"][rows] * mask).sum() / total).backward()
+
+
 def run_plain(model_dir: str, steps: int, threads: int, micro: int = NUM_SEQS) -> dict[str, Any]:
     """The reference: the same forward/loss/backward/clip/AdamW step without the engine,
     gradients accumulated over micro-batches of ``micro`` sequences."""
     from transformers import AutoModelForCausalLM
-
-    from rl_core.engine import token_log_probs
 
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -108,19 +127,7 @@ def run_plain(model_dir: str, steps: int, threads: int, micro: int = NUM_SEQS) -
     t = make_batch(model.config.vocab_size).batch
 
     def step() -> None:
-        total = t["response_mask"].float().sum()
-        for start in range(0, NUM_SEQS, micro):
-            rows = slice(start, start + micro)
-            logits = model(
-                input_ids=t["input_ids"][rows],
-                attention_mask=t["attention_mask"][rows],
-                position_ids=t["position_ids"][rows],
-                logits_to_keep=RESPONSE_LEN + 1,
-            ).logits[:, :-1]
-            logp = token_log_probs(logits, t["responses"][rows])
-            mask = t["response_mask"][rows].float()
-            loss = -(logp * t["advantages"][rows] * mask).sum() / total
-            loss.backward()
+        plain_backward(model, t, micro)
         torch.nn.utils.clip_grad_norm_(params, OPTIM["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -216,7 +223,6 @@ def _plain_accelerator_step(shape: dict[str, Any], batch: Any, micro: int):
     same loss and micro-batching as the engine."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rl_core.engine import token_log_probs
     from rl_core.platform import get_platform
 
     platform = get_platform()
@@ -228,22 +234,9 @@ def _plain_accelerator_step(shape: dict[str, Any], batch: Any, micro: int):
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=OPTIM["lr"], weight_decay=OPTIM["weight_decay"], fused=True)
     t = {k: v.to(device) for k, v in batch.batch.items()}
-    n = t["input_ids"].shape[0]
 
     def step() -> None:
-        total = t["response_mask"].sum()
-        for start in range(0, n, micro):
-            rows = slice(start, start + micro)
-            with torch.autocast(device.type, torch.bfloat16):
-                logits = model(
-                    input_ids=t["input_ids"][rows],
-                    attention_mask=t["attention_mask"][rows],
-                    position_ids=t["position_ids"][rows],
-                    logits_to_keep=RESPONSE_LEN + 1,
-                ).logits[:, :-1]
-            logp = token_log_probs(logits, t["responses"][rows])
-            mask = t["response_mask"][rows].float()
-            (-(logp * t["advantages"][rows] * mask).sum() / total).backward()
+        plain_backward(model, t, micro, autocast=device.type)
         torch.nn.utils.clip_grad_norm_(params, OPTIM["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
